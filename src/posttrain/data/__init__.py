@@ -1,0 +1,1 @@
+"""Datasets: the parquet schema, loading and tokenization, preprocessors."""

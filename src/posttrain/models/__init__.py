@@ -1,0 +1,1 @@
+"""posttrain.models"""
