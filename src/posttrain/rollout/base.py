@@ -1,0 +1,59 @@
+"""What a rollout engine is: prompts in, sampled responses out.
+
+The loop talks to engines only through `RolloutEngine`, so the HF engine
+(reference, CPU and GPU) and a vLLM engine (GPU fast path) are swapped by
+`rollout.name` without the loop knowing which one runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `temperature == 0` or `do_sample=False` means greedy;
+    `top_k <= 0` and `top_p >= 1` switch those filters off (vLLM's and verl's
+    conventions: verl writes -1 for "no top-k")."""
+
+    max_new_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return (not self.do_sample) or self.temperature == 0.0
+
+
+@dataclass
+class RolloutOutput:
+    """Responses for N = len(prompts) * n sequences, prompt-major: the n
+    samples of prompt i are rows i*n .. i*n+n-1.
+
+    prompt_ids:    [N, P] left-padded with pad_token_id
+    prompt_mask:   [N, P] 1 on real prompt tokens
+    response_ids:  [N, R] right-padded with pad_token_id (R <= max_new_tokens)
+    response_mask: [N, R] 1 on generated tokens, the closing EOS included
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        """Sample `params.n` responses for each prompt (token ids, no padding)."""
+        ...
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from `model`'s current weights."""
+        ...
