@@ -1,0 +1,67 @@
+"""Load a Hugging Face causal LM and its tokenizer from a local directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from posttrain.errors import ModelError
+
+_FIX = ("point actor_rollout_ref.model.path (model.path) at a Hugging Face model directory, "
+        "or make one with `posttrain tiny-model --output DIR`")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Fail early, with the fix, on a directory that cannot hold a model."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"model directory '{p}' does not exist; {_FIX}")
+    if not p.is_dir():
+        raise ModelError(f"model path '{p}' is a file, not a directory; {_FIX}")
+    if not (p / "config.json").exists():
+        raise ModelError(f"model directory '{p}' has no config.json; {_FIX}")
+    if not (list(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists()):
+        pickled = list(p.glob("pytorch_model*.bin")) or list(p.glob("*.pt"))
+        hint = (" (it has only pickled .bin weights, which posttrain does not unpickle: "
+                "convert them to safetensors)") if pickled else ""
+        raise ModelError(f"model directory '{p}' has no safetensors weights{hint}; {_FIX}")
+    if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+        raise ModelError(f"model directory '{p}' has no tokenizer files (tokenizer.json / tokenizer_config.json); {_FIX}")
+    return p
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """AutoTokenizer from `path`, with a pad token (the EOS when none is set)."""
+    from transformers import AutoTokenizer
+
+    p = check_model_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises many kinds here
+        raise ModelError(f"cannot load the tokenizer from '{p}': {_one_line(e)}") from e
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu"):
+    """AutoModelForCausalLM from safetensors weights only."""
+    from transformers import AutoModelForCausalLM
+
+    p = check_model_dir(path)
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(p), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
+        )
+    except Exception as e:
+        raise ModelError(f"cannot load the model from '{p}': {_one_line(e)}") from e
+    return model.to(device)
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
