@@ -1,0 +1,384 @@
+"""Typed configs: dataclass defaults, the embedded preset, a YAML file and
+`key=value` overrides, merged with OmegaConf and validated where loaded.
+
+Keys are posttrain's own (`actor.lr`) or verl's (`actor_rollout_ref.actor.optim.lr`,
+see config_aliases.py). An unknown key is an error naming the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from posttrain import config_aliases as aliases
+from posttrain.errors import ConfigError
+
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ADV_ESTIMATORS = ("grpo",)
+LOGGERS = ("console", "jsonl")
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[List[str]] = None  # None: the embedded arith task
+    val_files: Optional[List[str]] = None
+    train_batch_size: int = 64  # prompts per step
+    val_batch_size: Optional[int] = None  # prompts per validation generation chunk; None: all
+    val_max_samples: Optional[int] = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    shuffle: bool = True
+    seed: Optional[int] = None  # None: trainer.seed
+    prompt_key: str = "prompt"
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"  # error | left | right, when not filtering
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # None: the embedded tiny model
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"  # hf | vllm
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    do_sample: bool = True
+    ignore_eos: bool = False
+    micro_batch_size: Optional[int] = None  # sequences per generation pass; None: all
+    log_prob_micro_batch_size: int = 64
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1  # -1: lr_warmup_steps_ratio x total steps
+    lr_warmup_steps_ratio: float = 0.0
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
+    ppo_micro_batch_size: int = 8  # sequences
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # None: clip_ratio
+    clip_ratio_high: Optional[float] = None  # None: clip_ratio
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    strategy: str = "fsdp2"
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size: int = 64
+    param_offload: bool = False
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gamma: float = 1.0
+    lam: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
+    timeout_s: float = 10.0
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
+    save_freq: int = -1  # -1: never
+    test_freq: int = -1  # -1: only before (val_before_train) and after training
+    val_before_train: bool = True
+    logger: List[str] = field(default_factory=lambda: ["console"])
+    project_name: str = "posttrain"
+    experiment_name: Optional[str] = None  # None: a timestamp
+    run_dir: Optional[str] = None  # None: runs/<project_name>/<experiment_name>
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    critic_warmup: int = 0
+    log_val_generations: int = 0
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every leaf key -> (type, default), e.g. 'actor.lr' -> (float, 1e-6)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None) or (
+            f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+        ):
+            out.update(schema(f.default_factory, key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[key] = (f.type, default)
+    return out
+
+
+SCHEMA = schema()
+LIST_KEYS = {k for k, (t, _) in SCHEMA.items() if "List" in str(t)}
+
+
+# ---------------------------------------------------------------- loading
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in SCHEMA:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def parse_override(arg: str) -> tuple[str, Any]:
+    """'a.b=1e-5' -> ('a.b', 1e-05); '+a=x' (Hydra's add syntax) is accepted."""
+    if "=" not in arg:
+        raise ConfigError(f"override '{arg}' is not key=value")
+    key, raw = arg.split("=", 1)
+    key = key.strip().lstrip("+")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def nearest(key: str) -> str:
+    candidates = list(SCHEMA) + list(aliases.alias_table(SCHEMA))
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
+    """Map verl keys to ours, refuse unknown keys, normalise scalars to lists."""
+    out: dict[str, Any] = {}
+    reward_path = flat.pop(aliases.CUSTOM_REWARD_PATH, None)
+    reward_name = flat.pop(aliases.CUSTOM_REWARD_NAME, None)
+    if reward_path:
+        out["reward.custom_fn"] = f"{reward_path}:{reward_name or 'compute_score'}"
+    for key, value in flat.items():
+        if key in aliases.IGNORED:
+            if value != aliases.IGNORED[key]:
+                raise ConfigError(f"{key}={value} is not supported; posttrain always runs with {key}="
+                                  f"{aliases.IGNORED[key]}")
+            continue
+        ours = aliases.to_canonical(key, SCHEMA)
+        if ours is None:
+            if key.startswith(aliases.VERL_PREFIXES):
+                raise ConfigError(
+                    f"verl key '{key}' ({origin}) is not supported yet by posttrain{nearest(key)} "
+                    "(`posttrain train --help-config` lists the supported keys)")
+            raise ConfigError(f"unknown config key '{key}' ({origin}){nearest(key)}")
+        if ours in LIST_KEYS and isinstance(value, (str, int, float)):
+            value = [value]
+        out[ours] = value
+    return out
+
+
+def _read_yaml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist; pass an existing YAML file or only key=value overrides")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file '{p}' is not valid YAML ({str(e).splitlines()[0]}); fix the file") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def preset() -> dict[str, Any]:
+    text = resources.files("posttrain.configs").joinpath("tiny_arith.yaml").read_text()
+    return flatten(yaml.safe_load(text))
+
+
+def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults < embedded preset (only without model.path) < YAML file < overrides."""
+    layers = []
+    if config_path:
+        layers.append(canonicalize(flatten(_read_yaml(config_path)), f"in {config_path}"))
+    layers.append(canonicalize(dict(parse_override(a) for a in overrides), "on the command line"))
+    if not any("model.path" in layer for layer in layers):
+        layers.insert(0, preset())
+    merged = OmegaConf.structured(Config)
+    for layer in layers:
+        for key, value in layer.items():
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
+            except OmegaConfBaseException as e:
+                kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
+                raise ConfigError(f"config key '{key}' expects {kind}, got {value!r}; fix the value") from None
+    cfg: Config = OmegaConf.to_object(merged)
+    validate(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------- validation
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _choice(key: str, value, allowed) -> None:
+    _need(value in allowed, f"{key}={value} is not one of: {', '.join(map(str, allowed))}")
+
+
+def validate(cfg: Config) -> None:
+    """Ranges, choices and cross-field rules; fills derived values in place."""
+    d, r, a, alg, tr = cfg.data, cfg.rollout, cfg.actor, cfg.algorithm, cfg.trainer
+    for key in ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "rollout.n",
+                "rollout.log_prob_micro_batch_size", "ref.log_prob_micro_batch_size", "actor.ppo_mini_batch_size",
+                "actor.ppo_micro_batch_size", "actor.ppo_epochs", "rollout.val_kwargs.n",
+                "rollout.tensor_model_parallel_size", "trainer.n_gpus_per_node", "trainer.nnodes",
+                "trainer.total_epochs"):
+        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        _need(value > 0, f"{key} must be a positive integer, got {value}")
+    for key in ("data.val_batch_size", "data.val_max_samples", "rollout.micro_batch_size",
+                "trainer.total_training_steps"):
+        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        _need(value is None or value > 0, f"{key} must be a positive integer or null, got {value}")
+    _need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
+    _need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
+    _need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
+    _need(r.temperature >= 0, f"rollout.temperature must be >= 0, got {r.temperature}")
+    _need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    _need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
+    _need(a.clip_ratio_c > 1, f"actor.clip_ratio_c must be > 1, got {a.clip_ratio_c}")
+    _need(cfg.reward.timeout_s > 0, f"reward.timeout_s must be > 0, got {cfg.reward.timeout_s}")
+    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    _choice("data.truncation", d.truncation, ("error", "left", "right"))
+    _choice("rollout.name", r.name, ("hf", "vllm"))
+    _choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
+    _choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
+    _choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
+    _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
+    _choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
+    _need(alg.adv_estimator in ADV_ESTIMATORS,
+          f"algorithm.adv_estimator={alg.adv_estimator} is not supported yet; supported: {', '.join(ADV_ESTIMATORS)}")
+    if alg.kl_ctrl.type == "adaptive":
+        _need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
+              "the adaptive KL controller needs algorithm.kl_ctrl.target_kl > 0 and algorithm.kl_ctrl.horizon > 0")
+    _need(tr.critic_warmup == 0, "trainer.critic_warmup must be 0: posttrain has no critic yet (GRPO needs none)")
+    for sink in tr.logger:
+        _need(sink in LOGGERS, f"trainer.logger '{sink}' is not supported yet (supported: console; metrics.jsonl is "
+                               "always written in the run directory)")
+    # cross-field rules (mini-batches count prompts, micro-batches count sequences, as in verl)
+    _need(a.ppo_mini_batch_size <= d.train_batch_size,
+          f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than data.train_batch_size={d.train_batch_size}")
+    _need(d.train_batch_size % a.ppo_mini_batch_size == 0,
+          f"data.train_batch_size={d.train_batch_size} must be divisible by actor.ppo_mini_batch_size="
+          f"{a.ppo_mini_batch_size}")
+    _need((a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
+          f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
+          f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
+    if a.use_kl_loss and alg.use_kl_in_reward:
+        warnings.warn("both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is penalised twice")
+    # derived values
+    a.clip_ratio_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+    a.clip_ratio_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
+    _need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
+          "actor.clip_ratio_high >= 0")
+    d.seed = tr.seed if d.seed is None else d.seed
+
+
+# ---------------------------------------------------------------- output
+
+def config_to_dict(cfg: Config) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def describe_keys() -> str:
+    lines = ["posttrain config keys (type = default):"]
+    for key, (typ, default) in SCHEMA.items():
+        name = getattr(typ, "__name__", str(typ)).replace("typing.", "")
+        lines.append(f"  {key}: {name} = {default!r}")
+    lines.append("")
+    lines.append("verl keys accepted (verl key -> posttrain key):")
+    for verl, ours in sorted(aliases.alias_table(SCHEMA).items()):
+        lines.append(f"  {verl} -> {ours}")
+    return "\n".join(lines)

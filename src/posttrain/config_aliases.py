@@ -1,0 +1,56 @@
+"""verl's config keys, as tutorials pass them, mapped onto posttrain's keys."""
+
+from __future__ import annotations
+
+# Exact renames (checked first).
+EXACT = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size",
+    "trainer.default_local_dir": "trainer.run_dir",
+}
+
+# Prefix renames: a verl key maps when the renamed key is one of ours.
+PREFIXES = (
+    ("actor_rollout_ref.actor.optim.", "actor."),
+    ("actor_rollout_ref.actor.fsdp_config.", "actor."),
+    ("actor_rollout_ref.ref.fsdp_config.", "ref."),
+    ("actor_rollout_ref.actor.", "actor."),
+    ("actor_rollout_ref.rollout.", "rollout."),
+    ("actor_rollout_ref.model.", "model."),
+    ("actor_rollout_ref.ref.", "ref."),
+)
+
+# Accepted for compatibility and ignored, with the only value that makes sense.
+IGNORED = {"actor_rollout_ref.hybrid_engine": True}
+
+# verl's custom reward is two keys; posttrain's is one: reward.custom_fn=FILE.py:FUNCTION.
+CUSTOM_REWARD_PATH = "custom_reward_function.path"
+CUSTOM_REWARD_NAME = "custom_reward_function.name"
+
+# Key prefixes that only verl uses: an unknown key under them is "not supported yet".
+VERL_PREFIXES = ("actor_rollout_ref.", "critic.", "reward_model.", "custom_reward_function.", "ray_init.")
+
+
+def to_canonical(key: str, canonical_keys) -> str | None:
+    """The posttrain key for `key`, or None when there is none."""
+    if key in canonical_keys:
+        return key
+    if key in EXACT:
+        return EXACT[key]
+    for verl, ours in PREFIXES:
+        if key.startswith(verl) and ours + key[len(verl):] in canonical_keys:
+            return ours + key[len(verl):]
+    return None
+
+
+def alias_table(canonical_keys) -> dict[str, str]:
+    """Every verl spelling we accept -> our key (for help and suggestions)."""
+    table = dict(EXACT)
+    for verl, ours in PREFIXES:
+        for key in canonical_keys:
+            if key.startswith(ours):
+                table.setdefault(verl + key[len(ours):], key)
+    table[CUSTOM_REWARD_PATH] = "reward.custom_fn"
+    table[CUSTOM_REWARD_NAME] = "reward.custom_fn"
+    return table
