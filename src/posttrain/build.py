@@ -1,0 +1,187 @@
+"""Build a run's components from a resolved config.
+
+The only place that reads the config object to construct things; the
+components themselves take plain arguments.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posttrain.errors import ConfigError
+from posttrain.rollout.base import SamplingParams
+from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, warmup_steps
+
+EMBEDDED_DATA_VERSION = "arith-v1"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_run_dir(cfg) -> Path:
+    """trainer.run_dir, else runs/<project_name>/<experiment_name or a timestamp>.
+    A directory that already holds an earlier run's metrics or checkpoints is
+    refused rather than mixed into."""
+    tr = cfg.trainer
+    name = tr.experiment_name or time.strftime("run-%Y%m%d-%H%M%S")
+    run_dir = Path(tr.run_dir) if tr.run_dir else Path("runs") / tr.project_name / name
+    for marker in ("metrics.jsonl", "checkpoints"):
+        if (run_dir / marker).exists():
+            raise ConfigError(
+                f"run directory '{run_dir}' already holds an earlier run ({marker}); "
+                "choose another trainer.run_dir or trainer.experiment_name"
+            )
+    return run_dir
+
+
+def embedded_data_files() -> tuple[str, str]:
+    """The arith task's train/test parquet, generated once into the cache."""
+    from posttrain.data.preprocess import arith
+    from posttrain.models.tiny import cache_root
+
+    out = cache_root() / "data" / EMBEDDED_DATA_VERSION
+    train, test = out / "train.parquet", out / "test.parquet"
+    if not (train.exists() and test.exists()):
+        arith.run(out, seed=0)
+    return str(train), str(test)
+
+
+def load_models(cfg, device: torch.device):
+    """-> (policy, reference or None, tokenizer, model_dir)."""
+    from posttrain.models import ensure_tiny_model, load_model, load_tokenizer
+
+    model_dir = cfg.model.path or str(ensure_tiny_model())
+    kwargs = dict(dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code, device=device)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    policy = load_model(model_dir, **kwargs)
+    if cfg.model.enable_gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    ref = None
+    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        ref = load_model(model_dir, **kwargs)
+        ref.requires_grad_(False).eval()
+    return policy, ref, tokenizer, model_dir
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """Tokens that end a response: the tokenizer's EOS and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return sorted(ids)
+
+
+def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
+    from posttrain.data.dataset import PromptDataset
+    from posttrain.data.schema import read_rows
+
+    rows = read_rows(files)
+    if max_samples is not None:
+        rows = rows[:max_samples]
+    return PromptDataset.build(
+        rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
+        filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
+    )
+
+
+def make_engine(cfg, policy, tokenizer, device):
+    name = cfg.rollout.name
+    if name == "hf":
+        from posttrain.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine(
+            policy, eos_token_ids(tokenizer, policy), tokenizer.pad_token_id,
+            micro_batch_size=cfg.rollout.micro_batch_size, seed=cfg.trainer.seed,
+        )
+    raise ConfigError(
+        f"rollout.name={name} is not available yet in this version; use rollout.name=hf "
+        "(actor_rollout_ref.rollout.name=hf)"
+    )
+
+
+def make_reward_fn(custom_fn: str | None):
+    if custom_fn:
+        from posttrain.rewards.custom import load_reward_fn
+
+        return load_reward_fn(custom_fn)
+    from posttrain.rewards import compute_score
+
+    return compute_score
+
+
+def sampling_params(cfg) -> tuple[SamplingParams, SamplingParams]:
+    r, v = cfg.rollout, cfg.rollout.val_kwargs
+    train = SamplingParams(max_new_tokens=cfg.data.max_response_length, n=r.n, temperature=r.temperature,
+                           top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample, ignore_eos=r.ignore_eos)
+    val = SamplingParams(max_new_tokens=cfg.data.max_response_length, n=v.n, temperature=v.temperature,
+                         top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample, ignore_eos=r.ignore_eos)
+    return train, val
+
+
+def update_settings(cfg) -> UpdateSettings:
+    a = cfg.actor
+    return UpdateSettings(
+        mini_batch_size=a.ppo_mini_batch_size * cfg.rollout.n,  # verl counts prompts; we count sequences
+        micro_batch_size=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
+        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+        loss_agg_mode=a.loss_agg_mode, entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
+        kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=cfg.rollout.temperature,
+        grad_clip=a.grad_clip,
+    )
+
+
+def build_run(cfg):
+    """Everything `posttrain.loop.train` needs, checked before anything is written."""
+    from posttrain.algorithms import make_kl_controller
+    from posttrain.config import save_config
+    from posttrain.data.dataset import PromptSampler
+    from posttrain.loop import Run
+
+    seed_everything(cfg.trainer.seed)
+    device = pick_device(cfg.trainer.device)
+    run_dir = resolve_run_dir(cfg)
+    reward_fn = make_reward_fn(cfg.reward.custom_fn)
+    train_files, val_files = cfg.data.train_files, cfg.data.val_files
+    if train_files is None:
+        train_files, default_val = embedded_data_files()
+        val_files = val_files if val_files is not None else [default_val]
+    policy, ref, tokenizer, _ = load_models(cfg, device)
+    train_data = load_data(train_files, tokenizer, cfg, "train")
+    val_data = load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples) if val_files else None
+    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+    total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
+    optimizer = make_optimizer(policy, cfg.actor.lr, cfg.actor.weight_decay, cfg.actor.betas)
+    scheduler = make_lr_scheduler(
+        optimizer, warmup_steps(cfg.actor.lr_warmup_steps, cfg.actor.lr_warmup_steps_ratio, total_steps))
+    kc = cfg.algorithm.kl_ctrl
+    kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon) if cfg.algorithm.use_kl_in_reward else None
+    train_sampling, val_sampling = sampling_params(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    return Run(
+        cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer,
+        engine=make_engine(cfg, policy, tokenizer, device), optimizer=optimizer, scheduler=scheduler,
+        kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data, sampler=sampler,
+        sampling=train_sampling, val_sampling=val_sampling, update=update_settings(cfg), total_steps=total_steps,
+    )

@@ -1,0 +1,167 @@
+"""`posttrain train | preprocess | eval | tiny-model`.
+
+Errors a user can fix print one line and exit 2; `--debug` (or
+POSTTRAIN_DEBUG=1) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from posttrain.errors import ConfigError, PosttrainError
+
+
+def cmd_train(args) -> int:
+    from posttrain.build import build_run
+    from posttrain.config import describe_keys, load_config
+    from posttrain.loop import train
+
+    if args.help_config:
+        print(describe_keys())
+        return 0
+    config_path, overrides = split_train_args(args.args)
+    cfg = load_config(config_path, overrides)
+    run = build_run(cfg)
+    print(f"posttrain: run directory {run.run_dir}", file=sys.stderr)
+    summary = train(run)
+    print(format_summary(summary))
+    return 0
+
+
+def split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG.yaml] [key=value ...] -> (config path or None, overrides)."""
+    config_path, overrides = None, []
+    for i, arg in enumerate(args):
+        if "=" in arg:
+            overrides.append(arg)
+        elif i == 0 and arg.endswith((".yaml", ".yml")):
+            config_path = arg
+        else:
+            raise ConfigError(
+                f"unexpected argument '{arg}'; pass a config file first (CONFIG.yaml) and then key=value overrides"
+            )
+    return config_path, overrides
+
+
+def format_summary(s: dict) -> str:
+    parts = []
+    if "val_before" in s and "val_after" in s:
+        gain = s["val_after"] - s["val_before"]
+        parts.append(f"validation score {s['val_before']:.3f} -> {s['val_after']:.3f} ({gain:+.3f})")
+    elif "val_after" in s:
+        parts.append(f"validation score {s['val_after']:.3f}")
+    parts.append(f"{s['steps']} steps in {s['seconds']:.0f} s")
+    parts.append(f"run directory {s['run_dir']}")
+    return "done: " + " | ".join(parts)
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from posttrain.build import eos_token_ids, make_reward_fn, pick_device
+    from posttrain.data.dataset import PromptDataset
+    from posttrain.data.schema import read_rows
+    from posttrain.loop import validate
+    from posttrain.models import load_model, load_tokenizer
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.hf import HFRolloutEngine
+
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    model = load_model(args.model, dtype=args.dtype, trust_remote_code=args.trust_remote_code, device=device)
+    rows = read_rows(args.data)
+    if args.max_samples:
+        rows = rows[: args.max_samples]
+    data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval")
+    engine = HFRolloutEngine(model, eos_token_ids(tokenizer, model), tokenizer.pad_token_id, seed=args.seed)
+    params = SamplingParams(max_new_tokens=args.max_response_length, n=args.n, temperature=args.temperature,
+                            top_p=args.top_p, do_sample=args.temperature > 0)
+    m = validate(engine, tokenizer, data, params, make_reward_fn(args.reward_fn), args.reward_timeout,
+                 args.batch_size)
+    for key, value in m.items():
+        if key.endswith("/score/mean") and key != "val/score/mean":
+            print(f"{key[len('val/'):-len('/score/mean')]:<30} {value:.4f}")
+    print(f"{'all':<30} {m['val/score/mean']:.4f}  ({len(data)} prompts x {args.n})")
+    return 0
+
+
+def cmd_tiny_model(args) -> int:
+    import shutil
+    from pathlib import Path
+
+    from posttrain.models import ensure_tiny_model
+
+    src = ensure_tiny_model(seed=args.seed)
+    out = Path(args.output)
+    if out.exists() and any(out.iterdir()):
+        raise PosttrainError(f"output directory '{out}' is not empty; choose a new --output")
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    print(f"wrote the embedded tiny model to {out}; use it with actor_rollout_ref.model.path={out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from posttrain import __version__
+    from posttrain.data.preprocess import register as register_preprocessors
+
+    p = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models.")
+    p.add_argument("--version", action="version", version=f"posttrain {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run RL training (no arguments: the embedded tiny default on the CPU)",
+                       description="posttrain train [CONFIG.yaml] [key=value ...]. verl keys are accepted "
+                                   "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config.")
+    t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    t.add_argument("--help-config", action="store_true", help="list every config key, its type and default")
+    t.set_defaults(func=cmd_train)
+
+    pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
+    register_preprocessors(pre.add_subparsers(dest="dataset", required=True))
+
+    e = sub.add_parser("eval", help="score a model on a parquet dataset, per data_source")
+    e.add_argument("--model", required=True, help="a Hugging Face model directory")
+    e.add_argument("--data", required=True, nargs="+", help="parquet file(s) in posttrain/verl row format")
+    e.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--max-prompt-length", type=int, default=1024)
+    e.add_argument("--max-response-length", type=int, default=512)
+    e.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
+    e.add_argument("--batch-size", type=int, default=64, help="prompts per generation batch")
+    e.add_argument("--reward-fn", default=None, help="FILE.py:FUNCTION (default: built-in rewards by data_source)")
+    e.add_argument("--reward-timeout", type=float, default=10.0)
+    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    e.add_argument("--trust-remote-code", action="store_true")
+    e.add_argument("--seed", type=int, default=0)
+    e.set_defaults(func=cmd_eval)
+
+    tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory")
+    tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+    tm.add_argument("--seed", type=int, default=0)
+    tm.set_defaults(func=cmd_tiny_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("POSTTRAIN_DEBUG") == "1"
+    try:
+        return args.func(args)
+    except PosttrainError as e:
+        if debug:
+            raise
+        print(f"posttrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("posttrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

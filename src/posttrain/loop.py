@@ -1,0 +1,211 @@
+"""The RL loop: `rl_step()` is one step top to bottom; `train()` runs many.
+
+Read this file first. Every box of the step is a call into a module that
+knows nothing of the loop: rollout/, rewards/, training/, algorithms/.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms import apply_kl_penalty, get_adv_estimator
+from posttrain.batch import RolloutBatch
+from posttrain.checkpoint import save_checkpoint
+from posttrain.metrics import MetricsLogger, batch_metrics, timed
+from posttrain.rewards.scoring import score_batch
+from posttrain.rollout.base import SamplingParams
+from posttrain.training.actor import UpdateSettings, update_policy
+from posttrain.training.logprobs import compute_log_probs
+
+
+@dataclass
+class Run:
+    """What a run holds between steps (built by `posttrain.build.build_run`)."""
+
+    cfg: object
+    run_dir: Path
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None
+    tokenizer: object
+    engine: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    kl_ctrl: object
+    reward_fn: object
+    train_data: object
+    val_data: object | None
+    sampler: object
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+    update: UpdateSettings
+    total_steps: int
+    global_step: int = 0
+    reward_messages_shown: set = field(default_factory=set)
+
+
+def rl_step(run: Run, items) -> dict[str, float]:
+    """One GRPO/PPO step on the prompts `items`; returns its metrics."""
+    cfg, m = run.cfg, {}
+    with timed(m, "step"):
+        # 1. rollout: n samples per prompt
+        with timed(m, "gen"):
+            out = run.engine.generate([it.prompt_ids for it in items], run.sampling)
+        texts = run.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+        batch = RolloutBatch.from_rollout(
+            out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
+            [it.extra_info for it in items], texts,
+        )
+        # 2. score: one reward per sequence, placed on its last response token
+        with timed(m, "reward"):
+            batch.token_level_scores, reward_metrics = score_responses(run, batch)
+        m.update(reward_metrics)
+        # 3. log-probs of the sampled tokens under the policy (old) and the reference
+        with timed(m, "old_log_prob"):
+            batch.old_log_probs, _ = compute_log_probs(
+                run.policy, batch, cfg.rollout.log_prob_micro_batch_size, run.sampling.temperature)
+        if run.ref is not None:
+            with timed(m, "ref"):
+                batch.ref_log_probs, _ = compute_log_probs(
+                    run.ref, batch, cfg.ref.log_prob_micro_batch_size, run.sampling.temperature)
+        # 4. rewards (optionally minus a KL penalty) and advantages
+        with timed(m, "adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                batch.token_level_rewards, kl_metrics = apply_kl_penalty(
+                    batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs,
+                    batch.response_mask, run.kl_ctrl, cfg.algorithm.kl_penalty)
+                m.update(kl_metrics)
+            else:
+                batch.token_level_rewards = batch.token_level_scores
+            batch.advantages, batch.returns = get_adv_estimator(cfg.algorithm.adv_estimator)(
+                batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        # 5. policy update: PPO-clip over mini-batches, micro-batch accumulation
+        with timed(m, "update_actor"):
+            m.update(update_policy(run.policy, run.optimizer, batch, run.update))
+            run.scheduler.step()
+        # 6. the rollout engine samples from the new weights next step
+        with timed(m, "update_weights"):
+            run.engine.update_weights(run.policy)
+    m.update(batch_metrics(batch, cfg.data.max_response_length))
+    tokens = float(batch.attention_mask.sum())
+    m["perf/total_num_tokens"] = tokens
+    m["perf/throughput"] = tokens / m["timing_s/step"]  # one process, one device (tokens/s per device)
+    return m
+
+
+def score_responses(run: Run, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    """-> token_level_scores [N, R] (the score on each sequence's last token), metrics."""
+    result = score_batch(run.reward_fn, batch.data_source, batch.response_text, batch.ground_truth,
+                         batch.extra_info, timeout_s=run.cfg.reward.timeout_s)
+    report_reward_errors(run, result)
+    return place_on_last_token(torch.tensor(result.scores, dtype=torch.float32), batch.response_mask), {
+        "reward/num_errors": float(result.num_errors),
+        "reward/num_timeouts": float(result.num_timeouts),
+    }
+
+
+def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """scores [N], response_mask [N, R] -> [N, R], zero except at each row's
+    last valid token (an empty response keeps nothing)."""
+    lengths = response_mask.sum(-1)  # [N]
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    out[rows, lengths[rows] - 1] = scores[rows]
+    return out
+
+
+def report_reward_errors(run: Run, result) -> None:
+    """Print each distinct reward error message once per run."""
+    for msg in result.messages:
+        if msg not in run.reward_messages_shown and len(run.reward_messages_shown) < 5:
+            run.reward_messages_shown.add(msg)
+            print(f"posttrain: warning: reward function failed (scored 0): {msg}", file=sys.stderr)
+
+
+@torch.no_grad()
+def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout_s: float,
+             batch_size: int | None = None) -> dict[str, float]:
+    """Generate for every prompt of `data`, score, and average per data source.
+
+    -> {"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"}
+    """
+    per_source, lengths, errors = defaultdict(list), [], 0
+    items = [data[i] for i in range(len(data))]
+    size = batch_size or len(items)
+    for start in range(0, len(items), size):
+        chunk = items[start:start + size]
+        out = engine.generate([it.prompt_ids for it in chunk], params)
+        texts = tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+        rep = params.n
+        sources = [it.data_source for it in chunk for _ in range(rep)]
+        result = score_batch(reward_fn, sources, texts, [it.ground_truth for it in chunk for _ in range(rep)],
+                             [it.extra_info for it in chunk for _ in range(rep)], timeout_s=timeout_s)
+        errors += result.num_errors + result.num_timeouts
+        for source, score in zip(sources, result.scores):
+            per_source[source].append(score)
+        lengths.extend(out.response_mask.sum(-1).tolist())
+    all_scores = [s for scores in per_source.values() for s in scores]
+    metrics = {"val/score/mean": sum(all_scores) / len(all_scores)}
+    for source, scores in sorted(per_source.items()):
+        metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
+    metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
+    metrics["val/reward_errors"] = float(errors)
+    return metrics
+
+
+def run_validation(run: Run) -> dict[str, float]:
+    m: dict[str, float] = {}
+    with timed(m, "testing"):
+        m.update(validate(run.engine, run.tokenizer, run.val_data, run.val_sampling, run.reward_fn,
+                          run.cfg.reward.timeout_s, run.cfg.data.val_batch_size))
+    return m
+
+
+def save(run: Run, m: dict) -> None:
+    with timed(m, "save_checkpoint"):
+        save_checkpoint(run.run_dir, run.global_step, run.policy, run.tokenizer, run.optimizer, run.scheduler, {
+            "sampler": run.sampler.state_dict(),
+            "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
+        })
+
+
+def train(run: Run) -> dict[str, float]:
+    """Validate, run `total_steps` RL steps (validating every `test_freq` and
+    saving every `save_freq` steps, and at the end), validate again.
+
+    -> summary: val_before, val_after, steps, seconds, run_dir
+    """
+    cfg, tr = run.cfg, run.cfg.trainer
+    logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps)
+    summary: dict = {"run_dir": str(run.run_dir)}
+    start = time.perf_counter()
+    try:
+        if run.val_data is not None and tr.val_before_train:
+            m = run_validation(run)
+            summary["val_before"] = m["val/score/mean"]
+            logger.log(m, run.global_step)
+            print(f"validation before training: score {m['val/score/mean']:.3f}", file=sys.stdout)
+        while run.global_step < run.total_steps:
+            epoch, indices = run.sampler.next_batch()
+            metrics = rl_step(run, [run.train_data[i] for i in indices])
+            run.global_step += 1
+            last = run.global_step == run.total_steps
+            metrics["training/global_step"] = float(run.global_step)
+            metrics["training/epoch"] = float(epoch)
+            if run.val_data is not None and (last or (tr.test_freq > 0 and run.global_step % tr.test_freq == 0)):
+                metrics.update(run_validation(run))
+                summary["val_after"] = metrics["val/score/mean"]
+            if tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last):
+                save(run, metrics)
+            logger.log(metrics, run.global_step)
+    finally:
+        logger.close()
+    summary["steps"] = run.global_step
+    summary["seconds"] = time.perf_counter() - start
+    return summary

@@ -1,0 +1,132 @@
+"""The actor update: PPO-clip over mini-batches with micro-batch accumulation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.algorithms.kl import kl_penalty
+from posttrain.algorithms.losses import agg_loss, entropy_from_logits, ppo_policy_loss
+from posttrain.training.logprobs import response_logits, token_log_probs
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Plain knobs of one actor update (sizes count sequences, not prompts)."""
+
+    mini_batch_size: int
+    micro_batch_size: int
+    ppo_epochs: int = 1
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    temperature: float = 1.0
+    grad_clip: float = 1.0
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+def make_lr_scheduler(optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup_steps` RL steps, then constant (verl's default)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
+def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
+    """An explicit count wins; -1 means `ratio x total steps`."""
+    return lr_warmup_steps if lr_warmup_steps >= 0 else int(lr_warmup_steps_ratio * total_steps)
+
+
+def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """Share of a micro-batch in its mini-batch, so that summing the weighted
+    micro losses gives the loss of the whole mini-batch: by tokens for
+    token-mean, by sequences for the per-sequence modes."""
+    if loss_agg_mode == "token-mean":
+        total = float(mini_mask.sum())
+        return float(micro_mask.sum()) / total if total > 0 else 0.0
+    return micro_mask.shape[0] / mini_mask.shape[0]
+
+
+def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one micro-batch (with grad) and its detached metrics."""
+    logits = response_logits(
+        model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
+        mb.response_length, s.temperature,
+    )  # [n, R, V]
+    mask = mb.response_mask.to(device)
+    log_prob = token_log_probs(logits, mb.responses.to(device))  # [n, R]
+    pol = ppo_policy_loss(
+        mb.old_log_probs.to(device), log_prob, mb.advantages.to(device), mask,
+        clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
+        clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode,
+    )
+    loss = pol["pg_loss"]
+    if s.entropy_coeff != 0:
+        entropy = agg_loss(entropy_from_logits(logits), mask, s.loss_agg_mode)
+        loss = loss - s.entropy_coeff * entropy
+    else:  # reported, but kept out of the graph
+        with torch.no_grad():
+            entropy = agg_loss(entropy_from_logits(logits), mask, s.loss_agg_mode)
+    metrics = {
+        "actor/pg_loss": pol["pg_loss"].item(),
+        "actor/pg_clipfrac": float(pol["pg_clipfrac"]),
+        "actor/ppo_kl": float(pol["ppo_kl"]),
+        "actor/pg_clipfrac_lower": float(pol["pg_clipfrac_lower"]),
+        "actor/entropy": entropy.item(),
+    }
+    if s.use_kl_loss:
+        kl = kl_penalty(log_prob, mb.ref_log_probs.to(device), s.kl_loss_type)
+        kl_loss = agg_loss(kl, mask, s.loss_agg_mode)
+        loss = loss + s.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss.item()
+        metrics["actor/kl_coef"] = s.kl_loss_coef
+    return loss, metrics
+
+
+def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float]:
+    """`ppo_epochs` passes over `batch` in mini-batches; one optimizer step per
+    mini-batch, gradients accumulated over its micro-batches. A mini-batch
+    whose gradient norm is not finite is skipped (no weight change).
+
+    batch needs responses, response_mask, old_log_probs, advantages (and
+    ref_log_probs with use_kl_loss). Returns metrics averaged over micro-batches.
+    """
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    grad_norms, skipped = [], 0
+    for _ in range(s.ppo_epochs):
+        for mini in batch.split(s.mini_batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            for mb in mini.split(s.micro_batch_size):
+                w = micro_weight(mb.response_mask, mini.response_mask, s.loss_agg_mode)
+                loss, m = micro_loss(model, mb, s, device)
+                (loss * w).backward()
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v * mb.response_mask.shape[0]
+                    weights[k] = weights.get(k, 0.0) + mb.response_mask.shape[0]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
+            if math.isfinite(grad_norm):
+                optimizer.step()
+                grad_norms.append(grad_norm)
+            else:
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+    metrics = {k: sums[k] / weights[k] for k in sums}
+    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+    metrics["actor/nonfinite_updates"] = float(skipped)
+    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics
