@@ -147,7 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_libraries() -> None:
+    """posttrain shows its own progress; silence the libraries' bars and notices."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("POSTTRAIN_DEBUG") == "1"

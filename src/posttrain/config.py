@@ -281,18 +281,33 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -
         layers.insert(0, preset())
     merged = OmegaConf.structured(Config)
     for layer in layers:
-        for key, value in layer.items():
-            try:
-                merged = OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
-            except OmegaConfBaseException as e:
-                kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
-                raise ConfigError(f"config key '{key}' expects {kind}, got {value!r}; fix the value") from None
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.create(unflatten(layer)))
+        except OmegaConfBaseException:
+            raise _type_error(merged, layer) from None
     cfg: Config = OmegaConf.to_object(merged)
     validate(cfg)
     return cfg
 
 
+def _type_error(merged, layer: dict) -> ConfigError:
+    """Find the key of `layer` that OmegaConf refused, and say what it expects."""
+    for key, value in layer.items():
+        try:
+            OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
+        except OmegaConfBaseException:
+            kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
+            return ConfigError(f"config key '{key}' expects {kind}, got {value!r}; fix the value")
+    return ConfigError(f"config values {layer} do not fit the config's types; fix them")
+
+
 # ---------------------------------------------------------------- validation
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
 
 def _need(ok: bool, message: str) -> None:
     if not ok:
@@ -311,11 +326,11 @@ def validate(cfg: Config) -> None:
                 "actor.ppo_micro_batch_size", "actor.ppo_epochs", "rollout.val_kwargs.n",
                 "rollout.tensor_model_parallel_size", "trainer.n_gpus_per_node", "trainer.nnodes",
                 "trainer.total_epochs"):
-        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        value = _get(cfg, key)
         _need(value > 0, f"{key} must be a positive integer, got {value}")
     for key in ("data.val_batch_size", "data.val_max_samples", "rollout.micro_batch_size",
                 "trainer.total_training_steps"):
-        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        value = _get(cfg, key)
         _need(value is None or value > 0, f"{key} must be a positive integer or null, got {value}")
     _need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
     _need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")

@@ -190,7 +190,6 @@ def train(run: Run) -> dict[str, float]:
             m = run_validation(run)
             summary["val_before"] = m["val/score/mean"]
             logger.log(m, run.global_step)
-            print(f"validation before training: score {m['val/score/mean']:.3f}", file=sys.stdout)
         while run.global_step < run.total_steps:
             epoch, indices = run.sampler.next_batch()
             metrics = rl_step(run, [run.train_data[i] for i in indices])

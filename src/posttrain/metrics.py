@@ -61,6 +61,10 @@ def format_line(step: int, total: int, m: dict) -> str:
         v = m.get(key)
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
+    if "critic/score/mean" not in m:  # a validation on its own (before training)
+        per_source = ", ".join(f"{k[4:-11]} {v:.3f}" for k, v in m.items()
+                               if k.startswith("val/") and k.endswith("/score/mean") and k != "val/score/mean")
+        return f"step {step}/{total} | validation score {f('val/score/mean')} ({per_source})"
     parts = [
         f"step {step}/{total}",
         f"score {f('critic/score/mean')}",

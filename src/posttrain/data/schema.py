@@ -26,9 +26,16 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    pq.write_table(pa.Table.from_pylist(_no_empty_structs(rows)), tmp)
     os.replace(tmp, path)
     return path
+
+
+def _no_empty_structs(rows: list[dict]) -> list[dict]:
+    """Parquet cannot store a struct without fields: a column whose values are
+    all empty dicts (e.g. extra_info={}) is written as nulls, read back as {}."""
+    empty = [k for k in (rows[0] if rows else {}) if all(r.get(k) == {} for r in rows)]
+    return [{**r, **{k: None for k in empty}} for r in rows] if empty else rows
 
 
 def read_rows(paths: str | Path | list) -> list[dict]:

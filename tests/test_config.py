@@ -1,0 +1,105 @@
+import pytest
+import yaml
+
+from posttrain.config import describe_keys, load_config, save_config
+from posttrain.errors import ConfigError
+
+VERL_COMMAND = """data.train_files=gsm8k/train.parquet data.val_files=gsm8k/test.parquet data.train_batch_size=16
+data.max_prompt_length=256 data.max_response_length=64 actor_rollout_ref.model.path=/m
+actor_rollout_ref.actor.optim.lr=1e-5 actor_rollout_ref.actor.ppo_mini_batch_size=16
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.n=8
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
+actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+actor_rollout_ref.actor.kl_loss_type=low_var_kl algorithm.adv_estimator=grpo algorithm.kl_ctrl.kl_coef=0.001
+trainer.logger=console trainer.val_before_train=True trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=2
+trainer.test_freq=2 trainer.default_local_dir=runs/x trainer.total_epochs=1 trainer.total_training_steps=2
+trainer.project_name=p trainer.experiment_name=e""".split()
+
+
+def error(overrides, path=None):
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides)
+    return str(e.value)
+
+
+def test_the_verl_tutorial_command_maps_onto_our_keys():
+    c = load_config(None, VERL_COMMAND)
+    assert c.model.path == "/m" and c.actor.lr == 1e-5 and isinstance(c.actor.lr, float)
+    assert c.data.train_files == ["gsm8k/train.parquet"] and c.data.val_files == ["gsm8k/test.parquet"]
+    assert (c.actor.ppo_mini_batch_size, c.actor.ppo_micro_batch_size) == (16, 8)
+    assert (c.rollout.log_prob_micro_batch_size, c.ref.log_prob_micro_batch_size) == (8, 8)
+    assert c.actor.use_kl_loss is True and c.actor.kl_loss_type == "low_var_kl"
+    assert c.trainer.run_dir == "runs/x" and c.trainer.logger == ["console"]
+    assert c.trainer.total_training_steps == 2 and c.algorithm.kl_ctrl.kl_coef == 0.001
+    assert c.actor.clip_ratio_low == c.actor.clip_ratio_high == 0.2   # derived from clip_ratio
+    assert c.data.max_response_length == 64 and c.actor.weight_decay == 0.01  # no preset: a model was given
+
+
+def test_preset_only_without_a_model():
+    c = load_config(None, [])
+    assert c.model.path is None and c.actor.lr == 1e-4 and c.data.max_response_length == 8
+    c = load_config(None, ["actor.lr=3e-4"])
+    assert c.actor.lr == 3e-4 and c.data.train_batch_size == 32  # preset below the override
+    c = load_config(None, ["model.path=/m"])
+    assert c.actor.lr == 1e-6 and c.data.train_batch_size == 64  # general defaults
+
+
+def test_misspelt_keys_name_the_nearest():
+    assert "did you mean 'actor.lr'" in error(["actor.lrr=1"])
+    assert "did you mean 'actor_rollout_ref.actor.optim.lr'" in error(["actor_rollout_ref.actor.optim.lrr=1"])
+    assert "trainer.total_training_steps" in error(["trainer.total_trainig_steps=3"])
+
+
+def test_unsupported_verl_key():
+    msg = error(["critic.optim.lr=1e-5"])
+    assert "verl key 'critic.optim.lr'" in msg and "not supported yet" in msg and "--help-config" in msg
+    assert "not supported yet; supported: grpo" in error(["algorithm.adv_estimator=gae"])
+    assert "not supported yet" in error(["trainer.logger=['console','wandb']"])
+
+
+def test_wrong_types_and_ranges():
+    assert error(["data.train_batch_size=abc"]) == (
+        "config key 'data.train_batch_size' expects int, got 'abc'; fix the value")
+    assert "actor.use_kl_loss" in error(["actor.use_kl_loss=maybe"])
+    assert "rollout.top_p" in error(["rollout.top_p=1.5"])
+    assert "rollout.temperature" in error(["rollout.temperature=-1"])
+    assert "rollout.n must be a positive integer" in error(["rollout.n=0"])
+    assert "actor.loss_agg_mode=sum is not one of" in error(["actor.loss_agg_mode=sum"])
+    assert "clip_ratio_c" in error(["actor.clip_ratio_c=0.5"])
+    assert "not key=value" in error(["actor.lr"])
+
+
+def test_cross_field_rules():
+    assert "divisible by actor.ppo_mini_batch_size" in error(["data.train_batch_size=48", "actor.ppo_mini_batch_size=32"])
+    assert "larger than data.train_batch_size" in error(["data.train_batch_size=16"])  # preset mini is 32
+    assert "divisible by actor.ppo_micro_batch_size=48" in error(["actor.ppo_micro_batch_size=48"])  # 32 x 8 = 256
+    assert "target_kl" in error(["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"])
+    assert "critic" in error(["trainer.critic_warmup=1"])
+
+
+def test_yaml_files_in_our_layout_and_verls(tmp_path):
+    ours = tmp_path / "ours.yaml"
+    ours.write_text(yaml.safe_dump({"actor": {"lr": 2e-4}, "rollout": {"n": 4, "val_kwargs": {"n": 2}}}))
+    c = load_config(str(ours), ["rollout.n=16"])
+    assert c.actor.lr == 2e-4 and c.rollout.n == 16 and c.rollout.val_kwargs.n == 2
+    verl = tmp_path / "verl.yaml"
+    verl.write_text("actor_rollout_ref:\n  model: {path: /m}\n  actor:\n    optim: {lr: 1e-5}\n"
+                    "custom_reward_function: {path: r.py, name: score}\n")
+    c = load_config(str(verl))
+    assert c.model.path == "/m" and c.actor.lr == 1e-5 and c.reward.custom_fn == "r.py:score"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  lrr: 1\n")
+    assert "unknown config key 'actor.lrr' (in" in error([], str(bad))
+    assert "does not exist" in error([], str(tmp_path / "none.yaml"))
+
+
+def test_hydra_plus_and_lists():
+    c = load_config(None, ["+trainer.val_before_train=False", "trainer.logger=[console]", "actor.betas=[0.9,0.95]"])
+    assert c.trainer.val_before_train is False and c.trainer.logger == ["console"] and c.actor.betas == [0.9, 0.95]
+
+
+def test_saved_config_loads_back(tmp_path):
+    c = load_config(None, VERL_COMMAND)
+    save_config(c, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == c
+    assert "actor_rollout_ref.actor.optim.lr -> actor.lr" in describe_keys()
