@@ -46,3 +46,37 @@ def default_test_parquet():
     from posttrain.build import embedded_data_files
 
     return embedded_data_files()[1]
+
+
+def test_a_raising_reward_costs_only_its_samples(tmp_path, tiny_model_dir, capsys):
+    reward = tmp_path / "flaky.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if extra_info['a'] % 2:\n        raise ValueError('odd operand')\n"
+        "    return 1.0\n")
+    rows = read_rows(str(default_test_parquet()))[:8]
+    write_rows(rows, tmp_path / "train.parquet")
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+        "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=4",
+        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "rollout.n=2",
+        "trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / 'run'}", f"reward.custom_fn={reward}",
+    ])
+    summary = train(build_run(cfg))
+    assert summary["steps"] == 1
+    step = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    odd = sum(r["extra_info"]["a"] % 2 for r in rows)
+    assert step["reward/num_errors"] == 2 * odd  # n=2 samples per prompt
+    assert step["critic/score/mean"] == pytest.approx(1 - odd / 8)
+    assert "odd operand" in capsys.readouterr().err
+
+
+def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
+    from posttrain.cli import main
+
+    assert main(["eval", "--model", str(trained_tiny_model_dir), "--data", default_test_parquet(),
+                 "--max-samples", "64", "--max-response-length", "6"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("arith") and out[-1].startswith("all")
+    score = float(out[-1].split()[1])
+    assert 0.1 < score < 0.9  # the warmed-up model: competent but imperfect

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, entropy_from_logits, ppo_policy_loss
@@ -108,6 +109,8 @@ def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     grad_norms, skipped = [], 0
+    micro_per_epoch = sum(-(-len(m) // s.micro_batch_size) for m in batch.split(s.mini_batch_size))
+    bar = tqdm(total=s.ppo_epochs * micro_per_epoch, desc="update", unit="micro", leave=False, disable=None)
     for _ in range(s.ppo_epochs):
         for mini in batch.split(s.mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
@@ -118,6 +121,7 @@ def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v * mb.response_mask.shape[0]
                     weights[k] = weights.get(k, 0.0) + mb.response_mask.shape[0]
+                bar.update(1)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
             if math.isfinite(grad_norm):
                 optimizer.step()
@@ -125,6 +129,7 @@ def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float
             else:
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
+    bar.close()
     metrics = {k: sums[k] / weights[k] for k in sums}
     metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics["actor/nonfinite_updates"] = float(skipped)
