@@ -106,3 +106,17 @@ def test_nonfinite_gradient_skips_the_update(random_qwen2):
     m = update_policy(random_qwen2, opt, b, UpdateSettings(mini_batch_size=4, micro_batch_size=4))
     assert m["actor/nonfinite_updates"] == 1.0
     assert all(torch.equal(p0, p) for p0, p in zip(before, random_qwen2.parameters()))
+
+
+def test_responses_decode_without_padding(tiny_model_dir):
+    from posttrain.rollout.base import decode_responses
+    from posttrain.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    out = RolloutOutput(
+        prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        # "68<|im_end|>" and "7" followed by padding; pad id and id 0 (a NUL byte here, "!" in Qwen) are not text
+        response_ids=torch.tensor([[ord("6"), ord("8"), tok.eos_token_id], [ord("7"), 0, tok.pad_token_id]]),
+        response_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]),
+    )
+    assert decode_responses(tok, out) == ["68", "7"]

@@ -177,11 +177,12 @@ def build_run(cfg):
     kc = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon) if cfg.algorithm.use_kl_in_reward else None
     train_sampling, val_sampling = sampling_params(cfg)
+    engine = make_engine(cfg, policy, tokenizer, device)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     return Run(
         cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer,
-        engine=make_engine(cfg, policy, tokenizer, device), optimizer=optimizer, scheduler=scheduler,
+        engine=engine, optimizer=optimizer, scheduler=scheduler,
         kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data, sampler=sampler,
         sampling=train_sampling, val_sampling=val_sampling, update=update_settings(cfg), total_steps=total_steps,
     )

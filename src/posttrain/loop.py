@@ -19,7 +19,7 @@ from posttrain.batch import RolloutBatch
 from posttrain.checkpoint import save_checkpoint
 from posttrain.metrics import MetricsLogger, batch_metrics, timed
 from posttrain.rewards.scoring import score_batch
-from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.base import SamplingParams, decode_responses
 from posttrain.training.actor import UpdateSettings, update_policy
 from posttrain.training.logprobs import compute_log_probs
 
@@ -56,7 +56,7 @@ def rl_step(run: Run, items) -> dict[str, float]:
         # 1. rollout: n samples per prompt
         with timed(m, "gen"):
             out = run.engine.generate([it.prompt_ids for it in items], run.sampling)
-        texts = run.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+        texts = decode_responses(run.tokenizer, out)
         batch = RolloutBatch.from_rollout(
             out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
             [it.extra_info for it in items], texts,
@@ -141,7 +141,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
         out = engine.generate([it.prompt_ids for it in chunk], params)
-        texts = tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+        texts = decode_responses(tokenizer, out)
         rep = params.n
         sources = [it.data_source for it in chunk for _ in range(rep)]
         result = score_batch(reward_fn, sources, texts, [it.ground_truth for it in chunk for _ in range(rep)],

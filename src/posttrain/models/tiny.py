@@ -25,7 +25,7 @@ import torch
 from posttrain.data import arith
 from posttrain.models.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB_SIZE, write_tokenizer
 
-VERSION = "tiny-qwen2-v1"
+VERSION = "tiny-qwen2-v2"
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TinySpec:
     max_position_embeddings: int = 2048
     sft_lr: float = 1e-3
     sft_batch_size: int = 128
-    sft_target_accuracy: float = 0.3
+    sft_target_accuracy: float = 0.5
     sft_max_steps: int = 600
     sft_eval_every: int = 10
     sft_dev_size: int = 256
@@ -86,7 +86,7 @@ def _examples(tokenizer, pairs):
 
 def greedy_accuracy(model, tokenizer, pairs, max_new_tokens: int = 6) -> float:
     """Share of `pairs` whose greedy answer is exactly right."""
-    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.base import SamplingParams, decode_responses
     from posttrain.rollout.hf import HFRolloutEngine
 
     prompts = [
@@ -96,7 +96,7 @@ def greedy_accuracy(model, tokenizer, pairs, max_new_tokens: int = 6) -> float:
     ]
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, progress=False)
     out = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, do_sample=False))
-    texts = tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+    texts = decode_responses(tokenizer, out)
     return sum(t.strip() == arith.answer_text(a, b) for t, (a, b) in zip(texts, pairs)) / len(pairs)
 
 

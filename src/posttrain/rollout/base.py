@@ -49,6 +49,12 @@ class RolloutOutput:
     response_mask: torch.Tensor
 
 
+def decode_responses(tokenizer, out: RolloutOutput) -> list[str]:
+    """Text of each response's generated tokens only (padding is not text)."""
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(out.response_ids, out.response_mask)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
         """Sample `params.n` responses for each prompt (token ids, no padding)."""
