@@ -1,9 +1,6 @@
 """The loop end to end on the embedded tiny model."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +9,6 @@ from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.data.schema import read_rows, write_rows
 from posttrain.loop import train
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tiny_model_dir):

@@ -20,11 +20,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posttrain import config_aliases as aliases
+from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES
 from posttrain.errors import ConfigError
 
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADV_ESTIMATORS = ("grpo",)
 LOGGERS = ("console", "jsonl")
 
 
@@ -368,7 +366,8 @@ def validate(cfg: Config) -> None:
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
     if a.use_kl_loss and alg.use_kl_in_reward:
-        warnings.warn("both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is penalised twice")
+        warnings.warn("both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is penalised twice",
+                      stacklevel=2)
     # derived values
     a.clip_ratio_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     a.clip_ratio_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high

@@ -181,7 +181,7 @@ def train(run: Run) -> dict[str, float]:
 
     -> summary: val_before, val_after, steps, seconds, run_dir
     """
-    cfg, tr = run.cfg, run.cfg.trainer
+    tr = run.cfg.trainer
     logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps)
     summary: dict = {"run_dir": str(run.run_dir)}
     start = time.perf_counter()
