@@ -75,3 +75,26 @@ def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
     assert out[0].startswith("arith") and out[-1].startswith("all")
     score = float(out[-1].split()[1])
     assert 0.1 < score < 0.9  # the warmed-up model: competent but imperfect
+
+
+def test_kl_in_the_reward_with_an_adaptive_controller(tmp_path, tiny_model_dir):
+    rows = read_rows(str(default_test_parquet()))[:8]
+    write_rows(rows, tmp_path / "train.parquet")
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+        "data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=4",
+        "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4", "rollout.n=4", "actor.lr=1e-2",
+        "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl", "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.1", "algorithm.kl_ctrl.target_kl=0.01", "algorithm.kl_ctrl.horizon=10",
+        "actor.entropy_coeff=0.01", "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'run'}",
+    ])
+    run = build_run(cfg)
+    assert run.ref is not None
+    train(run)
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    coeffs = [s["actor/reward_kl_penalty_coeff"] for s in steps]
+    assert coeffs[0] == pytest.approx(0.1)
+    assert steps[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at first
+    assert coeffs[1] < coeffs[0]  # KL 0 < target: the controller lowers the coefficient
+    assert steps[-1]["actor/reward_kl_penalty"] > 0  # two mini-batches a step at lr 1e-2: the policy moved away
+    assert run.kl_ctrl.value == pytest.approx(coeffs[-1] * (1 + min(max(steps[-1]["actor/reward_kl_penalty"] / 0.01 - 1, -0.2), 0.2) * 16 / 10))

@@ -85,3 +85,20 @@ def test_filter_logits_top_k_and_top_p():
     kept = filter_logits(logits, top_k=-1, top_p=0.7)
     assert kept.isinf().tolist() == [[False, False, True, True]]
     assert filter_logits(logits, top_k=-1, top_p=0.01)[0, 0] != inf  # the top token always survives
+
+
+def test_sampling_log_probs_match_a_full_forward(random_qwen2):
+    """The cached decode's log-probs equal those of one forward pass over prompt + response."""
+    from posttrain.batch import RolloutBatch
+    from posttrain.training.logprobs import compute_log_probs
+
+    params = SamplingParams(max_new_tokens=5, n=3, temperature=0.7, logprobs=True)
+    out = HFRolloutEngine(random_qwen2, [1], 0, seed=1, progress=False).generate(PROMPTS, params)
+    assert out.log_probs.shape == out.response_ids.shape
+    assert (out.log_probs[out.response_mask == 0] == 0).all()
+    batch = RolloutBatch.from_rollout(out, 3, ["a"] * 3, ["x"] * 3, [{}] * 3, [""] * 9)
+    full, _ = compute_log_probs(random_qwen2, batch, micro_batch_size=9, temperature=0.7)
+    mask = out.response_mask.bool()
+    torch.testing.assert_close(out.log_probs[mask], full[mask], atol=1e-4, rtol=1e-4)
+    assert HFRolloutEngine(random_qwen2, [1], 0, progress=False).generate(
+        PROMPTS, SamplingParams(max_new_tokens=2)).log_probs is None

@@ -120,3 +120,18 @@ def test_responses_decode_without_padding(tiny_model_dir):
         response_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]),
     )
     assert decode_responses(tok, out) == ["68", "7"]
+
+
+def test_warmup_schedule():
+    from posttrain.training.actor import make_lr_scheduler, warmup_steps
+
+    assert warmup_steps(5, 0.5, 100) == 5          # an explicit count wins
+    assert warmup_steps(-1, 0.1, 100) == 10        # -1: ratio x total steps
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_lr_scheduler(opt, warmup_steps=4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])

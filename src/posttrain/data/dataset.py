@@ -1,37 +1,62 @@
 """Prompts tokenized with the model's chat template, and the order they are
-drawn in."""
+drawn in.
+
+    rows = read_rows("train.parquet")
+    data = PromptDataset.build(rows, tokenizer, max_prompt_length=512)
+    sampler = PromptSampler(len(data), batch_size=32, seed=0)
+    epoch, indices = sampler.next_batch()           # 32 indices into data
+    prompts = [data[i].prompt_ids for i in indices]  # list[list[int]], unpadded
+"""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from posttrain.errors import DataError
 
+TRUNCATION_MODES = ("error", "left", "right")
+_warned_no_template: set[str] = set()
+
 
 @dataclass
 class PromptItem:
-    prompt_ids: list[int]
-    messages: Any
+    prompt_ids: list[int]  # chat template applied, ending with the assistant turn's opening
+    messages: Any  # the row's prompt as stored: list[{role, content}] (or a plain string)
     data_source: str
-    ground_truth: Any
-    extra_info: dict
-    index: int  # row index in the files as read
+    ground_truth: Any  # str, or a dict such as countdown's {target, numbers}
+    extra_info: dict = field(default_factory=dict)
+    index: int = 0  # row index in the files as read (concatenated)
 
 
 def encode_prompt(tokenizer, messages) -> list[int]:
     """Token ids of `messages` through the chat template, ready for the
-    assistant's turn. Plain text (a string) or a tokenizer without a chat
-    template falls back to the concatenated message contents."""
+    assistant's turn (add_generation_prompt=True).
+
+    A tokenizer without a chat template (a base model) gets the message
+    contents joined by newlines, with a one-time warning; a plain string is
+    encoded as it is. transformers 5 returns a BatchEncoding from
+    apply_chat_template(tokenize=True), 4.x a list: both give a list[int].
+    """
     if isinstance(messages, str):
-        return tokenizer.encode(messages, add_special_tokens=False)
+        return list(tokenizer.encode(messages, add_special_tokens=False))
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return tokenizer.encode("\n".join(m["content"] for m in messages), add_special_tokens=False)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(t) for t in ids]
+    _warn_no_template(tokenizer)
+    return list(tokenizer.encode("\n".join(m["content"] for m in messages), add_special_tokens=False))
+
+
+def _warn_no_template(tokenizer) -> None:
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    if name not in _warned_no_template:
+        _warned_no_template.add(name)
+        print(f"posttrain: warning: tokenizer '{name}' has no chat template; prompts are the message contents "
+              "joined by newlines (fine for a base model, wrong for a chat model)", file=sys.stderr)
 
 
 def _check_messages(messages, i: int, name: str) -> None:
@@ -44,7 +69,22 @@ def _check_messages(messages, i: int, name: str) -> None:
         )
 
 
+def _fit(ids: list[int], max_len: int, truncation: str, i: int, name: str) -> list[int]:
+    """ids cut to max_len tokens as `truncation` says, or a DataError."""
+    if truncation == "left":  # keep the end: the question and the assistant's opening
+        return ids[-max_len:]
+    if truncation == "right":
+        return ids[:max_len]
+    raise DataError(
+        f"{name} row {i} has {len(ids)} prompt tokens, over data.max_prompt_length={max_len}; "
+        "raise data.max_prompt_length, set data.filter_overlong_prompts=True, or data.truncation=left|right"
+    )
+
+
 class PromptDataset:
+    """Tokenized prompts: `len(data)`, `data[i] -> PromptItem`, and
+    `num_dropped`, the prompts left out for being too long."""
+
     def __init__(self, items: list[PromptItem], num_dropped: int = 0):
         self.items = items
         self.num_dropped = num_dropped
@@ -56,10 +96,17 @@ class PromptDataset:
         return self.items[i]
 
     @classmethod
-    def build(cls, rows, tokenizer, max_prompt_length: int, prompt_key: str = "prompt", filter_overlong: bool = True,
-              truncation: str = "error", name: str = "train") -> "PromptDataset":
-        """Tokenize rows; prompts longer than max_prompt_length are dropped and
-        counted (filter_overlong) or else truncated / refused (truncation)."""
+    def build(cls, rows: list[dict], tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
+              filter_overlong: bool = True, truncation: str = "error", name: str = "train") -> "PromptDataset":
+        """Tokenize rows (as read_rows gives them). A prompt over
+        max_prompt_length tokens is dropped and counted (filter_overlong, as
+        verl's filter_overlong_prompts), else cut (truncation left|right) or
+        refused (truncation error).
+
+            build(rows, tok, 30)   # 3 rows, one of 40 tokens -> len 2, num_dropped 1
+        """
+        if truncation not in TRUNCATION_MODES:
+            raise DataError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION_MODES)}; pick one")
         items, dropped = [], 0
         for i, row in enumerate(rows):
             if prompt_key not in row:
@@ -71,15 +118,7 @@ class PromptDataset:
                 if filter_overlong:
                     dropped += 1
                     continue
-                if truncation == "left":
-                    ids = ids[-max_prompt_length:]
-                elif truncation == "right":
-                    ids = ids[:max_prompt_length]
-                else:
-                    raise DataError(
-                        f"{name} row {i} has {len(ids)} prompt tokens, over data.max_prompt_length={max_prompt_length}; "
-                        "raise data.max_prompt_length, set data.filter_overlong_prompts=True, or data.truncation=left|right"
-                    )
+                ids = _fit(ids, max_prompt_length, truncation, i, name)
             items.append(PromptItem(ids, messages, row["data_source"], row["reward_model"]["ground_truth"],
                                     row.get("extra_info") or {}, i))
         if dropped:
@@ -94,19 +133,30 @@ class PromptDataset:
 
 
 class PromptSampler:
-    """Batches of prompt indices, epoch after epoch. Each epoch's order is a
-    permutation drawn from (seed, epoch), so a position (epoch, step) always
-    names the same prompts: what exact resume needs."""
+    """Batches of prompt indices, epoch after epoch.
+
+    Each epoch's order is a permutation drawn from (seed, epoch) alone, so a
+    position (epoch, step) always names the same prompts: saving
+    `state_dict()` and loading it into a fresh sampler resumes exactly.
+
+        s = PromptSampler(10, 4, seed=1)    # steps_per_epoch == 2 (drop_last)
+        s.next_batch()                      # (0, [4 indices]); then (0, ...), (1, ...), ...
+    """
 
     def __init__(self, num_items: int, batch_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+        if batch_size < 1:
+            raise DataError(f"data.train_batch_size={batch_size} must be at least 1; raise it")
         if batch_size > num_items and drop_last:
             raise DataError(
                 f"data.train_batch_size={batch_size} is larger than the {num_items} prompts in the training data; "
                 "lower data.train_batch_size or add data"
             )
+        if num_items < 1:
+            raise DataError("the training data holds no prompts; check data.train_files")
         self.num_items, self.batch_size, self.seed = num_items, batch_size, seed
         self.shuffle, self.drop_last = shuffle, drop_last
-        self.epoch, self.position = 0, 0
+        self.epoch, self.position = 0, 0  # position: batches already taken from this epoch
+        self._order: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
 
     @property
     def steps_per_epoch(self) -> int:
@@ -114,21 +164,35 @@ class PromptSampler:
         return full if self.drop_last or rest == 0 else full + 1
 
     def order(self, epoch: int) -> list[int]:
+        """The epoch's permutation of range(num_items)."""
         if not self.shuffle:
             return list(range(self.num_items))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.num_items, generator=g).tolist()
+        if self._order is None or self._order[0] != epoch:
+            # a generator of its own: the global torch RNG (model init, sampling) stays untouched
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(self.num_items, generator=g).tolist())
+        return self._order[1]
 
     def next_batch(self) -> tuple[int, list[int]]:
+        """-> (epoch, indices): the next batch, moving to the next epoch when
+        this one is used up."""
         if self.position >= self.steps_per_epoch:
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position * self.batch_size
         batch = self.order(self.epoch)[start:start + self.batch_size]
         self.position += 1
-        return self.epoch, batch
+        return self.epoch, list(batch)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_items": self.num_items, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position, self.seed = state["epoch"], state["position"], state["seed"]
+        for key in ("num_items", "batch_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise DataError(
+                    f"the saved data order was for {key}={state[key]}, this run has {getattr(self, key)}; "
+                    "resume with the same data and data.train_batch_size, or start a new run"
+                )
+        self.epoch, self.position, self.seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        self._order = None

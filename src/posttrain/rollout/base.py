@@ -26,6 +26,7 @@ class SamplingParams:
     top_k: int = -1
     do_sample: bool = True
     ignore_eos: bool = False
+    logprobs: bool = False  # also return each sampled token's log-prob
 
     @property
     def greedy(self) -> bool:
@@ -41,12 +42,16 @@ class RolloutOutput:
     prompt_mask:   [N, P] 1 on real prompt tokens
     response_ids:  [N, R] right-padded with pad_token_id (R <= max_new_tokens)
     response_mask: [N, R] 1 on generated tokens, the closing EOS included
+    log_probs:     [N, R] log-prob of each sampled token under the sampling
+                   distribution at temperature (before top-k/top-p), when
+                   asked for with SamplingParams(logprobs=True); else None
     """
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+    log_probs: torch.Tensor | None = None
 
 
 def decode_responses(tokenizer, out: RolloutOutput) -> list[str]:

@@ -88,15 +88,16 @@ class HFRolloutEngine:
         chunk = self.micro_batch_size or len(expanded)
         was_training = self.model.training
         self.model.eval()
-        responses, masks = [], []
+        responses, masks, log_probs = [], [], []
         bar = tqdm(total=len(expanded), desc="gen", unit="seq", leave=False, disable=None if self.progress else True)
         try:
             for start in range(0, len(expanded), chunk):
                 ids = prompt_ids[start:start + chunk].to(self.device)
                 mask = prompt_mask[start:start + chunk].to(self.device)
-                r, m = self._generate_chunk(ids, mask, params)
+                r, m, lp = self._generate_chunk(ids, mask, params)
                 responses.append(r.cpu())
                 masks.append(m.cpu())
+                log_probs.append(lp.cpu() if lp is not None else None)
                 bar.update(ids.shape[0])
         finally:
             bar.close()
@@ -104,7 +105,8 @@ class HFRolloutEngine:
         width = max(r.shape[1] for r in responses)
         response_ids = torch.cat([_right_pad(r, width, self.pad_token_id) for r in responses])
         response_mask = torch.cat([_right_pad(m, width, 0) for m in masks])
-        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask)
+        lp = torch.cat([_right_pad(x, width, 0.0) for x in log_probs]) if params.logprobs else None
+        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, lp)
 
     def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
         """ids, mask: [n, P] left-padded -> response ids, mask: [n, R]."""
@@ -115,10 +117,13 @@ class HFRolloutEngine:
         cache, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = position_ids[:, -1:] + 1  # [n, 1]
         finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
-        tokens, alive = [], []
+        tokens, alive, log_probs = [], [], []
         for step in range(params.max_new_tokens):
             tok = sample_next(logits, params, self.generator)
             tok = torch.where(finished, torch.full_like(tok, self.pad_token_id), tok)
+            if params.logprobs:
+                scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
+                log_probs.append(torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * ~finished)
             alive.append(~finished)
             tokens.append(tok)
             if not params.ignore_eos:
@@ -134,10 +139,10 @@ class HFRolloutEngine:
             next_pos = next_pos + 1
         response = torch.stack(tokens, dim=1)  # [n, R]
         response_mask = torch.stack(alive, dim=1).long()  # [n, R]
-        return response, response_mask
+        return response, response_mask, (torch.stack(log_probs, dim=1) if params.logprobs else None)
 
 
-def _right_pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+def _right_pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
     if t.shape[1] == width:
         return t
     pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
