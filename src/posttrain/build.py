@@ -6,7 +6,9 @@ components themselves take plain arguments.
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -35,19 +37,44 @@ def pick_device(name: str) -> torch.device:
 
 
 def resolve_run_dir(cfg) -> Path:
-    """trainer.run_dir, else runs/<project_name>/<experiment_name or a timestamp>.
-    A directory that already holds an earlier run's metrics or checkpoints is
-    refused rather than mixed into."""
+    """trainer.run_dir, else runs/<project_name>/<experiment_name or a timestamp>."""
     tr = cfg.trainer
     name = tr.experiment_name or time.strftime("run-%Y%m%d-%H%M%S")
-    run_dir = Path(tr.run_dir) if tr.run_dir else Path("runs") / tr.project_name / name
-    for marker in ("metrics.jsonl", "checkpoints"):
-        if (run_dir / marker).exists():
-            raise ConfigError(
-                f"run directory '{run_dir}' already holds an earlier run ({marker}); "
-                "choose another trainer.run_dir or trainer.experiment_name"
-            )
-    return run_dir
+    return Path(tr.run_dir) if tr.run_dir else Path("runs") / tr.project_name / name
+
+
+def check_fresh_run_dir(run_dir: Path, resume_mode: str) -> None:
+    """Without a checkpoint to resume from, an earlier run's files are never
+    mixed into: with resume_mode=disable they are refused, with auto (the
+    earlier run died before its first checkpoint) its metrics are set aside."""
+    metrics = run_dir / "metrics.jsonl"
+    leftovers = [p for p in (metrics, run_dir / "checkpoints") if p.exists()]
+    if not leftovers:
+        return
+    if resume_mode == "auto" and not (run_dir / "checkpoints").exists():
+        set_aside(metrics, keep_up_to=-1)
+        return
+    raise ConfigError(
+        f"run directory '{run_dir}' already holds an earlier run ({leftovers[0].name}) and nothing to resume from "
+        "with this trainer.resume_mode; choose another trainer.run_dir or trainer.experiment_name"
+    )
+
+
+def set_aside(metrics: Path, keep_up_to: int) -> None:
+    """Keep the metrics of steps <= keep_up_to; move the rest (steps of a
+    timeline abandoned by a crash) to metrics.discarded.jsonl."""
+    if not metrics.exists():
+        return
+    keep, drop = [], []
+    for line in metrics.read_text().splitlines():
+        try:
+            (keep if json.loads(line).get("step", 0) <= keep_up_to else drop).append(line)
+        except ValueError:
+            drop.append(line)  # a line cut short by a kill
+    if drop:
+        with open(metrics.with_name("metrics.discarded.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write("\n".join(drop) + "\n")
+        metrics.write_text("".join(line + "\n" for line in keep))
 
 
 def embedded_data_files() -> tuple[str, str]:
@@ -62,21 +89,28 @@ def embedded_data_files() -> tuple[str, str]:
     return str(train), str(test)
 
 
-def load_models(cfg, device: torch.device):
-    """-> (policy, reference or None, tokenizer, model_dir)."""
-    from posttrain.models import ensure_tiny_model, load_model, load_tokenizer
+def model_dir_of(cfg) -> str:
+    from posttrain.models import ensure_tiny_model
 
-    model_dir = cfg.model.path or str(ensure_tiny_model())
+    return cfg.model.path or str(ensure_tiny_model())
+
+
+def load_models(cfg, device: torch.device, model_dir: str, policy_dir: str | Path | None = None):
+    """-> (policy, reference or None, tokenizer). The policy comes from
+    `policy_dir` (a checkpoint's actor/) when resuming; the reference is
+    always the original model."""
+    from posttrain.models import load_model, load_tokenizer
+
     kwargs = dict(dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code, device=device)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    policy = load_model(model_dir, **kwargs)
+    policy = load_model(policy_dir or model_dir, **kwargs)
     if cfg.model.enable_gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = load_model(model_dir, **kwargs)
         ref.requires_grad_(False).eval()
-    return policy, ref, tokenizer, model_dir
+    return policy, ref, tokenizer
 
 
 def eos_token_ids(tokenizer, model) -> list[int]:
@@ -152,25 +186,34 @@ def update_settings(cfg) -> UpdateSettings:
 
 
 def build_run(cfg):
-    """Everything `posttrain.loop.train` needs, checked before anything is written."""
+    """Everything `posttrain.loop.train` needs, checked before anything is
+    written; resumes from a checkpoint when trainer.resume_mode finds one."""
+    from posttrain import checkpoint
     from posttrain.algorithms import make_kl_controller
-    from posttrain.config import save_config
+    from posttrain.config import config_to_dict, config_to_yaml
     from posttrain.data.dataset import PromptSampler
     from posttrain.loop import Run
 
-    seed_everything(cfg.trainer.seed)
-    device = pick_device(cfg.trainer.device)
+    tr = cfg.trainer
+    seed_everything(tr.seed)
+    device = pick_device(tr.device)
     run_dir = resolve_run_dir(cfg)
+    resume_from = checkpoint.find_checkpoint(run_dir, tr.resume_mode, tr.resume_from_path)
+    model_dir = model_dir_of(cfg)
+    if resume_from is not None:
+        checkpoint.check_compatible(resume_from, config_to_dict(cfg), model_dir)
+    else:
+        check_fresh_run_dir(run_dir, tr.resume_mode)
     reward_fn = make_reward_fn(cfg.reward.custom_fn)
     train_files, val_files = cfg.data.train_files, cfg.data.val_files
     if train_files is None:
         train_files, default_val = embedded_data_files()
         val_files = val_files if val_files is not None else [default_val]
-    policy, ref, tokenizer, _ = load_models(cfg, device)
+    policy, ref, tokenizer = load_models(cfg, device, model_dir, resume_from and resume_from / "actor")
     train_data = load_data(train_files, tokenizer, cfg, "train")
     val_data = load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples) if val_files else None
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-    total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
+    total_steps = tr.total_training_steps or sampler.steps_per_epoch * tr.total_epochs
     optimizer = make_optimizer(policy, cfg.actor.lr, cfg.actor.weight_decay, cfg.actor.betas)
     scheduler = make_lr_scheduler(
         optimizer, warmup_steps(cfg.actor.lr_warmup_steps, cfg.actor.lr_warmup_steps_ratio, total_steps))
@@ -178,11 +221,21 @@ def build_run(cfg):
     kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon) if cfg.algorithm.use_kl_in_reward else None
     train_sampling, val_sampling = sampling_params(cfg)
     engine = make_engine(cfg, policy, tokenizer, device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    return Run(
-        cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer,
-        engine=engine, optimizer=optimizer, scheduler=scheduler,
-        kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data, sampler=sampler,
-        sampling=train_sampling, val_sampling=val_sampling, update=update_settings(cfg), total_steps=total_steps,
+    config_yaml = config_to_yaml(cfg)
+    writer = checkpoint.CheckpointWriter(
+        run_dir, checkpoint.static_model_files(policy, tokenizer), config_yaml, async_save=tr.async_save,
+        max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
+        mode=tr.keep_top_k_mode)
+    run = Run(
+        cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer, engine=engine, optimizer=optimizer,
+        scheduler=scheduler, kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data,
+        sampler=sampler, sampling=train_sampling, val_sampling=val_sampling, update=update_settings(cfg),
+        total_steps=total_steps, writer=writer, model_dir=model_dir, resumed_from=resume_from,
     )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    if resume_from is not None:
+        checkpoint.restore(run, resume_from)  # last: nothing after this draws random numbers
+        set_aside(run_dir / "metrics.jsonl", keep_up_to=run.global_step)
+        print(f"posttrain: resuming from {resume_from} (step {run.global_step})", file=sys.stderr)
+    return run

@@ -10,7 +10,9 @@ import argparse
 import os
 import sys
 
-from posttrain.errors import ConfigError, PosttrainError
+from posttrain.errors import ConfigError, PosttrainError, Preempted
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again to resume
 
 
 def cmd_train(args) -> int:
@@ -103,6 +105,31 @@ def cmd_tiny_model(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from posttrain.checkpoint.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.output)
+    print(f"wrote a Hugging Face model directory to {out}")
+    return 0
+
+
+def cmd_checkpoints(args) -> int:
+    from posttrain.checkpoint import list_checkpoints
+
+    infos = list_checkpoints(args.run_dir, checksums=not args.quick)
+    if not infos:
+        print(f"no checkpoints under {args.run_dir}/checkpoints")
+        return 0
+    keys = [k for k in ("val/score/mean", "critic/score/mean") if any(k in i.metrics for i in infos)]
+    print(f"{'step':>6}  {'size':>9}  {'state':<7}" + "".join(f"  {k:>18}" for k in keys) + "  path")
+    for i in infos:
+        values = "".join(f"  {i.metrics[k]:>18.4f}" if k in i.metrics else f"  {'-':>18}" for k in keys)
+        state = "valid" if i.valid else "INVALID"
+        print(f"{i.step:>6}  {i.size / 2**20:>7.1f}MB  {state:<7}{values}  {i.path}"
+              + ("" if i.valid else f"  ({i.problem})"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from posttrain import __version__
     from posttrain.data.preprocess import register as register_preprocessors
@@ -140,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=cmd_eval)
 
+    ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
+    ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")
+    ex.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+    ex.set_defaults(func=cmd_export)
+
+    ck = sub.add_parser("checkpoints", help="list a run's checkpoints: step, size, validity, metrics")
+    ck.add_argument("run_dir")
+    ck.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
+    ck.set_defaults(func=cmd_checkpoints)
+
     tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory")
     tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")
     tm.add_argument("--seed", type=int, default=0)
@@ -166,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("POSTTRAIN_DEBUG") == "1"
     try:
         return args.func(args)
+    except Preempted as e:
+        print(f"posttrain: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except PosttrainError as e:
         if debug:
             raise

@@ -141,8 +141,15 @@ class TrainerConfig:
     val_before_train: bool = True
     logger: List[str] = field(default_factory=lambda: ["console"])
     project_name: str = "posttrain"
-    experiment_name: Optional[str] = None  # None: a timestamp
+    experiment_name: Optional[str] = "default"  # null: a timestamp (a new run directory each time)
     run_dir: Optional[str] = None  # None: runs/<project_name>/<experiment_name>
+    resume_mode: str = "auto"  # auto | disable | resume_path | a global_step_N directory
+    resume_from_path: Optional[str] = None  # with resume_mode=resume_path (verl's spelling)
+    async_save: bool = True  # write checkpoints in a background thread
+    max_ckpt_to_keep: Optional[int] = None  # keep the newest K checkpoints; None: all
+    keep_top_k: Optional[int] = None  # also keep the best K by keep_top_k_metric
+    keep_top_k_metric: str = "val/score/mean"
+    keep_top_k_mode: str = "max"  # max | min
     n_gpus_per_node: int = 1
     nnodes: int = 1
     device: str = "auto"  # auto | cpu | cuda
@@ -347,6 +354,11 @@ def validate(cfg: Config) -> None:
     _choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
     _choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
+    _choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
+    _need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
+          "trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N directory>")
+    for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
+        _need(_get(cfg, key) is None or _get(cfg, key) > 0, f"{key} must be a positive integer or null")
     _need(alg.adv_estimator in ADV_ESTIMATORS,
           f"algorithm.adv_estimator={alg.adv_estimator} is not supported yet; supported: {', '.join(ADV_ESTIMATORS)}")
     if alg.kl_ctrl.type == "adaptive":
@@ -382,8 +394,12 @@ def config_to_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
+def config_to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    Path(path).write_text(config_to_yaml(cfg))
 
 
 def describe_keys() -> str:

@@ -8,6 +8,7 @@ EXACT = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size",
     "trainer.default_local_dir": "trainer.run_dir",
+    "trainer.max_actor_ckpt_to_keep": "trainer.max_ckpt_to_keep",
 }
 
 # Prefix renames: a verl key maps when the renamed key is one of ours.

@@ -23,3 +23,11 @@ class ModelError(PosttrainError):
 
 class RewardError(PosttrainError):
     """A reward function cannot be loaded."""
+
+
+class CheckpointError(PosttrainError):
+    """A checkpoint cannot be written, read or resumed from."""
+
+
+class Preempted(PosttrainError):
+    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint."""

@@ -6,7 +6,10 @@ knows nothing of the loop: rollout/, rewards/, training/, algorithms/.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,7 +19,8 @@ import torch
 
 from posttrain.algorithms import apply_kl_penalty, get_adv_estimator
 from posttrain.batch import RolloutBatch
-from posttrain.checkpoint import save_checkpoint
+from posttrain.checkpoint import take_snapshot
+from posttrain.errors import Preempted
 from posttrain.metrics import MetricsLogger, batch_metrics, timed
 from posttrain.rewards.scoring import score_batch
 from posttrain.rollout.base import SamplingParams, decode_responses
@@ -45,8 +49,17 @@ class Run:
     val_sampling: SamplingParams
     update: UpdateSettings
     total_steps: int
+    writer: object = None
+    model_dir: str = ""
+    resumed_from: Path | None = None
     global_step: int = 0
+    stop_signal: int | None = None
     reward_messages_shown: set = field(default_factory=set)
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The run's own random generators, besides the global ones (for checkpoints)."""
+        gen = getattr(self.engine, "generator", None)
+        return {"rollout": gen} if gen is not None else {}
 
 
 def rl_step(run: Run, items) -> dict[str, float]:
@@ -168,16 +181,24 @@ def run_validation(run: Run) -> dict[str, float]:
 
 
 def save(run: Run, m: dict) -> None:
+    """Checkpoint the state after `run.global_step` steps (written in the
+    background with trainer.async_save; the copy is taken now)."""
     with timed(m, "save_checkpoint"):
-        save_checkpoint(run.run_dir, run.global_step, run.policy, run.tokenizer, run.optimizer, run.scheduler, {
-            "sampler": run.sampler.state_dict(),
-            "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
-        })
+        run.writer.save(take_snapshot(
+            run.global_step, run.policy, run.optimizer, run.scheduler, run.generators(),
+            {"epoch": run.sampler.epoch, "sampler": run.sampler.state_dict(),
+             "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
+             "model_dir": str(run.model_dir)},
+            m))
 
 
 def train(run: Run) -> dict[str, float]:
-    """Validate, run `total_steps` RL steps (validating every `test_freq` and
-    saving every `save_freq` steps, and at the end), validate again.
+    """Validate, run steps up to `total_steps` (validating every `test_freq`
+    and saving every `save_freq` steps, and at the end), validate again.
+
+    SIGTERM or SIGINT: the step in progress finishes, a checkpoint is written
+    and `Preempted` is raised (the CLI exits with status 75); a second
+    signal exits at once.
 
     -> summary: val_before, val_after, steps, seconds, run_dir
     """
@@ -185,8 +206,9 @@ def train(run: Run) -> dict[str, float]:
     logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps)
     summary: dict = {"run_dir": str(run.run_dir)}
     start = time.perf_counter()
+    previous = install_stop_handlers(run)
     try:
-        if run.val_data is not None and tr.val_before_train:
+        if run.val_data is not None and tr.val_before_train and run.resumed_from is None:
             m = run_validation(run)
             summary["val_before"] = m["val/score/mean"]
             logger.log(m, run.global_step)
@@ -200,11 +222,40 @@ def train(run: Run) -> dict[str, float]:
             if run.val_data is not None and (last or (tr.test_freq > 0 and run.global_step % tr.test_freq == 0)):
                 metrics.update(run_validation(run))
                 summary["val_after"] = metrics["val/score/mean"]
-            if tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last):
+            if run.stop_signal is not None or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
                 save(run, metrics)
             logger.log(metrics, run.global_step)
+            if run.stop_signal is not None:
+                run.writer.wait()
+                raise Preempted(
+                    f"stopped by {signal.Signals(run.stop_signal).name} after step {run.global_step}; checkpoint "
+                    f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
+        run.writer.wait()
     finally:
+        restore_stop_handlers(previous)
         logger.close()
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary
+
+
+def install_stop_handlers(run: Run) -> dict:
+    """First SIGTERM/SIGINT: stop after the current step, with a checkpoint.
+    Second: exit at once (status 128 + signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signal handlers can only be set from the main thread
+
+    def on_signal(signum, frame):
+        if run.stop_signal is not None:
+            os._exit(128 + signum)
+        run.stop_signal = signum
+        print(f"posttrain: {signal.Signals(signum).name}: finishing step {run.global_step + 1}, then saving a "
+              "checkpoint and stopping (send it again to exit at once)", file=sys.stderr, flush=True)
+
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def restore_stop_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+

@@ -1,12 +1,27 @@
-"""The arith task's reward: 1.0 when the last integer in the response is the sum."""
+"""The arith task's reward: 1.0 when the last integer in the response is the
+sum in ground_truth, else 0.0.
+
+A "-" counts as a sign only where no digit precedes it, so "10-3" reads as
+10 and 3, not 10 and -3. Integers are compared by value ("068" equals "68").
+
+    compute_score("68", "68")                    # 1.0
+    compute_score("60 ... no, 68", "68")         # 1.0 (the last one counts)
+    compute_score("68 or 67", "68")              # 0.0
+    compute_score("", "68")                      # 0.0
+"""
 
 from __future__ import annotations
 
 import re
 
-_INT = re.compile(r"-?\d+")
+_INT = re.compile(r"(?<!\d)-?\d+")
 
 
-def compute_score(solution_str: str, ground_truth: str) -> float:
+def compute_score(solution_str: str, ground_truth) -> float:
     found = _INT.findall(solution_str)
-    return 1.0 if found and found[-1].lstrip("+") == str(ground_truth).strip() else 0.0
+    if not found:
+        return 0.0
+    try:
+        return 1.0 if int(found[-1]) == int(str(ground_truth).strip()) else 0.0
+    except ValueError:  # a ground truth that is not an integer never matches
+        return 0.0

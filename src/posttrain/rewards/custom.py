@@ -1,40 +1,72 @@
-"""A user's reward function, loaded from `path/to/file.py:function_name`."""
+"""A user's reward function, loaded from `path/to/file.py:function_name`
+(`reward.custom_fn`; verl's custom_reward_function.path + .name).
+
+    fn = load_reward_fn("my_reward.py")                  # its compute_score
+    fn = load_reward_fn("rewards/mine.py:score_answer")
+    fn("openai/gsm8k", "... #### 18", "18", {})           # called as verl calls it
+
+The function is called as fn(data_source, solution_str, ground_truth,
+extra_info) and returns a number (or verl's {"score": number, ...}).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import inspect
+import sys
 from pathlib import Path
 from typing import Callable
 
 from posttrain.errors import RewardError
 
 DEFAULT_FUNCTION = "compute_score"
+_FIX = "fix reward.custom_fn=FILE.py:FUNCTION"
+
+
+def parse_spec(spec: str) -> tuple[Path, str]:
+    """'dir/f.py:fn' -> (Path('dir/f.py'), 'fn'); 'dir/f.py' -> (..., 'compute_score').
+    Only a colon after '.py' splits, so a Windows drive letter stays in the path."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and head.endswith(".py"):
+        return Path(head), tail.strip() or DEFAULT_FUNCTION
+    return Path(spec), DEFAULT_FUNCTION
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 def load_reward_fn(spec: str) -> Callable:
-    """`FILE.py:FUNCTION` (FUNCTION defaults to compute_score) -> the callable,
-    expected to take (data_source, solution_str, ground_truth, extra_info=None)."""
-    head, sep, tail = spec.rpartition(":")
-    path_str, name = (head, tail or DEFAULT_FUNCTION) if sep and head.endswith(".py") else (spec, DEFAULT_FUNCTION)
-    path = Path(path_str)
+    """Import the file by path (under a module name unique to that path) and
+    return its function; RewardError, with the fix, when it cannot."""
+    path, name = parse_spec(spec)
     if not path.is_file():
-        raise RewardError(f"reward file '{path}' does not exist; fix reward.custom_fn=FILE.py:FUNCTION")
-    module_name = f"posttrain_reward_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+        raise RewardError(f"reward file '{path}' does not exist; {_FIX}")
+    resolved = path.resolve()
+    module_name = f"posttrain_reward_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
+    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise RewardError(f"reward file '{path}' cannot be imported as Python; give a .py file; {_FIX}")
+    module = importlib.util.module_from_spec(module_spec)
+    # registered while it runs: dataclasses and pickling look the module up by name
+    sys.modules[module_name] = module
     try:
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise RewardError(f"reward file '{path}' failed to import ({type(e).__name__}: {e}); fix the file") from e
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module_name)
+    except (Exception, SystemExit) as e:
+        sys.modules.pop(module_name, None)
+        raise RewardError(f"reward file '{path}' failed to import ({_one_line(e)}); fix the file") from e
+    if not hasattr(module, name):
+        defined = sorted(n for n, v in vars(module).items()
+                         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module_name)
         raise RewardError(
-            f"reward file '{path}' has no function '{name}' (it defines: {', '.join(defined) or 'none'}); "
-            "fix reward.custom_fn=FILE.py:FUNCTION"
+            f"reward file '{path}' has no function '{name}' (it defines: {', '.join(defined) or 'nothing callable'}); "
+            f"{_FIX}"
         )
+    fn = getattr(module, name)
     if not callable(fn):
-        raise RewardError(f"'{name}' in reward file '{path}' is not callable; fix reward.custom_fn")
+        raise RewardError(f"'{name}' in reward file '{path}' is not callable (its type is {type(fn).__name__}); {_FIX}")
+    if inspect.isclass(fn):
+        raise RewardError(f"'{name}' in reward file '{path}' is a class, not a function; {_FIX}")
     return fn

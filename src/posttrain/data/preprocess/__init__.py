@@ -1,46 +1,75 @@
-"""`posttrain preprocess NAME`: write datasets as parquet rows."""
+"""`posttrain preprocess NAME`: write a dataset as parquet rows in verl's layout.
+
+    posttrain preprocess gsm8k --input ../shared/data/gsm8k --output-dir data/gsm8k
+    posttrain preprocess arith --output-dir data/arith --num-train 2000 --num-test 200
+    posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
+
+`register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
+which writes the files and prints one line per file with its row count.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
 
-def _report(paths) -> int:
+def _report(paths: list[Path]) -> int:
     for p in paths:
         print(f"wrote {p} ({pq.read_metadata(p).num_rows} rows)")
     return 0
 
 
+def _gsm8k(args) -> int:
+    from posttrain.data.preprocess import gsm8k
+
+    return _report(gsm8k.run(args.input, args.output_dir))
+
+
+def _arith(args) -> int:
+    from posttrain.data.preprocess import arith
+
+    return _report(arith.run(args.output_dir, args.num_train, args.num_test, args.seed, args.min_value,
+                             args.max_value))
+
+
+def _countdown(args) -> int:
+    from posttrain.data.preprocess import countdown
+
+    return _report(countdown.run(args.output_dir, args.num_train, args.num_test, args.seed,
+                                 (args.min_operands, args.max_operands), args.max_number, args.max_target,
+                                 args.min_number))
+
+
 def register(subparsers) -> None:
     """Add one sub-command per preprocessor to an argparse subparsers object."""
-    from posttrain.data.preprocess import arith, countdown, gsm8k
-
     g = subparsers.add_parser("gsm8k", help="GSM8K jsonl/parquet -> train/test parquet (verl's row content)")
-    g.add_argument("--input", required=True, help="directory (or file) of GSM8K train*/test* .jsonl or .parquet")
-    g.add_argument("--output-dir", required=True)
-    g.set_defaults(func=lambda a: _report(gsm8k.run(a.input, a.output_dir)))
+    g.add_argument("--input", required=True, nargs="+", metavar="FILE_OR_DIR",
+                   help="directory with train.jsonl/test.jsonl (or the Hub's main/train-*.parquet), or such files")
+    g.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
+    g.set_defaults(func=_gsm8k)
 
     ar = subparsers.add_parser("arith", help="two-number addition (the embedded default task)")
-    ar.add_argument("--output-dir", required=True)
-    ar.add_argument("--num-train", type=int, default=None, help="default: every train pair")
-    ar.add_argument("--num-test", type=int, default=None, help="default: every held-out pair")
-    ar.add_argument("--seed", type=int, default=0)
-    ar.add_argument("--min-value", type=int, default=10)
-    ar.add_argument("--max-value", type=int, default=99)
-    ar.set_defaults(func=lambda a: _report(arith.run(a.output_dir, a.num_train, a.num_test, a.seed,
-                                                     a.min_value, a.max_value)))
+    ar.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
+    ar.add_argument("--num-train", type=int, default=None, help="rows (default: every train pair)")
+    ar.add_argument("--num-test", type=int, default=None, help="rows (default: every held-out pair)")
+    ar.add_argument("--seed", type=int, default=0, help="shuffles the pairs before the train/test split")
+    ar.add_argument("--min-value", type=int, default=10, help="smallest operand (default 10)")
+    ar.add_argument("--max-value", type=int, default=99, help="largest operand (default 99)")
+    ar.set_defaults(func=_arith)
 
     c = subparsers.add_parser("countdown", help="Countdown: reach a target with given numbers (TinyZero's task)")
-    c.add_argument("--output-dir", required=True)
+    c.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
     c.add_argument("--num-train", type=int, default=10000)
     c.add_argument("--num-test", type=int, default=500)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--min-operands", type=int, default=3)
-    c.add_argument("--max-operands", type=int, default=4)
+    c.add_argument("--min-operands", type=int, default=3, help="fewest numbers per instance (default 3)")
+    c.add_argument("--max-operands", type=int, default=4, help="most numbers per instance (default 4)")
+    c.add_argument("--min-number", type=int, default=1)
     c.add_argument("--max-number", type=int, default=99)
-    c.set_defaults(func=lambda a: _report(countdown.run(a.output_dir, a.num_train, a.num_test, a.seed,
-                                                        a.min_operands, a.max_operands, a.max_number)))
+    c.add_argument("--max-target", type=int, default=1000, help="targets are whole numbers in 1..this")
+    c.set_defaults(func=_countdown)
 
 
 __all__ = ["register"]

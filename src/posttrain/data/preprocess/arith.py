@@ -1,4 +1,13 @@
-"""The arith task (two-number addition) as parquet rows; the embedded default's data."""
+"""The arith task (two-number addition) as parquet rows: the embedded default's data.
+
+    run("data/arith", num_train=3, num_test=1)   # -> [data/arith/train.parquet, data/arith/test.parquet]
+
+A row (train pair 23, 45 at index 0):
+
+    {"data_source": "arith", "prompt": [{"role": "user", "content": "23+45="}], "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "68"},
+     "extra_info": {"split": "train", "index": 0, "a": 23, "b": 45}}
+"""
 
 from __future__ import annotations
 
@@ -19,17 +28,26 @@ def make_row(a: int, b: int, split: str, index: int) -> dict:
     }
 
 
-def run(output_dir: str | Path, num_train: int | None = None, num_test: int | None = None, seed: int = 0,
+def run(output_dir, num_train: int | None = None, num_test: int | None = None, seed: int = 0,
         min_value: int = 10, max_value: int = 99) -> list[Path]:
-    """Train rows from the train pairs, test rows from the disjoint test
-    pairs (None = all of them)."""
+    """Train rows from the train pairs, test rows from the disjoint held-out
+    pairs of `arith.split_pairs` (None = every pair of that split; 0 = no
+    file). Each pair appears at most once: asking for more rows than there
+    are distinct pairs is an error rather than silent repetition."""
+    if min_value > max_value:
+        raise DataError(f"arith --min-value {min_value} is above --max-value {max_value}; swap them")
     train_pairs, test_pairs = arith.split_pairs(seed, min_value, max_value)
     written = []
     for split, pairs, wanted in (("train", train_pairs, num_train), ("test", test_pairs, num_test)):
+        if wanted is not None and wanted < 0:
+            raise DataError(f"arith --num-{split} {wanted} is negative; give 0 or more rows")
         if wanted is not None and wanted > len(pairs):
-            raise DataError(f"arith has only {len(pairs)} distinct {split} pairs for values {min_value}..{max_value}; "
-                            f"ask for fewer rows or widen --max-value")
+            raise DataError(
+                f"arith has only {len(pairs)} distinct {split} pairs for values {min_value}..{max_value}, "
+                f"{wanted} asked; lower --num-{split} or widen --min-value/--max-value"
+            )
         chosen = pairs if wanted is None else pairs[:wanted]
-        rows = [make_row(a, b, split, i) for i, (a, b) in enumerate(chosen)]
-        written.append(write_rows(rows, Path(output_dir) / f"{split}.parquet"))
+        if chosen:
+            rows = [make_row(a, b, split, i) for i, (a, b) in enumerate(chosen)]
+            written.append(write_rows(rows, Path(output_dir) / f"{split}.parquet"))
     return written

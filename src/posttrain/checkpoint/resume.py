@@ -1,0 +1,88 @@
+"""Where a run resumes from, whether it may, and putting the state back."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
+from posttrain.checkpoint.state import restore_rng
+from posttrain.errors import CheckpointError, ConfigError
+
+# Keys that may change between a run and its resumption: how long to run,
+# how often to validate and save, where to log, how to validate.
+MAY_DIFFER = ("trainer.", "data.val_files", "data.val_batch_size", "data.val_max_samples", "rollout.val_kwargs.",
+              "reward.timeout_s")
+MUST_MATCH = ("trainer.seed",)
+
+
+def find_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | None):
+    """-> the checkpoint directory to resume from, or None to start afresh.
+
+    auto: the newest valid checkpoint in the run directory (invalid newer
+    ones are reported and skipped); disable: none; a path (or
+    resume_mode=resume_path with trainer.resume_from_path): that one, which
+    must be valid.
+    """
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "auto":
+        found = latest_valid(run_dir)
+        for info in list_checkpoints(run_dir, checksums=False):
+            if found is None or info.step > found.step:
+                print(f"posttrain: warning: skipping {info.path}: {info.problem or 'invalid'}", file=sys.stderr)
+        return found.path if found else None
+    path = Path(resume_from_path if resume_mode == "resume_path" else resume_mode)
+    problem = verify(path) if path.is_dir() else "not a directory"
+    if problem:
+        raise CheckpointError(f"cannot resume from '{path}': {problem}; pass a valid global_step_N directory "
+                              "(`posttrain checkpoints RUN_DIR` lists them) or trainer.resume_mode=auto")
+    return path
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
+    """Refuse a checkpoint made with another model or an incompatible config."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    saved = flat(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    now = flat(config)
+    diffs = [
+        f"{k}: {saved.get(k)!r} -> {now.get(k)!r}"
+        for k in sorted(set(saved) | set(now))
+        if saved.get(k) != now.get(k) and (k in MUST_MATCH or not k.startswith(MAY_DIFFER))
+    ]
+    if state.get("model_dir") != str(model_dir):
+        diffs.insert(0, f"model: {state.get('model_dir')!r} -> {str(model_dir)!r}")
+    if diffs:
+        raise ConfigError(
+            f"checkpoint {ckpt} was made with a different model or config ({'; '.join(diffs)}); "
+            "use the same settings to resume, or start a new run (another trainer.run_dir / experiment_name, "
+            "or trainer.resume_mode=disable in a fresh directory)"
+        )
+
+
+def restore(run, ckpt: Path) -> None:
+    """Optimizer, scheduler, data position, KL controller, step and every RNG
+    (the policy's weights were loaded from ckpt/actor when it was built)."""
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    run.optimizer.load_state_dict(opt["optimizer"])
+    run.scheduler.load_state_dict(opt["scheduler"])
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    run.sampler.load_state_dict(state["sampler"])
+    if run.kl_ctrl is not None and state.get("kl_ctrl"):
+        run.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    run.global_step = state["global_step"]
+    restore_rng(torch.load(ckpt / "rng.pt", weights_only=True), run.generators())

@@ -1,0 +1,81 @@
+"""Capture a run's state as plain CPU copies (so it can be written while
+training goes on), and put it back."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+def capture_rng(generators: dict[str, torch.Generator]) -> dict:
+    """Every RNG the run draws from: python, numpy, torch (CPU, CUDA) and
+    named generators (the rollout sampler's). Stored as tensors and plain
+    types so it loads with torch.load(weights_only=True)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in generators.items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
+    random.setstate(_tuples(state["python"]))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for key, g in generators.items():
+        g.set_state(state["generators"][key])
+
+
+def _tuples(x):
+    """random.setstate needs tuples where a round trip may give lists."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the model's tensors, each shared (tied) tensor once,
+    under the first name it has (the embedding, for tied LM heads)."""
+    out, seen = {}, set()
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), t.shape, t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+@dataclass
+class Snapshot:
+    """Everything a checkpoint holds, detached from the live run."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict
+    scheduler: dict
+    rng: dict
+    trainer_state: dict
+    metrics: dict = field(default_factory=dict)
+
+
+def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, metrics) -> Snapshot:
+    return Snapshot(
+        step=step,
+        model=model_tensors(model),
+        optimizer=copy.deepcopy(optimizer.state_dict()),
+        scheduler=copy.deepcopy(scheduler.state_dict()),
+        rng=capture_rng(generators),
+        trainer_state=copy.deepcopy(trainer_state),
+        metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+    )

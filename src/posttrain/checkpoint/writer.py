@@ -1,0 +1,126 @@
+"""Writing checkpoints: atomically, optionally in a background thread, and
+pruning old ones by the retention rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from posttrain.checkpoint.manifest import fsync_path, list_checkpoints, write_manifest
+from posttrain.checkpoint.state import Snapshot
+from posttrain.errors import CheckpointError
+
+# A pause between writing the files and the manifest, for tests that kill a
+# process in the middle of a save. Not for production use.
+_TEST_DELAY_ENV = "POSTTRAIN_TEST_CHECKPOINT_DELAY_S"
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"global_step_{step}"
+
+
+def static_model_files(model, tokenizer) -> dict[str, bytes]:
+    """The model directory's files that do not change while training
+    (config.json, generation_config.json, tokenizer files), as bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+class CheckpointWriter:
+    """Writes `Snapshot`s under <run dir>/checkpoints.
+
+    With `async_save`, each write runs in a background thread so training
+    goes on; at most one is in flight (a new save first waits for the last),
+    and a failed write is raised at the next `save()` or at `close()`.
+
+    Retention after each save: the newest `max_to_keep` checkpoints, plus the
+    best `keep_top_k` by `metric` (`mode` max or min); the newest valid one
+    always stays. Neither set: keep everything.
+    """
+
+    def __init__(self, run_dir, static_files: dict[str, bytes], config_yaml: str, async_save: bool = True,
+                 max_to_keep: int | None = None, keep_top_k: int | None = None, metric: str = "val/score/mean",
+                 mode: str = "max"):
+        self.run_dir = Path(run_dir)
+        self.static_files, self.config_yaml = static_files, config_yaml
+        self.async_save, self.max_to_keep, self.keep_top_k = async_save, max_to_keep, keep_top_k
+        self.metric, self.mode = metric, mode
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, snap: Snapshot) -> None:
+        self.wait()
+        if not self.async_save:
+            self._write(snap)
+            return
+        self._thread = threading.Thread(target=self._run, args=(snap,), name="posttrain-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight is written; raise its error, if any."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
+
+    close = wait
+
+    def _run(self, snap: Snapshot) -> None:
+        try:
+            self._write(snap)
+        except BaseException as e:  # surfaced by wait()
+            self._error = e
+
+    def _write(self, snap: Snapshot) -> Path:
+        final = checkpoint_dir(self.run_dir, snap.step)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "actor").mkdir(parents=True)
+        for name, data in self.static_files.items():
+            (tmp / "actor" / name).write_bytes(data)
+        save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})
+        torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
+        torch.save(snap.rng, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"global_step": snap.step, **snap.trainer_state}, indent=1))
+        (tmp / "config.yaml").write_text(self.config_yaml)
+        if os.environ.get(_TEST_DELAY_ENV):
+            time.sleep(float(os.environ[_TEST_DELAY_ENV]))
+        write_manifest(tmp, snap.step, snap.metrics)
+        if final.exists():  # a same-step leftover (e.g. an invalid one): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_path(final.parent)
+        latest = final.parent / "latest_checkpointed_iteration.txt"
+        latest.with_suffix(".tmp").write_text(str(snap.step))
+        os.replace(latest.with_suffix(".tmp"), latest)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        if self.max_to_keep is None and self.keep_top_k is None:
+            return
+        valid = [i for i in list_checkpoints(self.run_dir, checksums=False) if i.valid]
+        keep = {valid[-1].step} if valid else set()
+        if self.max_to_keep:
+            keep |= {i.step for i in valid[-self.max_to_keep:]}
+        if self.keep_top_k:
+            scored = [i for i in valid if isinstance(i.metrics.get(self.metric), (int, float))]
+            scored.sort(key=lambda i: i.metrics[self.metric], reverse=self.mode == "max")
+            keep |= {i.step for i in scored[: self.keep_top_k]}
+        for info in valid:
+            if info.step not in keep:
+                shutil.rmtree(info.path, ignore_errors=True)
