@@ -120,7 +120,7 @@ def test_arith_splits_are_disjoint_and_capped(tmp_path, capsys):
     assert "(50 rows)" in capsys.readouterr().out
     train, test = read_rows(tmp_path / "train.parquet"), read_rows(tmp_path / "test.parquet")
     assert len(train) == 50 and len(test) == 20
-    pairs = lambda rows: {(x["extra_info"]["a"], x["extra_info"]["b"]) for x in rows}  # noqa: E731
+    pairs = lambda rows: {(x["extra_info"]["a"], x["extra_info"]["b"]) for x in rows}
     assert len(pairs(train)) == 50 and not pairs(train) & pairs(test)
     full_train, full_test = (read_rows(p) for p in arith.run(tmp_path / "all"))
     assert len(full_train) + len(full_test) == 90 * 90 and not pairs(full_train) & pairs(full_test)
@@ -158,8 +158,11 @@ def test_countdown_instances_are_solvable_and_seeded(tmp_path):
         gt = r["reward_model"]["ground_truth"]
         assert set(gt) == {"target", "numbers"} and 3 <= len(gt["numbers"]) <= 4
         assert solvable(gt["numbers"], gt["target"])
-    key = lambda r: (sorted(r["reward_model"]["ground_truth"]["numbers"]), r["reward_model"]["ground_truth"]["target"])  # noqa: E731
-    assert not {str(key(r)) for r in train} & {str(key(r)) for r in test}
+    def key(r):
+        gt = r["reward_model"]["ground_truth"]
+        return tuple(sorted(gt["numbers"])), gt["target"]
+
+    assert not {key(r) for r in train} & {key(r) for r in test}
     r = train[0]
     gt = r["reward_model"]["ground_truth"]
     assert r["data_source"] == "countdown" and r["ability"] == "math" and r["extra_info"] == {"split": "train",

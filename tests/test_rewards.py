@@ -41,7 +41,7 @@ def test_gsm8k_strict():
 
 
 def test_gsm8k_flexible():
-    flex = dict(method="flexible", format_score=0.1)
+    flex = {"method": "flexible", "format_score": 0.1}
     assert gsm8k.compute_score("the answer is 7", "7", **flex) == 1.0
     assert gsm8k.compute_score("12 and then 7", "7", **flex) == 1.0
     assert gsm8k.compute_score("it drops to -3", "-3", **flex) == 1.0
@@ -214,7 +214,7 @@ def misbehaving(source, text, truth, extra):
     if text == "swallow":  # a broad except inside the reward must not hide the time limit
         try:
             time.sleep(5)
-        except Exception:
+        except Exception:  # noqa: BLE001
             return 1.0
     return {"dict": {"score": 0.5, "acc": 1}, "nodict": {"acc": 1}, "bool": True, "int": 2, "np": np.float32(0.25),
             "nan": float("nan"), "inf": float("inf"), "str": "1"}.get(text, 1.0)

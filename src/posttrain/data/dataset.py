@@ -97,7 +97,7 @@ class PromptDataset:
 
     @classmethod
     def build(cls, rows: list[dict], tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
-              filter_overlong: bool = True, truncation: str = "error", name: str = "train") -> "PromptDataset":
+              filter_overlong: bool = True, truncation: str = "error", name: str = "train") -> PromptDataset:
         """Tokenize rows (as read_rows gives them). A prompt over
         max_prompt_length tokens is dropped and counted (filter_overlong, as
         verl's filter_overlong_prompts), else cut (truncation left|right) or

@@ -12,7 +12,7 @@ fall back on this dispatcher for the data sources it does not handle.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from posttrain.rewards import arith, countdown, gsm8k
 
@@ -44,4 +44,4 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=
     return float(reward_fn_for(data_source)(solution_str, ground_truth))
 
 
-__all__ = ["compute_score", "reward_fn_for", "REWARD_FNS"]
+__all__ = ["REWARD_FNS", "compute_score", "reward_fn_for"]

@@ -62,9 +62,8 @@ def uses_exactly(equation: str, numbers) -> bool:
 
 
 def _pow(x, y):
-    if isinstance(x, int) and isinstance(y, int) and abs(x) > 1 and y > 0:
-        if y * math.log2(abs(x)) > _MAX_POW_BITS:
-            raise ValueError("power too large")
+    if isinstance(x, int) and isinstance(y, int) and abs(x) > 1 and y > 0 and y * math.log2(abs(x)) > _MAX_POW_BITS:
+        raise ValueError("power too large")
     return operator.pow(x, y)
 
 

@@ -15,8 +15,8 @@ import hashlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from posttrain.errors import RewardError
 

@@ -108,7 +108,7 @@ def score_batch(fn, data_sources, solution_strs, ground_truths, extra_infos, tim
         except _Timeout:
             timeouts += 1
             msg = f"reward for data_source '{source}' ran past {timeout_s} s"
-        except Exception as e:  # a reward bug costs that sample's score, not the run
+        except Exception as e:  # noqa: BLE001  a reward bug costs that sample's score, not the run
             msg = f"reward for data_source '{source}' raised {_summary(e)}"
         failures[source] += 1
         scores.append(0.0)
