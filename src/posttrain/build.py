@@ -130,7 +130,7 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
 
-    rows = read_rows(files)
+    rows = read_rows(files, prompt_key=cfg.data.prompt_key)
     if max_samples is not None:
         rows = rows[:max_samples]
     return PromptDataset.build(
