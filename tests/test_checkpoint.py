@@ -209,3 +209,34 @@ def test_export_loads_in_transformers_and_generates_the_same(tmp_path, data, tra
         from posttrain.checkpoint.export import export_checkpoint
 
         export_checkpoint(run_dir, tmp_path / "hf")
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_run_directory_on_an_fsspec_file_system(tmp_path, data, tiny_model_dir, monkeypatch, scheme):
+    import fsspec
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))  # the local staging area
+    url = f"memory://bucket/{tmp_path.name}/run" if scheme == "memory" else f"file://{tmp_path / 'remote' / 'run'}"
+    fs, root = fsspec.core.url_to_fs(url)
+    run(overrides(tiny_model_dir, data, url, 2, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
+    assert fs.exists(f"{root}/checkpoints/global_step_2/manifest.json")
+    assert not fs.exists(f"{root}/checkpoints/global_step_1")   # pruned remotely too
+    assert len(fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()) == 3
+    # An upload cut short (no manifest) is never used: resume takes global_step_2.
+    fs.makedirs(f"{root}/checkpoints/global_step_3/actor", exist_ok=True)
+    fs.pipe_file(f"{root}/checkpoints/global_step_3/actor/model.safetensors", b"partial")
+    summary = run(overrides(tiny_model_dir, data, url, 3, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
+    assert summary["steps"] == 3
+    assert fs.exists(f"{root}/checkpoints/global_step_3/manifest.json")
+    steps = [json.loads(x)["step"] for x in fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()]
+    assert steps == [0, 1, 2, 3]
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path, data, tiny_model_dir):
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints" / ".global_step_1.tmp-999" / "actor").mkdir(parents=True)  # a save cut short
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "val/score/mean": 0.5}\n{"step": 1, "critic/sco')
+    summary = run(overrides(tiny_model_dir, data, run_dir, 1))
+    assert summary["steps"] == 1 and "val_before" in summary
+    assert (run_dir / "metrics.discarded.jsonl").read_text().count("\n") == 2  # the old timeline, kept aside
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]

@@ -45,19 +45,19 @@ def resolve_run_dir(cfg) -> Path:
 
 def check_fresh_run_dir(run_dir: Path, resume_mode: str) -> None:
     """Without a checkpoint to resume from, an earlier run's files are never
-    mixed into: with resume_mode=disable they are refused, with auto (the
-    earlier run died before its first checkpoint) its metrics are set aside."""
+    mixed into. With resume_mode=auto the earlier run died before its first
+    complete checkpoint: its metrics are set aside and its unfinished saves,
+    never loaded, are overwritten. With disable the directory must be new."""
     metrics = run_dir / "metrics.jsonl"
-    leftovers = [p for p in (metrics, run_dir / "checkpoints") if p.exists()]
-    if not leftovers:
-        return
-    if resume_mode == "auto" and not (run_dir / "checkpoints").exists():
+    if resume_mode == "auto":
         set_aside(metrics, keep_up_to=-1)
         return
-    raise ConfigError(
-        f"run directory '{run_dir}' already holds an earlier run ({leftovers[0].name}) and nothing to resume from "
-        "with this trainer.resume_mode; choose another trainer.run_dir or trainer.experiment_name"
-    )
+    leftovers = [p for p in (metrics, run_dir / "checkpoints") if p.exists()]
+    if leftovers:
+        raise ConfigError(
+            f"run directory '{run_dir}' already holds an earlier run ({leftovers[0].name}) and "
+            f"trainer.resume_mode={resume_mode}; choose another trainer.run_dir or trainer.experiment_name"
+        )
 
 
 def set_aside(metrics: Path, keep_up_to: int) -> None:
@@ -197,7 +197,14 @@ def build_run(cfg):
     tr = cfg.trainer
     seed_everything(tr.seed)
     device = pick_device(tr.device)
-    run_dir = resolve_run_dir(cfg)
+    remote = None
+    if checkpoint.is_url(tr.run_dir):
+        from posttrain.models.tiny import cache_root
+
+        remote = checkpoint.RemoteRunDir(tr.run_dir, cache_root() / "staging")
+        run_dir = remote.pull()  # work locally; checkpoints and metrics are mirrored to the URL
+    else:
+        run_dir = resolve_run_dir(cfg)
     resume_from = checkpoint.find_checkpoint(run_dir, tr.resume_mode, tr.resume_from_path)
     model_dir = model_dir_of(cfg)
     if resume_from is not None:
@@ -225,7 +232,7 @@ def build_run(cfg):
     writer = checkpoint.CheckpointWriter(
         run_dir, checkpoint.static_model_files(policy, tokenizer), config_yaml, async_save=tr.async_save,
         max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
-        mode=tr.keep_top_k_mode)
+        mode=tr.keep_top_k_mode, remote=remote)
     run = Run(
         cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer, engine=engine, optimizer=optimizer,
         scheduler=scheduler, kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data,

@@ -230,10 +230,10 @@ def train(run: Run) -> dict[str, float]:
                 raise Preempted(
                     f"stopped by {signal.Signals(run.stop_signal).name} after step {run.global_step}; checkpoint "
                     f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
-        run.writer.wait()
     finally:
         restore_stop_handlers(previous)
         logger.close()
+        run.writer.close()
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary

@@ -52,11 +52,12 @@ class CheckpointWriter:
 
     def __init__(self, run_dir, static_files: dict[str, bytes], config_yaml: str, async_save: bool = True,
                  max_to_keep: int | None = None, keep_top_k: int | None = None, metric: str = "val/score/mean",
-                 mode: str = "max"):
+                 mode: str = "max", remote=None):
         self.run_dir = Path(run_dir)
         self.static_files, self.config_yaml = static_files, config_yaml
         self.async_save, self.max_to_keep, self.keep_top_k = async_save, max_to_keep, keep_top_k
         self.metric, self.mode = metric, mode
+        self.remote = remote  # a RemoteRunDir that mirrors each finished checkpoint, or None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -77,7 +78,11 @@ class CheckpointWriter:
             error, self._error = self._error, None
             raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
 
-    close = wait
+    def close(self) -> None:
+        """Wait for the save in flight, then mirror the run's files (metrics, config) remotely."""
+        self.wait()
+        if self.remote is not None:
+            self.remote.push_files()
 
     def _run(self, snap: Snapshot) -> None:
         try:
@@ -107,6 +112,8 @@ class CheckpointWriter:
         latest = final.parent / "latest_checkpointed_iteration.txt"
         latest.with_suffix(".tmp").write_text(str(snap.step))
         os.replace(latest.with_suffix(".tmp"), latest)
+        if self.remote is not None:
+            self.remote.push_checkpoint(final)
         self._prune()
         return final
 
@@ -123,4 +130,6 @@ class CheckpointWriter:
             keep |= {i.step for i in scored[: self.keep_top_k]}
         for info in valid:
             if info.step not in keep:
+                if self.remote is not None:
+                    self.remote.delete_checkpoint(info.path)
                 shutil.rmtree(info.path, ignore_errors=True)
