@@ -1,4 +1,8 @@
-"""Policy losses and their aggregation over tokens: pure tensor functions."""
+"""Policy losses and their aggregation over tokens: pure tensor functions.
+
+Shapes: B sequences, T padded response length, V vocabulary size.
+`POLICY_LOSSES` picks a policy loss by the name used in configs.
+"""
 
 from __future__ import annotations
 
@@ -9,40 +13,71 @@ import torch
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x * mask, with exact zeros where mask == 0 even if x is inf or NaN
+    there (x * 0 would be NaN): padding must never leak into a loss."""
+    return torch.where(mask != 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x over mask == 1; 0 when the mask is empty (never NaN)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    """Mean of x [...] over mask [...] == 1, a scalar; 0 when the mask is
+    empty (never NaN).
+
+    Example: x [1, 2, 3], mask [1, 1, 0] -> 1.5.
+    """
+    mask = mask.to(x.dtype)
+    return _masked(x, mask).sum() / mask.sum().clamp(min=1)
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """[B, T] per-token losses -> scalar.
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    *,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """Per-token losses [B, T] and mask [B, T] -> a scalar.
 
     token-mean:              sum over valid tokens / number of valid tokens
     seq-mean-token-sum:      mean over sequences of each sequence's token sum
     seq-mean-token-mean:     mean over sequences of each sequence's token mean
-    seq-mean-token-sum-norm: sum over valid tokens / T (Dr. GRPO: a constant
-                             normaliser, T = the padded response length), / B
+    seq-mean-token-sum-norm: seq-mean-token-sum / loss_scale_factor (Dr. GRPO:
+                             a constant normaliser instead of each length;
+                             default T = loss_mask.shape[-1], the padded length)
 
-    Sequences without valid tokens are left out of the sequence means, so a
-    fully masked row contributes nothing (and an all-masked batch gives 0).
+    A sequence with no valid token is left out of the sequence means (the
+    divisor counts only sequences with at least one valid token), so a fully
+    masked row contributes nothing; this is verl 0.9's rule. Where verl
+    divides 0 by 0 (no valid token at all, or B = 0 or T = 0) this returns
+    0, never NaN, so such a micro-batch adds no gradient. Masked-out
+    entries of loss_mat are ignored even when they are inf or NaN.
 
-    Example: loss [[1, 2, 3], [4, 5, 6]], mask [[1, 1, 0], [1, 0, 0]]:
+    Pass `loss_scale_factor` (e.g. the configured max response length) to
+    keep the Dr. GRPO normaliser constant when T changes from step to step.
+
+    Example: loss [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+    mask [[1, 1, 0], [1, 0, 0], [0, 0, 0]] (third row fully masked):
     token-mean 7/3; seq-mean-token-sum (3 + 4)/2 = 3.5;
-    seq-mean-token-mean (1.5 + 4)/2 = 2.75; seq-mean-token-sum-norm 7/3/2 = 7/6.
+    seq-mean-token-mean (1.5 + 4)/2 = 2.75; seq-mean-token-sum-norm 3.5/3.
     """
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         return masked_mean(loss_mat, mask)
-    seq_valid = (mask.sum(-1) > 0).to(loss_mat.dtype)  # [B]
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode '{loss_agg_mode}'; supported: {', '.join(LOSS_AGG_MODES)}")
+    tokens = mask.sum(-1)  # [B] valid tokens per sequence
+    seq_valid = (tokens > 0).to(loss_mat.dtype)  # [B]
     num_seqs = seq_valid.sum().clamp(min=1)
-    if loss_agg_mode == "seq-mean-token-sum":
-        return (loss_mat * mask).sum(-1).sum() / num_seqs
+    seq_sums = _masked(loss_mat, mask).sum(-1)  # [B], 0 on fully masked rows
     if loss_agg_mode == "seq-mean-token-mean":
-        seq_means = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return (seq_means * seq_valid).sum() / num_seqs
+        # clamp: a fully masked row is 0 / 1 = 0 (and excluded by num_seqs)
+        return (seq_sums / tokens.clamp(min=1)).sum() / num_seqs
+    loss = seq_sums.sum() / num_seqs
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        return (loss_mat * mask).sum() / max(loss_mat.shape[-1], 1) / max(loss_mat.shape[0], 1)
-    raise ValueError(f"unknown loss_agg_mode '{loss_agg_mode}'; supported: {', '.join(LOSS_AGG_MODES)}")
+        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        if scale > 0:  # T = 0 means no valid token, and the loss is 0 already
+            loss = loss / scale
+    return loss
 
 
 def ppo_policy_loss(
@@ -54,36 +89,47 @@ def ppo_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    *,
+    loss_scale_factor: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """PPO's clipped surrogate with dual clip, all inputs [B, T].
+    """PPO's clipped surrogate with dual clip; every input is [B, T].
 
-    r = exp(log_prob - old_log_prob) (the log-ratio clamped to [-20, 20]);
-    per token: max(-A r, -A clip(r, 1 - low, 1 + high)), and for A < 0 at
-    most -A * clip_ratio_c (dual clip, Ye et al. 2020).
+    r = exp(log_prob - old_log_prob), the log-ratio clamped to [-20, 20] so
+    one stale token cannot overflow exp. Per token:
+        clipped = max(-A r, -A clip(r, 1 - low, 1 + high))
+    and where A < 0 also at most -A * clip_ratio_c (dual clip, Ye et al.
+    2020): without it a token with A < 0 and a huge r has an unbounded loss.
+    The per-token losses are aggregated with `agg_loss(loss_agg_mode)`.
 
-    Returns pg_loss (scalar, with grad) and, detached: pg_clipfrac (share of
-    tokens where the clipped term won), ppo_kl (mean old - new log-prob),
-    pg_clipfrac_lower (share where the dual clip bound).
+    Returns a dict:
+        pg_loss            scalar with grad (through log_prob only)
+        pg_clipfrac        share of valid tokens where the clipped term won
+        ppo_kl             mean over valid tokens of old - new log-prob
+        pg_clipfrac_lower  share of valid tokens where the dual clip bound
+    the last three detached.
 
-    Example: A = 1, r = 1.5, clip 0.2: max(-1.5, -1.2) = -1.2 (clipped, no grad).
+    Example (low = high = 0.2, token-mean):
+        A = 1,  r = 1.5: max(-1.5, -1.2) = -1.2   (clipped, no gradient)
+        A = -1, r = 5.0: max(5.0, 1.2) = 5.0, dual: min(3.0, 5.0) = 3.0
+        pg_loss = (-1.2 + 3.0) / 2 = 0.9, pg_clipfrac 0.5, pg_clipfrac_lower 0.5.
     """
     if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+        raise ValueError(f"clip_ratio_c (the dual-clip bound) must be > 1, got {clip_ratio_c}")
     mask = response_mask.to(log_prob.dtype)
-    log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
+    log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)  # [B, T]
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clipped = torch.maximum(loss1, loss2)
-    loss3 = -advantages * clip_ratio_c
-    dual = torch.minimum(loss3, clipped)
-    per_token = torch.where(advantages < 0, dual, clipped)
+    clipped = torch.maximum(loss1, loss2)  # pessimistic of the two
+    loss3 = -advantages * clip_ratio_c  # [B, T], the dual-clip ceiling
+    negative = advantages < 0
+    per_token = torch.where(negative, torch.minimum(loss3, clipped), clipped)  # [B, T]
     with torch.no_grad():
         clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
-        clipfrac_lower = masked_mean(((clipped > loss3) & (advantages < 0)).to(mask.dtype), mask)
+        clipfrac_lower = masked_mean(((clipped > loss3) & negative).to(mask.dtype), mask)
         ppo_kl = masked_mean(-log_ratio, mask)
     return {
-        "pg_loss": agg_loss(per_token, mask, loss_agg_mode),
+        "pg_loss": agg_loss(per_token, mask, loss_agg_mode, loss_scale_factor=loss_scale_factor),
         "pg_clipfrac": clipfrac,
         "ppo_kl": ppo_kl,
         "pg_clipfrac_lower": clipfrac_lower,
@@ -91,8 +137,15 @@ def ppo_policy_loss(
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """[..., V] logits -> [...] entropy of softmax(logits), computed stably
-    as logsumexp(l) - sum softmax(l) * l."""
+    """Logits [B, T, V] (any [..., V]) -> entropy of softmax(logits) [B, T].
+
+    Computed as logsumexp(l) - sum softmax(l) * l, which needs no log of a
+    probability (log 0 = -inf) and no exp of a large logit. Logits must be
+    finite: a -inf logit (top-k style masking) gives 0 * -inf = NaN.
+
+    Example: V equal logits -> log V; log-probs of [0.5, 0.25, 0.25] ->
+    1.5 ln 2 = 1.0397.
+    """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
@@ -101,6 +154,7 @@ POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss}
 
 
 def get_policy_loss(name: str) -> Callable:
+    """The policy loss registered as `name`; ValueError lists the known ones."""
     try:
         return POLICY_LOSSES[name]
     except KeyError:
