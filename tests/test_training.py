@@ -57,13 +57,18 @@ def test_log_probs_match_unpadded_forward(random_qwen2):
 def test_micro_weights_by_tokens_or_sequences():
     mini = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
     assert micro_weight(mini[:1], mini, "token-mean") == pytest.approx(3 / 6)
-    assert micro_weight(mini[:1], mini, "seq-mean-token-mean") == pytest.approx(1 / 4)
+    # per-sequence modes count the sequences with a valid token: 3 here (the last row is empty)
+    assert micro_weight(mini[:1], mini, "seq-mean-token-mean") == pytest.approx(1 / 3)
+    assert micro_weight(mini[3:], mini, "seq-mean-token-sum") == 0.0
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batch_accumulation_equals_one_big_batch(random_qwen2, mode):
-    """The gradient summed over micro-batches is the full mini-batch's gradient."""
+    """The gradient summed over micro-batches is the full mini-batch's gradient,
+    also with an empty response in the batch."""
     b = make_batch()
+    b.response_mask = b.response_mask.clone()
+    b.response_mask[3] = 0  # a zero-length response
     b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4)
     b.old_log_probs = b.old_log_probs + 0.05  # off-policy a little, so clipping is exercised
     b.advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 3) * b.response_mask

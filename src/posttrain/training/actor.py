@@ -51,12 +51,14 @@ def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps
 
 def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
     """Share of a micro-batch in its mini-batch, so that summing the weighted
-    micro losses gives the loss of the whole mini-batch: by tokens for
-    token-mean, by sequences for the per-sequence modes."""
+    micro losses gives the loss of the whole mini-batch: by valid tokens for
+    token-mean, by sequences with at least one valid token for the
+    per-sequence modes (the sequences `agg_loss` averages over)."""
     if loss_agg_mode == "token-mean":
-        total = float(mini_mask.sum())
-        return float(micro_mask.sum()) / total if total > 0 else 0.0
-    return micro_mask.shape[0] / mini_mask.shape[0]
+        part, total = float(micro_mask.sum()), float(mini_mask.sum())
+    else:
+        part, total = float((micro_mask.sum(-1) > 0).sum()), float((mini_mask.sum(-1) > 0).sum())
+    return part / total if total > 0 else 0.0
 
 
 def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
