@@ -54,7 +54,9 @@ def format_summary(s: dict) -> str:
         parts.append(f"validation score {s['val_before']:.3f} -> {s['val_after']:.3f} ({gain:+.3f})")
     elif "val_after" in s:
         parts.append(f"validation score {s['val_after']:.3f}")
-    parts.append(f"{s['steps']} steps in {s['seconds']:.0f} s")
+    ran = s["steps"] - s.get("start_step", 0)
+    resumed = f" (resumed at step {s['start_step']}, now at {s['steps']})" if s.get("start_step") else ""
+    parts.append(f"{ran} step{'' if ran == 1 else 's'} in {s['seconds']:.0f} s{resumed}")
     parts.append(f"run directory {s['run_dir']}")
     return "done: " + " | ".join(parts)
 

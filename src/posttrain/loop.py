@@ -204,7 +204,7 @@ def train(run: Run) -> dict[str, float]:
     """
     tr = run.cfg.trainer
     logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps)
-    summary: dict = {"run_dir": str(run.run_dir)}
+    summary: dict = {"run_dir": str(run.run_dir), "start_step": run.global_step}
     start = time.perf_counter()
     previous = install_stop_handlers(run)
     try:
