@@ -11,6 +11,7 @@ import yaml
 
 from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import restore_rng
+from posttrain.config import flatten
 from posttrain.errors import CheckpointError, ConfigError
 
 # Keys that may change between a run and its resumption: how long to run,
@@ -44,21 +45,11 @@ def find_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | Non
     return path
 
 
-def flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
     """Refuse a checkpoint made with another model or an incompatible config."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    saved = flat(yaml.safe_load((ckpt / "config.yaml").read_text()))
-    now = flat(config)
+    saved = flatten(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    now = flatten(config)
     diffs = [
         f"{k}: {saved.get(k)!r} -> {now.get(k)!r}"
         for k in sorted(set(saved) | set(now))
