@@ -154,13 +154,13 @@ def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
         out = engine.generate([it.prompt_ids for it in chunk], params)
-        texts = decode_responses(tokenizer, out)
-        rep = params.n
-        sources = [it.data_source for it in chunk for _ in range(rep)]
-        result = score_batch(reward_fn, sources, texts, [it.ground_truth for it in chunk for _ in range(rep)],
-                             [it.extra_info for it in chunk for _ in range(rep)], timeout_s=timeout_s)
+        batch = RolloutBatch.from_rollout(
+            out, params.n, [it.data_source for it in chunk], [it.ground_truth for it in chunk],
+            [it.extra_info for it in chunk], decode_responses(tokenizer, out))
+        result = score_batch(reward_fn, batch.data_source, batch.response_text, batch.ground_truth,
+                             batch.extra_info, timeout_s=timeout_s)
         errors += result.num_errors + result.num_timeouts
-        for source, score in zip(sources, result.scores):
+        for source, score in zip(batch.data_source, result.scores):
             per_source[source].append(score)
         lengths.extend(out.response_mask.sum(-1).tolist())
     all_scores = [s for scores in per_source.values() for s in scores]
