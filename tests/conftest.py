@@ -38,3 +38,53 @@ def trained_tiny_model_dir():
     from posttrain.models import ensure_tiny_model
 
     return ensure_tiny_model()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A local Ray cluster started with `ray start --head` on loopback, once per
+    session. -> {"address": "127.0.0.1:PORT", "dashboard": "http://127.0.0.1:PORT"}.
+
+    Everything it opens listens on 127.0.0.1 only: Ray needs
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to keep --node-ip-address.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).with_name("ray")
+    temp_dir = tempfile.mkdtemp(prefix="ptray-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port, dash = _free_port(), _free_port()
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    subprocess.run(
+        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8", "--disable-usage-stats",
+         f"--temp-dir={temp_dir}"],
+        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+    )
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    try:
+        yield {"address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": temp_dir}
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        except Exception:
+            pass
+        subprocess.run([str(ray_bin), "stop", "--force"], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)
