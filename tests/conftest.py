@@ -68,14 +68,20 @@ def ray_cluster(tmp_path_factory):
     port, dash = _free_port(), _free_port()
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    subprocess.run(
-        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+    # --block: the cluster lives as long as this child, so stopping it stops
+    # only this cluster (`ray stop` would stop every cluster of the user).
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8", "--disable-usage-stats",
          f"--temp-dir={temp_dir}"],
-        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
+    _wait_for_dashboard(f"http://127.0.0.1:{dash}", head)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # A driver connecting to it must say its own address is loopback too
+    # (`ray.init(address=..., _node_ip_address="127.0.0.1")`), or it waits forever
+    # for a raylet on the machine's routable address.
     try:
         yield {"address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": temp_dir}
     finally:
@@ -85,6 +91,28 @@ def ray_cluster(tmp_path_factory):
             ray.shutdown()
         except Exception:
             pass
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=120)
+        import signal
+
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
+    """Until the Jobs API answers (the last part of a head node to come up)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"`ray start --head` exited with status {head.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"the local Ray cluster's dashboard {url} did not answer within {timeout:.0f} s")
