@@ -67,6 +67,8 @@ def ray_cluster(tmp_path_factory):
     temp_dir = tempfile.mkdtemp(prefix="ptray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     port, dash = _free_port(), _free_port()
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    # jobs submitted to the cluster run their entrypoint with this PATH: find this venv's `posttrain`
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
     # --block: the cluster lives as long as this child, so stopping it stops
     # only this cluster (`ray stop` would stop every cluster of the user).

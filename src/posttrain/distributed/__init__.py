@@ -1,0 +1,1 @@
+"""Running on a Ray cluster: the cluster connection, worker groups, job submission."""
