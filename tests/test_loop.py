@@ -25,9 +25,9 @@ def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tin
         "trainer.logger=[]",
     ])
     run = build_run(cfg)
-    before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in run.actor.policy.named_parameters()}
     summary = train(run)
-    moved = [n for n, p in run.policy.named_parameters() if not torch.equal(before[n], p.detach())]
+    moved = [n for n, p in run.actor.policy.named_parameters() if not torch.equal(before[n], p.detach())]
     assert moved == list(before), f"parameters that did not move: {set(before) - set(moved)}"
     assert summary["val_after"] > summary["val_before"]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -89,7 +89,7 @@ def test_kl_in_the_reward_with_an_adaptive_controller(tmp_path, tiny_model_dir):
         "actor.entropy_coeff=0.01", "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'run'}",
     ])
     run = build_run(cfg)
-    assert run.ref is not None
+    assert run.actor.ref is not None
     train(run)
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     coeffs = [s["actor/reward_kl_penalty_coeff"] for s in steps]

@@ -7,6 +7,7 @@ components themselves take plain arguments.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -15,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posttrain.errors import ConfigError
+from posttrain.errors import CheckpointError, ConfigError
+from posttrain.models.loader import eos_token_ids  # noqa: F401  (re-exported for the CLI)
 from posttrain.rollout.base import SamplingParams
-from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, warmup_steps
+from posttrain.training.actor import UpdateSettings, warmup_steps
+from posttrain.worker import WorkerSpec
 
 EMBEDDED_DATA_VERSION = "arith-v1"
 
@@ -95,37 +98,6 @@ def model_dir_of(cfg) -> str:
     return cfg.model.path or str(ensure_tiny_model())
 
 
-def load_models(cfg, device: torch.device, model_dir: str, policy_dir: str | Path | None = None):
-    """-> (policy, reference or None, tokenizer). The policy comes from
-    `policy_dir` (a checkpoint's actor/) when resuming; the reference is
-    always the original model."""
-    from posttrain.models import load_model, load_tokenizer
-
-    kwargs = dict(dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code, device=device)
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    policy = load_model(policy_dir or model_dir, **kwargs)
-    if cfg.model.enable_gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    ref = None
-    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        ref = load_model(model_dir, **kwargs)
-        ref.requires_grad_(False).eval()
-    return policy, ref, tokenizer
-
-
-def eos_token_ids(tokenizer, model) -> list[int]:
-    """Tokens that end a response: the tokenizer's EOS and the generation config's."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos:
-        ids.update(gen_eos)
-    return sorted(ids)
-
-
 def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
@@ -139,19 +111,61 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     )
 
 
-def make_engine(cfg, policy, tokenizer, device):
-    name = cfg.rollout.name
-    if name == "hf":
-        from posttrain.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine(
-            policy, eos_token_ids(tokenizer, policy), tokenizer.pad_token_id,
-            micro_batch_size=cfg.rollout.micro_batch_size, seed=cfg.trainer.seed,
-        )
-    raise ConfigError(
-        f"rollout.name={name} is not available yet in this version; use rollout.name=hf "
-        "(actor_rollout_ref.rollout.name=hf)"
+def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int) -> WorkerSpec:
+    """What every worker needs to build its models, optimizer and rollout engine."""
+    a, r = cfg.actor, cfg.rollout
+    return WorkerSpec(
+        model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
+        trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+        need_ref=a.use_kl_loss or cfg.algorithm.use_kl_in_reward, device=device, lr=a.lr,
+        weight_decay=a.weight_decay, betas=tuple(a.betas),
+        warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
+        log_prob_micro_batch_size=r.log_prob_micro_batch_size,
+        ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size, temperature=r.temperature, rollout=r.name,
+        rollout_micro_batch_size=r.micro_batch_size, tensor_parallel_size=r.tensor_model_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        mixed_precision="bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None,
+        seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
     )
+
+
+def uses_ray(cfg) -> bool:
+    """Workers on Ray when asked, when there is more than one, or when a
+    cluster address is given (a job's driver: its devices are on the workers)."""
+    tr = cfg.trainer
+    if tr.use_ray is not None:
+        return tr.use_ray
+    return tr.nnodes * tr.n_gpus_per_node > 1 or bool(tr.ray_address or os.environ.get("RAY_ADDRESS"))
+
+
+def connect_cluster(cfg) -> None:
+    from posttrain.distributed.cluster import connect
+
+    tr = cfg.trainer
+    world = tr.nnodes * tr.n_gpus_per_node
+    where = connect(tr.ray_address, num_cpus=max(world * tr.cpus_per_worker, os.cpu_count() or 1))
+    print(f"posttrain: {world} worker{'s' if world > 1 else ''} on {where}", file=sys.stderr)
+
+
+def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
+    """One `Worker` in this process, or a `WorkerGroup` of Ray actors."""
+    from posttrain.worker import Worker
+
+    tr = cfg.trainer
+    if cfg.rollout.name == "vllm":
+        from posttrain.rollout.vllm import check_vllm_available
+
+        check_vllm_available(spec.device)
+    if not uses_ray(cfg):
+        worker = Worker(spec)
+        worker.setup()
+        return worker
+    from posttrain.distributed.group import WorkerGroup
+
+    hint = (f"The newest valid checkpoint in {run_dir / 'checkpoints'} is kept: run the same command again "
+            "to resume from it (trainer.resume_mode=auto)")
+    return WorkerGroup(spec, tr.nnodes, tr.n_gpus_per_node, tr.cpus_per_worker, resume_hint=hint)
 
 
 def make_reward_fn(custom_fn: str | None):
@@ -193,14 +207,18 @@ def build_run(cfg):
     from posttrain.config import config_to_dict, config_to_yaml
     from posttrain.data.dataset import PromptSampler
     from posttrain.loop import Run
+    from posttrain.models import load_tokenizer
 
     tr = cfg.trainer
     seed_everything(tr.seed)
-    device = pick_device(tr.device)
+    distributed = uses_ray(cfg)
     remote = None
     if checkpoint.is_url(tr.run_dir):
         from posttrain.models.tiny import cache_root
 
+        if tr.nnodes > 1:
+            raise ConfigError(f"trainer.run_dir={tr.run_dir} is a URL, but workers on {tr.nnodes} nodes write "
+                              "their shards to a path they all see: use a shared file system path")
         remote = checkpoint.RemoteRunDir(tr.run_dir, cache_root() / "staging")
         run_dir = remote.pull()  # work locally; checkpoints and metrics are mirrored to the URL
     else:
@@ -209,6 +227,7 @@ def build_run(cfg):
     model_dir = model_dir_of(cfg)
     if resume_from is not None:
         checkpoint.check_compatible(resume_from, config_to_dict(cfg), model_dir)
+        check_resumable(resume_from, distributed)
     else:
         check_fresh_run_dir(run_dir, tr.resume_mode)
     reward_fn = make_reward_fn(cfg.reward.custom_fn)
@@ -216,28 +235,30 @@ def build_run(cfg):
     if train_files is None:
         train_files, default_val = embedded_data_files()
         val_files = val_files if val_files is not None else [default_val]
-    policy, ref, tokenizer = load_models(cfg, device, model_dir, resume_from and resume_from / "actor")
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     train_data = load_data(train_files, tokenizer, cfg, "train")
     val_data = load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples) if val_files else None
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     total_steps = tr.total_training_steps or sampler.steps_per_epoch * tr.total_epochs
-    optimizer = make_optimizer(policy, cfg.actor.lr, cfg.actor.weight_decay, cfg.actor.betas)
-    scheduler = make_lr_scheduler(
-        optimizer, warmup_steps(cfg.actor.lr_warmup_steps, cfg.actor.lr_warmup_steps_ratio, total_steps))
     kc = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon) if cfg.algorithm.use_kl_in_reward else None
     train_sampling, val_sampling = sampling_params(cfg)
-    engine = make_engine(cfg, policy, tokenizer, device)
+    if distributed:
+        connect_cluster(cfg)
+    device = worker_device(tr.device, distributed)
+    policy_dir = resume_from / "actor" if resume_from is not None and not checkpoint.is_sharded(resume_from) else None
+    spec = worker_spec(cfg, model_dir, policy_dir and str(policy_dir), device, total_steps)
+    actor = make_actor(cfg, spec, run_dir)
     config_yaml = config_to_yaml(cfg)
     writer = checkpoint.CheckpointWriter(
-        run_dir, checkpoint.static_model_files(policy, tokenizer), config_yaml, async_save=tr.async_save,
+        run_dir, checkpoint.static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
         max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
         mode=tr.keep_top_k_mode, remote=remote)
     run = Run(
-        cfg=cfg, run_dir=run_dir, policy=policy, ref=ref, tokenizer=tokenizer, engine=engine, optimizer=optimizer,
-        scheduler=scheduler, kl_ctrl=kl_ctrl, reward_fn=reward_fn, train_data=train_data, val_data=val_data,
-        sampler=sampler, sampling=train_sampling, val_sampling=val_sampling, update=update_settings(cfg),
-        total_steps=total_steps, writer=writer, model_dir=model_dir, resumed_from=resume_from,
+        cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, reward_fn=reward_fn,
+        train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
+        val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
+        resumed_from=resume_from,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -246,3 +267,25 @@ def build_run(cfg):
         set_aside(run_dir / "metrics.jsonl", keep_up_to=run.global_step)
         print(f"posttrain: resuming from {resume_from} (step {run.global_step})", file=sys.stderr)
     return run
+
+
+def worker_device(name: str, distributed: bool) -> str:
+    """The workers' device. On Ray, `auto` means cuda when the cluster has GPUs."""
+    if not distributed:
+        return pick_device(name).type
+    if name != "auto":
+        return name
+    import ray
+
+    return "cuda" if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def check_resumable(ckpt: Path, distributed: bool) -> None:
+    """A one-process checkpoint resumes in one process only (its optimizer
+    state is not sharded); a sharded one resumes with any number of workers."""
+    from posttrain.checkpoint import is_sharded
+
+    if distributed and not is_sharded(ckpt):
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by a one-process run; resume it with trainer.n_gpus_per_node=1 "
+            f"trainer.nnodes=1, or start a new run on Ray workers from its weights: model.path={ckpt / 'actor'}")

@@ -150,9 +150,13 @@ class TrainerConfig:
     keep_top_k: Optional[int] = None  # also keep the best K by keep_top_k_metric
     keep_top_k_metric: str = "val/score/mean"
     keep_top_k_mode: str = "max"  # max | min
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = 1  # workers per node (devices; CPU workers with device=cpu)
     nnodes: int = 1
     device: str = "auto"  # auto | cpu | cuda
+    use_ray: Optional[bool] = None  # null: on Ray when nnodes x n_gpus_per_node > 1 or a Ray address is set
+    ray_address: Optional[str] = None  # a running cluster (HEAD:6379); null: $RAY_ADDRESS, else a local cluster
+    cpus_per_worker: int = 1
+    collective_timeout_s: float = 600.0  # a collective (all-gather, reduce-scatter) slower than this is an error
     seed: int = 0
     critic_warmup: int = 0
     log_val_generations: int = 0
@@ -330,7 +334,7 @@ def validate(cfg: Config) -> None:
                 "rollout.log_prob_micro_batch_size", "ref.log_prob_micro_batch_size", "actor.ppo_mini_batch_size",
                 "actor.ppo_micro_batch_size", "actor.ppo_epochs", "rollout.val_kwargs.n",
                 "rollout.tensor_model_parallel_size", "trainer.n_gpus_per_node", "trainer.nnodes",
-                "trainer.total_epochs"):
+                "trainer.total_epochs", "trainer.cpus_per_worker"):
         value = _get(cfg, key)
         _need(value > 0, f"{key} must be a positive integer, got {value}")
     for key in ("data.val_batch_size", "data.val_max_samples", "rollout.micro_batch_size",
@@ -345,6 +349,7 @@ def validate(cfg: Config) -> None:
     _need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
     _need(a.clip_ratio_c > 1, f"actor.clip_ratio_c must be > 1, got {a.clip_ratio_c}")
     _need(cfg.reward.timeout_s > 0, f"reward.timeout_s must be > 0, got {cfg.reward.timeout_s}")
+    _need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("data.truncation", d.truncation, ("error", "left", "right"))
     _choice("rollout.name", r.name, ("hf", "vllm"))
@@ -377,6 +382,10 @@ def validate(cfg: Config) -> None:
     _need((a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
+    world = tr.nnodes * tr.n_gpus_per_node
+    _need((a.ppo_mini_batch_size * r.n) % world == 0,
+          f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by the "
+          f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node): each takes an equal share of every mini-batch")
     if a.use_kl_loss and alg.use_kl_in_reward:
         warnings.warn("both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is penalised twice",
                       stacklevel=2)

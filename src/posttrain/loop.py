@@ -19,13 +19,10 @@ import torch
 
 from posttrain.algorithms import apply_kl_penalty, get_adv_estimator
 from posttrain.batch import RolloutBatch
-from posttrain.checkpoint import take_snapshot
 from posttrain.errors import Preempted
 from posttrain.metrics import MetricsLogger, batch_metrics, timed
 from posttrain.rewards.scoring import score_batch
 from posttrain.rollout.base import SamplingParams, decode_responses
-from posttrain.training.actor import UpdateSettings, update_policy
-from posttrain.training.logprobs import compute_log_probs
 
 
 @dataclass
@@ -34,12 +31,8 @@ class Run:
 
     cfg: object
     run_dir: Path
-    policy: torch.nn.Module
-    ref: torch.nn.Module | None
+    actor: object  # a Worker in this process, or a distributed.WorkerGroup: the same verbs
     tokenizer: object
-    engine: object
-    optimizer: torch.optim.Optimizer
-    scheduler: object
     kl_ctrl: object
     reward_fn: object
     train_data: object
@@ -47,7 +40,6 @@ class Run:
     sampler: object
     sampling: SamplingParams
     val_sampling: SamplingParams
-    update: UpdateSettings
     total_steps: int
     writer: object = None
     model_dir: str = ""
@@ -56,10 +48,9 @@ class Run:
     stop_signal: int | None = None
     reward_messages_shown: set = field(default_factory=set)
 
-    def generators(self) -> dict[str, torch.Generator]:
-        """The run's own random generators, besides the global ones (for checkpoints)."""
-        gen = getattr(self.engine, "generator", None)
-        return {"rollout": gen} if gen is not None else {}
+    @property
+    def has_ref(self) -> bool:
+        return self.cfg.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
 
 def rl_step(run: Run, items) -> dict[str, float]:
@@ -68,7 +59,7 @@ def rl_step(run: Run, items) -> dict[str, float]:
     with timed(m, "step"):
         # 1. rollout: n samples per prompt
         with timed(m, "gen"):
-            out = run.engine.generate([it.prompt_ids for it in items], run.sampling)
+            out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
         texts = decode_responses(run.tokenizer, out)
         batch = RolloutBatch.from_rollout(
             out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
@@ -80,12 +71,10 @@ def rl_step(run: Run, items) -> dict[str, float]:
         m.update(reward_metrics)
         # 3. log-probs of the sampled tokens under the policy (old) and the reference
         with timed(m, "old_log_prob"):
-            batch.old_log_probs, _ = compute_log_probs(
-                run.policy, batch, cfg.rollout.log_prob_micro_batch_size, run.sampling.temperature)
-        if run.ref is not None:
+            batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
+        if run.has_ref:
             with timed(m, "ref"):
-                batch.ref_log_probs, _ = compute_log_probs(
-                    run.ref, batch, cfg.ref.log_prob_micro_batch_size, run.sampling.temperature)
+                batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")
         # 4. rewards (optionally minus a KL penalty) and advantages
         with timed(m, "adv"):
             if cfg.algorithm.use_kl_in_reward:
@@ -98,17 +87,16 @@ def rl_step(run: Run, items) -> dict[str, float]:
             batch.advantages, batch.returns = get_adv_estimator(cfg.algorithm.adv_estimator)(
                 batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
-        # 5. policy update: PPO-clip over mini-batches, micro-batch accumulation
+        # 5. policy update: PPO-clip over mini-batches, micro-batch accumulation (+ LR schedule)
         with timed(m, "update_actor"):
-            m.update(update_policy(run.policy, run.optimizer, batch, run.update))
-            run.scheduler.step()
+            m.update(run.actor.train_step(batch))
         # 6. the rollout engine samples from the new weights next step
         with timed(m, "update_weights"):
-            run.engine.update_weights(run.policy)
+            run.actor.sync_weights()
     m.update(batch_metrics(batch, cfg.data.max_response_length))
     tokens = float(batch.attention_mask.sum())
     m["perf/total_num_tokens"] = tokens
-    m["perf/throughput"] = tokens / m["timing_s/step"]  # one process, one device (tokens/s per device)
+    m["perf/throughput"] = tokens / m["timing_s/step"] / getattr(run.actor, "world_size", 1)  # per device
     return m
 
 
@@ -175,7 +163,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout
 def run_validation(run: Run) -> dict[str, float]:
     m: dict[str, float] = {}
     with timed(m, "testing"):
-        m.update(validate(run.engine, run.tokenizer, run.val_data, run.val_sampling, run.reward_fn,
+        m.update(validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.reward_fn,
                           run.cfg.reward.timeout_s, run.cfg.data.val_batch_size))
     return m
 
@@ -184,12 +172,10 @@ def save(run: Run, m: dict) -> None:
     """Checkpoint the state after `run.global_step` steps (written in the
     background with trainer.async_save; the copy is taken now)."""
     with timed(m, "save_checkpoint"):
-        run.writer.save(take_snapshot(
-            run.global_step, run.policy, run.optimizer, run.scheduler, run.generators(),
-            {"epoch": run.sampler.epoch, "sampler": run.sampler.state_dict(),
-             "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
-             "model_dir": str(run.model_dir)},
-            m))
+        trainer_state = {"epoch": run.sampler.epoch, "sampler": run.sampler.state_dict(),
+                         "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
+                         "model_dir": str(run.model_dir)}
+        run.writer.save(run.actor.snapshot(run.global_step, run.writer, trainer_state, m))
 
 
 def train(run: Run) -> dict[str, float]:
@@ -234,6 +220,7 @@ def train(run: Run) -> dict[str, float]:
         restore_stop_handlers(previous)
         logger.close()
         run.writer.close()
+        run.actor.shutdown()
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary

@@ -33,7 +33,27 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path) -> Path:
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(ckpt / "actor", tmp)
+    if (ckpt / "actor_dcp").is_dir():
+        gather_shards(ckpt, tmp)
     if out.exists():
         out.rmdir()
     tmp.rename(out)
     return out
+
+
+def gather_shards(ckpt: Path, out: Path) -> None:
+    """A sharded checkpoint's policy as one safetensors file in `out` (which
+    holds the model's config): the model is built on the config, filled from
+    the shards in this one process, and saved like `save_pretrained` does."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from posttrain.checkpoint.sharded import load_full_model
+    from posttrain.checkpoint.state import model_tensors
+
+    config = AutoConfig.from_pretrained(str(out))
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+    load_full_model(ckpt / "actor_dcp", model)
+    from safetensors.torch import save_file
+
+    save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})

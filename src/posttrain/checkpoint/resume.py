@@ -65,15 +65,36 @@ def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
         )
 
 
+def is_sharded(ckpt: Path) -> bool:
+    """Written by a worker group (actor_dcp/), not by one process (actor/model.safetensors)."""
+    return (Path(ckpt) / "actor_dcp").is_dir()
+
+
 def restore(run, ckpt: Path) -> None:
-    """Optimizer, scheduler, data position, KL controller, step and every RNG
-    (the policy's weights were loaded from ckpt/actor when it was built)."""
-    opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    run.optimizer.load_state_dict(opt["optimizer"])
-    run.scheduler.load_state_dict(opt["scheduler"])
+    """Optimizer, scheduler, data position, KL controller, step and every RNG.
+
+    One-process checkpoint: the policy's weights were loaded from ckpt/actor
+    when it was built; optimizer.pt holds the rest. Sharded checkpoint: each
+    worker loads its shards of policy + optimizer and its own random state."""
+    actor = run.actor
+    if is_sharded(ckpt):
+        try:
+            matched = actor.load_checkpoint(str(ckpt))
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"cannot load the sharded state of {ckpt}: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        if not matched:
+            print(f"posttrain: warning: {ckpt} was saved by another number of workers: weights and optimizer "
+                  "are resumed exactly, the rollout sampling streams start afresh", file=sys.stderr)
+    else:
+        opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        actor.optimizer.load_state_dict(opt["optimizer"])
+        actor.scheduler.load_state_dict(opt["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
     run.sampler.load_state_dict(state["sampler"])
     if run.kl_ctrl is not None and state.get("kl_ctrl"):
         run.kl_ctrl.load_state_dict(state["kl_ctrl"])
     run.global_step = state["global_step"]
-    restore_rng(torch.load(ckpt / "rng.pt", weights_only=True), run.generators())
+    restore_rng(torch.load(ckpt / "rng.pt", weights_only=True), actor.generators())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -61,15 +62,17 @@ class Snapshot:
     """Everything a checkpoint holds, detached from the live run."""
 
     step: int
-    model: dict[str, torch.Tensor]
-    optimizer: dict
-    scheduler: dict
+    model: dict[str, torch.Tensor] | None
+    optimizer: dict | None
+    scheduler: dict | None
     rng: dict
     trainer_state: dict
     metrics: dict = field(default_factory=dict)
+    shards: Path | None = None  # instead of model/optimizer/scheduler: a directory of worker shards
 
 
 def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, metrics) -> Snapshot:
+    """A one-process run's state, copied to CPU."""
     return Snapshot(
         step=step,
         model=model_tensors(model),
@@ -77,5 +80,15 @@ def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, 
         scheduler=copy.deepcopy(scheduler.state_dict()),
         rng=capture_rng(generators),
         trainer_state=copy.deepcopy(trainer_state),
-        metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        metrics=numbers(metrics),
     )
+
+
+def shards_snapshot(step, shards: Path, generators, trainer_state, metrics) -> Snapshot:
+    """A sharded run's state: the workers already wrote theirs into `shards`."""
+    return Snapshot(step=step, model=None, optimizer=None, scheduler=None, rng=capture_rng(generators),
+                    trainer_state=copy.deepcopy(trainer_state), metrics=numbers(metrics), shards=Path(shards))
+
+
+def numbers(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}

@@ -27,15 +27,16 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"global_step_{step}"
 
 
-def static_model_files(model, tokenizer) -> dict[str, bytes]:
+def static_model_files(model_dir: str | Path, tokenizer) -> dict[str, bytes]:
     """The model directory's files that do not change while training
-    (config.json, generation_config.json, tokenizer files), as bytes."""
+    (config.json, generation_config.json, remote code, tokenizer files), as bytes."""
+    src = Path(model_dir)
+    files = {p.name: p.read_bytes() for p in src.iterdir()
+             if p.is_file() and (p.name in ("config.json", "generation_config.json") or p.suffix == ".py")}
     with tempfile.TemporaryDirectory() as tmp:
-        model.config.save_pretrained(tmp)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+        files.update({p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()})
+    return files
 
 
 class CheckpointWriter:
@@ -69,6 +70,15 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=self._run, args=(snap,), name="posttrain-checkpoint", daemon=True)
         self._thread.start()
 
+    def staging_dir(self, step: int) -> Path:
+        """An empty directory beside the checkpoints, for workers to write a
+        step's shards into before `save` moves them into the checkpoint."""
+        self.wait()
+        path = self.run_dir / "checkpoints" / f".shards_global_step_{step}.tmp-{os.getpid()}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
     def wait(self) -> None:
         """Block until the save in flight is written; raise its error, if any."""
         if self._thread is not None:
@@ -97,8 +107,13 @@ class CheckpointWriter:
         (tmp / "actor").mkdir(parents=True)
         for name, data in self.static_files.items():
             (tmp / "actor" / name).write_bytes(data)
-        save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})
-        torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
+        if snap.shards is not None:  # written by the workers: actor_dcp/ (weights + optimizer), rng/
+            for entry in Path(snap.shards).iterdir():
+                os.replace(entry, tmp / entry.name)
+            Path(snap.shards).rmdir()
+        else:
+            save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})
+            torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
         torch.save(snap.rng, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"global_step": snap.step, **snap.trainer_state}, indent=1))
         (tmp / "config.yaml").write_text(self.config_yaml)

@@ -65,3 +65,16 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
 def _one_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """Tokens that end a response: the tokenizer's EOS and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return sorted(ids)

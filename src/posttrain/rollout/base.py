@@ -8,7 +8,7 @@ The loop talks to engines only through `RolloutEngine`, so the HF engine
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import torch
 
@@ -66,5 +66,11 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        """Make the engine sample from `model`'s current weights."""
+        """Make the engine sample from `model`'s current weights (an unsharded
+        model in the same process)."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full tensors under Hugging Face names into the engine's own
+        copy of the model (from a sharded trainer: `rollout.weights`)."""
         ...

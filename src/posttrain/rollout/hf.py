@@ -66,7 +66,7 @@ class HFRolloutEngine:
         seed: int = 0,
         progress: bool = True,
     ):
-        self.model = model
+        self.model = model  # the trainer's module, or a copy kept up to date with load_weights
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.pad_token_id = pad_token_id
         self.micro_batch_size = micro_batch_size
@@ -77,6 +77,21 @@ class HFRolloutEngine:
     def update_weights(self, model: torch.nn.Module) -> None:
         # Colocated: the engine samples from the trainer's own module.
         self.model = model
+
+    @torch.no_grad()
+    def load_weights(self, weights) -> None:
+        """Copy (HF name, full tensor) pairs into the engine's own model (when
+        it holds a copy, as beside a sharded trainer). Every parameter and
+        buffer of the model must be given."""
+        own = self.model.state_dict()
+        missing = set(own)
+        for name, tensor in weights:
+            if name not in own:
+                raise KeyError(f"weight '{name}' is not a parameter of the rollout model")
+            own[name].copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise KeyError(f"weights missing for the rollout model: {sorted(missing)[:5]}")
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:

@@ -49,16 +49,19 @@ def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps
     return lr_warmup_steps if lr_warmup_steps >= 0 else int(lr_warmup_steps_ratio * total_steps)
 
 
+def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """What a loss averages over: valid tokens for token-mean, sequences with
+    at least one valid token for the per-sequence modes (as `agg_loss` does)."""
+    if loss_agg_mode == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(-1) > 0).sum())
+
+
 def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
     """Share of a micro-batch in its mini-batch, so that summing the weighted
-    micro losses gives the loss of the whole mini-batch: by valid tokens for
-    token-mean, by sequences with at least one valid token for the
-    per-sequence modes (the sequences `agg_loss` averages over)."""
-    if loss_agg_mode == "token-mean":
-        part, total = float(micro_mask.sum()), float(mini_mask.sum())
-    else:
-        part, total = float((micro_mask.sum(-1) > 0).sum()), float((mini_mask.sum(-1) > 0).sum())
-    return part / total if total > 0 else 0.0
+    micro losses gives the loss of the whole mini-batch."""
+    total = loss_units(mini_mask, loss_agg_mode)
+    return loss_units(micro_mask, loss_agg_mode) / total if total > 0 else 0.0
 
 
 def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
@@ -97,13 +100,19 @@ def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict
     return loss, metrics
 
 
-def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float]:
+def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[float] | None = None,
+                  world_size: int = 1) -> dict[str, float]:
     """`ppo_epochs` passes over `batch` in mini-batches; one optimizer step per
     mini-batch, gradients accumulated over its micro-batches. A mini-batch
     whose gradient norm is not finite is skipped (no weight change).
 
     batch needs responses, response_mask, old_log_probs, advantages (and
     ref_log_probs with use_kl_loss). Returns metrics averaged over micro-batches.
+
+    Data parallel (world_size > 1, a sharded model): `batch` holds this
+    worker's rows of every mini-batch (mini_batch_size / world_size each) and
+    `mini_totals[k]` the `loss_units` of the whole mini-batch k, so the
+    gradients, averaged over workers by FSDP, equal the single-process ones.
     """
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
@@ -111,20 +120,23 @@ def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     grad_norms, skipped = [], 0
-    micro_per_epoch = sum(-(-len(m) // s.micro_batch_size) for m in batch.split(s.mini_batch_size))
-    bar = tqdm(total=s.ppo_epochs * micro_per_epoch, desc="update", unit="micro", leave=False, disable=None)
+    minis = batch.split(s.mini_batch_size // world_size)
+    micro_per_epoch = sum(-(-len(m) // s.micro_batch_size) for m in minis)
+    bar = tqdm(total=s.ppo_epochs * micro_per_epoch, desc="update", unit="micro", leave=False,
+               disable=None if world_size == 1 else True)
     for _ in range(s.ppo_epochs):
-        for mini in batch.split(s.mini_batch_size):
+        for k, mini in enumerate(minis):
             optimizer.zero_grad(set_to_none=True)
+            total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, s.loss_agg_mode)
             for mb in mini.split(s.micro_batch_size):
-                w = micro_weight(mb.response_mask, mini.response_mask, s.loss_agg_mode)
+                w = loss_units(mb.response_mask, s.loss_agg_mode) / total * world_size if total > 0 else 0.0
                 loss, m = micro_loss(model, mb, s, device)
                 (loss * w).backward()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v * mb.response_mask.shape[0]
-                    weights[k] = weights.get(k, 0.0) + mb.response_mask.shape[0]
+                for key, v in m.items():
+                    sums[key] = sums.get(key, 0.0) + v * mb.response_mask.shape[0]
+                    weights[key] = weights.get(key, 0.0) + mb.response_mask.shape[0]
                 bar.update(1)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
+            grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, s.grad_clip)))
             if math.isfinite(grad_norm):
                 optimizer.step()
                 grad_norms.append(grad_norm)
@@ -137,3 +149,10 @@ def update_policy(model, optimizer, batch, s: UpdateSettings) -> dict[str, float
     metrics["actor/nonfinite_updates"] = float(skipped)
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """The gradient norm of a sharded model is a DTensor: its whole value."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,0 +1,230 @@
+"""A group of workers on a Ray cluster, called by verb.
+
+`WorkerGroup` places `nnodes x per_node` workers (Ray actors running
+`posttrain.worker.Worker`) in a placement group, one bundle per device,
+joins them into one torch.distributed process group, and offers the same
+verbs as a single `Worker`: it splits each batch over the workers, calls
+the verb on all of them and gathers the answers. The driver stays the
+single controller of the RL loop.
+
+A worker that dies or raises stops the whole group at once with an error
+naming the worker, its node and the cause; nothing waits on a dead peer.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import torch
+
+from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
+from posttrain.distributed.cluster import describe_resources, import_ray
+from posttrain.errors import PosttrainError
+from posttrain.training.actor import loss_units
+from posttrain.worker import WorkerSpec
+
+PLACEMENT_TIMEOUT_S = 120.0
+GRACE_S = 5.0  # after a failure, how long to wait for the other workers' errors (to find the root cause)
+
+
+class WorkerFailed(PosttrainError):
+    """A worker process died or raised; the run stopped."""
+
+
+class WorkerGroup:
+    def __init__(self, spec: WorkerSpec, nnodes: int, per_node: int, cpus_per_worker: int = 1,
+                 resume_hint: str = ""):
+        ray = import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from posttrain.worker import Worker
+
+        self.spec, self.world_size, self.resume_hint = spec, nnodes * per_node, resume_hint
+        gpu = spec.device == "cuda"
+        bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if gpu else {})}
+        self.pg = placement_group([bundle] * self.world_size, strategy="STRICT_PACK" if nnodes == 1 else "PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            ray.util.remove_placement_group(self.pg)
+            raise WorkerFailed(
+                f"the Ray cluster cannot place {self.world_size} workers with {bundle} each "
+                f"({'on one node' if nnodes == 1 else f'over {nnodes} nodes'}; available: {describe_resources()}); "
+                "lower trainer.n_gpus_per_node / trainer.nnodes / trainer.cpus_per_worker or add nodes")
+        env = dict(spec.env)
+        if nnodes == 1 and not gpu:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: keep collectives on loopback
+        spec.env, spec.threads = env, spec.threads or cpus_per_worker
+        remote = ray.remote(Worker)
+        self.workers = [
+            remote.options(
+                num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0, max_restarts=0, name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+                runtime_env={"env_vars": env} if env else None,
+            ).remote(spec, rank=i, world_size=self.world_size)
+            for i in range(self.world_size)
+        ]
+        self._rdzv_dir = None
+        self.info = [{"rank": i} for i in range(self.world_size)]
+        self.info = self._call_all("info")  # where each worker runs, for error messages
+        self.info = self._call_all("setup", self._init_method(nnodes))
+        self.pad_token_id = self.info[0]["pad_token_id"]
+
+    def _init_method(self, nnodes: int) -> str:
+        """One node: a rendezvous file (nothing listens on the network).
+        Several: a TCP store on worker 0's node address."""
+        if nnodes == 1:
+            self._rdzv_dir = tempfile.mkdtemp(prefix="posttrain-rdzv-")
+            return f"file://{self._rdzv_dir}/{uuid.uuid4().hex}"
+        host, port = self._call([0], "free_address", [()])[0]
+        return f"tcp://{host}:{port}"
+
+    # ------------------------------------------------------------ the verbs
+
+    def generate(self, prompts, params):
+        """Prompts in consecutive equal chunks, one per worker (lengths are not
+        known before sampling); the answers keep the prompts' order."""
+        chunks = even_chunks(len(prompts), self.world_size)
+        busy = [w for w, r in enumerate(chunks) if len(r) > 0]
+        outs = self._call(busy, "generate", [([prompts[i] for i in chunks[w]], params) for w in busy])
+        return concat_rollouts(outs, self.pad_token_id)
+
+    def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        parts = balanced_partition(lengths, self.world_size)
+        outs = self._call_all_with("compute_log_probs", [(tensors_only(batch.select(p)), which) for p in parts])
+        result = torch.zeros(batch.responses.shape, dtype=torch.float32)
+        for rows, out in zip(parts, outs):
+            result[torch.tensor(rows)] = out
+        return result
+
+    def train_step(self, batch) -> dict[str, float]:
+        """Each worker updates on its balanced share of every mini-batch; the
+        mini-batches' loss denominators travel along so the summed gradients
+        are those of one process."""
+        mini_batch_size, loss_agg_mode = self.spec.update.mini_batch_size, self.spec.update.loss_agg_mode
+        lengths = batch.attention_mask.sum(-1).tolist()
+        shards = minibatch_shards(lengths, mini_batch_size, self.world_size)
+        totals = [loss_units(m.response_mask, loss_agg_mode) for m in batch.split(mini_batch_size)]
+        outs = self._call_all_with("train_step", [(tensors_only(batch.select(s)), totals) for s in shards])
+        # grad norm, lr and skips are the same on every worker; losses are averaged over workers
+        return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
+
+    def sync_weights(self) -> None:
+        self._call_all("sync_weights")
+
+    def save_shards(self, path: str) -> None:
+        self._call_all("save_shards", str(path))
+
+    def snapshot(self, step: int, writer, trainer_state: dict, metrics: dict):
+        """Workers write their shards now (into the writer's staging directory);
+        the writer finishes the checkpoint, in the background with async_save."""
+        from posttrain.checkpoint import shards_snapshot
+
+        staging = writer.staging_dir(step)
+        self.save_shards(str(staging))
+        return shards_snapshot(step, staging, {}, trainer_state, metrics)
+
+    def load_checkpoint(self, ckpt: str) -> bool:
+        return all(self._call_all("load_checkpoint", str(ckpt)))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call_all("full_state_dict")[0]
+
+    def generators(self) -> dict:
+        return {}  # each worker saves its own random state with its shards
+
+    def shutdown(self) -> None:
+        ray = import_ray()
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:
+                pass
+        try:
+            ray.util.remove_placement_group(self.pg)
+        except Exception:
+            pass
+        if self._rdzv_dir:
+            import shutil
+
+            shutil.rmtree(self._rdzv_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------ calling
+
+    def _call_all(self, verb: str, *args):
+        return self._call(range(self.world_size), verb, [args] * self.world_size)
+
+    def _call_all_with(self, verb: str, per_worker_args: list[tuple]):
+        return self._call(range(self.world_size), verb, per_worker_args)
+
+    def _call(self, ranks, verb: str, per_worker_args: list[tuple]):
+        """Call `verb` on the workers `ranks` with their own arguments; -> their
+        answers in order. The first failure stops everything (see `_fail`)."""
+        ray = import_ray()
+        refs = [getattr(self.workers[r], verb).remote(*args) for r, args in zip(ranks, per_worker_args)]
+        rank_of = {ref: r for ref, r in zip(refs, ranks)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as first:
+                self._fail(verb, rank_of[done[0]], first, pending, rank_of)
+        return ray.get(refs)
+
+    def _fail(self, verb, rank, first, pending, rank_of):
+        """Collect the other workers' failures for a moment, pick the root
+        cause (a dead worker over the peers it left stuck or disconnected),
+        stop the group and raise WorkerFailed."""
+        ray = import_ray()
+        failures = [(rank, first)]
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=GRACE_S) if pending else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as e:
+                failures.append((rank_of[ref], e))
+        dead = [(r, e) for r, e in failures if isinstance(e, ray.exceptions.ActorDiedError)]
+        r, error = (dead or failures)[0]
+        self.shutdown()
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, PosttrainError):
+            raise type(cause)(f"worker {r}: {cause}") from None
+        where = self.info[r] if r < len(self.info) else {}
+        raise WorkerFailed(
+            f"worker {r} (node {where.get('host', '?')}, pid {where.get('pid', '?')}) "
+            f"{'died' if dead else 'failed'} during {verb}: {describe_failure(error)}. {self.resume_hint}"
+        ) from None
+
+
+def tensors_only(batch):
+    """The batch without its per-sequence Python lists (workers need tensors only)."""
+    batch.data_source, batch.ground_truth, batch.extra_info, batch.response_text = [], [], [], []
+    return batch
+
+
+def describe_failure(error) -> str:
+    """A Ray error in one line: the cause, not the whole traceback."""
+    text = str(error)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for key in ("timed out", "Timed out", "Timeout", "timeout"):
+        for ln in lines:
+            if key in ln and ("collective" in ln.lower() or "gloo" in ln.lower() or "nccl" in ln.lower()
+                              or "Timed out" in ln):
+                return f"a collective did not finish within trainer.collective_timeout_s ({ln[:240]})"
+    for key in ("OOM", "out of memory", "SIGKILL", "killed", "exit", "connection", "Connection"):
+        for ln in lines:
+            if key in ln:
+                return ln[:300]
+    return (lines[-1] if lines else type(error).__name__)[:300]
+
+
+def resume_command() -> str:
+    return shlex.join(["posttrain", *sys.argv[1:]]) if sys.argv and Path(sys.argv[0]).name == "posttrain" else \
+        "the same command"

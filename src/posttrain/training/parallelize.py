@@ -1,0 +1,47 @@
+"""Data parallelism for a model that knows nothing of it: FSDP2.
+
+`parallelize(model, mesh)` shards every decoder layer and then the root
+(embeddings, final norm, LM head) with `fully_shard`, so parameters,
+gradients and optimizer state are split across the mesh and each layer is
+gathered only while it runs. Activation checkpointing wraps each layer
+first; mixed precision is for GPUs (bf16 compute, fp32 gradient reduction).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The repeated blocks of a Hugging Face causal LM (`model.model.layers`
+    for Llama/Qwen/Mistral-style models)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__} has no .model.layers; posttrain shards decoder-only models "
+                         "laid out like Llama/Qwen2")
+    return layers
+
+
+def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = None,
+                activation_checkpointing: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
+    """Shard `model` in place over `mesh` (a 1-D DeviceMesh; None: the
+    default process group) and return it.
+
+    param_dtype: compute dtype of gathered parameters (e.g. "bfloat16" on
+    GPUs); None keeps the stored dtype. Gradients are reduced in fp32.
+    """
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        layers = decoder_layers(model)
+        for i, layer in enumerate(layers):
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype] if param_dtype else None, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model

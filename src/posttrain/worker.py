@@ -1,0 +1,234 @@
+"""What one device does: the worker verbs.
+
+A `Worker` holds the policy (with its optimizer), the reference model and
+the rollout engine of one device, colocated. The driver calls its verbs:
+`generate`, `compute_log_probs`, `train_step`, `sync_weights`,
+`save_shards`, `load_checkpoint`. In one process the driver owns a single
+Worker; on a Ray cluster a `distributed.WorkerGroup` runs one per device
+and calls the same verbs on all of them.
+
+With more than one worker, the policy and reference are sharded with FSDP2
+(`training.parallelize`) and the HF rollout engine samples from its own
+full copy of the policy, refreshed by `sync_weights` after each update (a
+vLLM engine does the same with its own weights).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, update_policy
+from posttrain.training.logprobs import compute_log_probs
+
+
+@dataclass
+class WorkerSpec:
+    """Plain settings for building a worker (made from the config by build.py)."""
+
+    model_dir: str
+    update: UpdateSettings
+    policy_dir: str | None = None  # a single-process checkpoint's actor/ when resuming
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    need_ref: bool = False
+    device: str = "cpu"  # cpu | cuda
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    warmup_steps: int = 0
+    log_prob_micro_batch_size: int = 64
+    ref_log_prob_micro_batch_size: int = 64
+    temperature: float = 1.0
+    rollout: str = "hf"
+    rollout_micro_batch_size: int | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    mixed_precision: str | None = None  # compute dtype of sharded params on GPUs, e.g. "bfloat16"
+    seed: int = 0
+    collective_timeout_s: float = 600.0
+    threads: int | None = None  # torch threads in a worker process
+    env: dict = field(default_factory=dict)
+
+
+class Worker:
+    """The verbs of one device. `rank`/`world_size` > 1 only inside a worker group."""
+
+    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+        self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
+
+    # ------------------------------------------------------------ building
+
+    def setup(self, init_method: str | None = None) -> dict:
+        """Join the process group (world_size > 1), load and shard the models,
+        make the optimizer and the rollout engine. -> where this worker runs."""
+        from posttrain.build import eos_token_ids
+        from posttrain.models import load_model, load_tokenizer
+        from posttrain.training.parallelize import parallelize
+
+        s = self.spec
+        os.environ.update(s.env)
+        if s.threads:
+            torch.set_num_threads(s.threads)
+        device = torch.device(s.device)
+        if self.world_size > 1:
+            self._init_process_group(init_method, device)
+        torch.manual_seed(s.seed)
+        kwargs = dict(dtype=s.dtype, trust_remote_code=s.trust_remote_code, device=device)
+        self.tokenizer = load_tokenizer(s.model_dir, trust_remote_code=s.trust_remote_code)
+        self.policy = load_model(s.policy_dir or s.model_dir, **kwargs)
+        eos = eos_token_ids(self.tokenizer, self.policy)
+        rollout_model = self.policy
+        if self.distributed:
+            rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout == "hf" else None
+            parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing)
+        elif s.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        if s.need_ref:
+            self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
+            if self.distributed:
+                parallelize(self.ref, param_dtype=s.mixed_precision)
+        self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
+        self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps)
+        self.engine = self._make_engine(rollout_model, eos)
+        return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id}
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def _init_process_group(self, init_method: str, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each worker one GPU, visible as cuda:0
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size,
+                                timeout=timedelta(seconds=self.spec.collective_timeout_s))
+
+    def _make_engine(self, rollout_model, eos: list[int]):
+        s = self.spec
+        if s.rollout == "vllm":
+            from posttrain.rollout.vllm import VLLMRolloutEngine
+
+            return VLLMRolloutEngine(
+                s.model_dir, eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id,
+                tensor_parallel_size=s.tensor_parallel_size, gpu_memory_utilization=s.gpu_memory_utilization,
+                dtype=s.mixed_precision or s.dtype, max_model_len=s.max_model_len, seed=s.seed + self.rank,
+                trust_remote_code=s.trust_remote_code)
+        from posttrain.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
+                               micro_batch_size=s.rollout_micro_batch_size, seed=s.seed + self.rank,
+                               progress=not self.distributed)
+
+    # ------------------------------------------------------------ verbs
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        return self.engine.generate(prompts, params)
+
+    def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
+        """-> log-probs [N, R] of batch.responses under the policy or the reference."""
+        model = self.policy if which == "policy" else self.ref
+        size = self.spec.log_prob_micro_batch_size if which == "policy" else self.spec.ref_log_prob_micro_batch_size
+        return compute_log_probs(model, batch, size, self.spec.temperature)[0]
+
+    def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
+        """One PPO update over `batch` (this worker's rows of every mini-batch,
+        in order), then one LR-scheduler step. `mini_totals`: the whole
+        mini-batches' loss denominators, when the rows are split over workers."""
+        metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
+                                mini_totals=mini_totals, world_size=self.world_size)
+        self.scheduler.step()
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Make the rollout engine sample from the policy's current weights."""
+        if not self.distributed and self.spec.rollout == "hf":
+            self.engine.update_weights(self.policy)  # the same module: nothing to copy
+            return
+        from posttrain.rollout.weights import named_full_weights
+
+        self.engine.load_weights(named_full_weights(self.policy))
+
+    def save_shards(self, path: str) -> None:
+        """Write this worker's shards of policy + optimizer (+ scheduler) and
+        its random state under `path` (a collective)."""
+        from posttrain.checkpoint.sharded import DCP_DIR, save_sharded
+        from posttrain.checkpoint.state import capture_rng
+
+        save_sharded(Path(path) / DCP_DIR, self.policy, self.optimizer, self.scheduler)
+        rng_dir = Path(path) / "rng"
+        rng_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(capture_rng(self.generators()), rng_dir / f"rank_{self.rank}.pt")
+
+    def load_checkpoint(self, ckpt: str) -> bool:
+        """Load policy + optimizer + scheduler shards and this rank's random
+        state from a sharded checkpoint. -> whether the random state matched
+        this rank (it does not when the number of workers changed)."""
+        from posttrain.checkpoint.sharded import DCP_DIR, load_sharded
+        from posttrain.checkpoint.state import restore_rng
+
+        load_sharded(Path(ckpt) / DCP_DIR, self.policy, self.optimizer, self.scheduler)
+        self.sync_weights()
+        rng = Path(ckpt) / "rng" / f"rank_{self.rank}.pt"
+        if rng.exists():
+            restore_rng(torch.load(rng, weights_only=True), self.generators())
+        return rng.exists()
+
+    def snapshot(self, step: int, writer, trainer_state: dict, metrics: dict):
+        """This process's state for a checkpoint, copied to CPU now and written
+        by `writer` (in the background with async_save)."""
+        from posttrain.checkpoint import take_snapshot
+
+        if self.distributed:
+            raise RuntimeError("a worker of a group is checkpointed through WorkerGroup.snapshot")
+        return take_snapshot(step, self.policy, self.optimizer, self.scheduler, self.generators(), trainer_state,
+                             metrics)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The policy's full weights (HF names, CPU) on rank 0; None elsewhere (a collective)."""
+        from posttrain.rollout.weights import named_full_weights
+
+        out = {name: t.detach().cpu().clone() for name, t in named_full_weights(self.policy)}
+        return out if self.rank == 0 else None
+
+    def generators(self) -> dict[str, torch.Generator]:
+        gen = getattr(self.engine, "generator", None)
+        return {"rollout": gen} if gen is not None else {}
+
+    def info(self) -> dict:
+        """Where this worker runs (for error messages)."""
+        import socket
+
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostname()
+        except ImportError:
+            host = socket.gethostname()
+        return {"rank": self.rank, "pid": os.getpid(), "host": host}
+
+    def free_address(self) -> tuple[str, int]:
+        """This node's address and a free port: the rendezvous of a multi-node group."""
+        import socket
+
+        host = self.info()["host"]
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, s.getsockname()[1]
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
