@@ -62,23 +62,37 @@ def ray_cluster(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
+    # Ray reads this when it is imported: set it first (it keeps every Ray address on loopback).
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # A loopback-only test cluster needs no token authentication, which Ray turns
+    # on whenever ~/.ray/auth_token exists (any earlier local ray.init writes one).
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     pytest.importorskip("ray")
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="ptray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     port, dash = _free_port(), _free_port()
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ)
     # jobs submitted to the cluster run their entrypoint with this PATH: find this venv's `posttrain`
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
     # --block: the cluster lives as long as this child, so stopping it stops
     # only this cluster (`ray stop` would stop every cluster of the user).
+    # Every port chosen free, so that two test sessions on one machine do not collide.
+    ports = {flag: _free_port() for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
+                                             "dashboard-agent-grpc-port", "metrics-export-port",
+                                             "runtime-env-agent-port", "node-manager-port", "object-manager-port")}
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}"],
+         f"--temp-dir={temp_dir}", *(f"--{flag}={p}" for flag, p in ports.items())],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    _wait_for_dashboard(f"http://127.0.0.1:{dash}", head)
+    try:
+        _wait_for_dashboard(f"http://127.0.0.1:{dash}", head)
+    except BaseException:
+        os.killpg(head.pid, 9)
+        raise
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # A driver connecting to it must say its own address is loopback too
@@ -106,6 +120,7 @@ def ray_cluster(tmp_path_factory):
 def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
     """Until the Jobs API answers (the last part of a head node to come up)."""
     import time
+    import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
@@ -115,6 +130,8 @@ def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
         try:
             with urllib.request.urlopen(f"{url}/api/version", timeout=2):
                 return
+        except urllib.error.HTTPError:
+            return  # it answers (401 when Ray's token authentication is on: clients send ~/.ray/auth_token)
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"the local Ray cluster's dashboard {url} did not answer within {timeout:.0f} s")

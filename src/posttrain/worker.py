@@ -75,8 +75,11 @@ class Worker:
         from posttrain.models import load_model, load_tokenizer
         from posttrain.training.parallelize import parallelize
 
+        from posttrain.cli import quiet_libraries
+
         s = self.spec
         os.environ.update(s.env)
+        quiet_libraries()
         if s.threads:
             torch.set_num_threads(s.threads)
         device = torch.device(s.device)

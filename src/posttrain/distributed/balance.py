@@ -17,7 +17,7 @@ def balanced_partition(lengths: list[int], parts: int) -> list[list[int]]:
     with nearly equal sums: longest first, each to the lightest group that
     still has room. Each group's indices are in ascending order.
 
-    [5, 1, 4, 2], 2 -> [[0, 3], [1, 2]] (sums 7 and 5)
+    [5, 1, 4, 2], 2 -> [[0, 1], [2, 3]] (sums 6 and 6)
     """
     if len(lengths) % parts:
         raise ValueError(f"{len(lengths)} rows cannot be split evenly over {parts} workers")

@@ -32,11 +32,15 @@ def host_of(address: str) -> str:
 
 def connect(address: str | None, num_cpus: int | None = None) -> str:
     """Connect this process (the driver) to Ray. -> a description for the log."""
-    ray = import_ray()
+    address = address or os.environ.get("RAY_ADDRESS") or None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not address or host_of(address) in LOOPBACK:
+        # One machine: every Ray address stays on loopback. Ray reads this at import
+        # time; without it a "127.0.0.1" address is rewritten to the routable one.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray = import_ray()
     if ray.is_initialized():
         return "the Ray cluster this process is connected to"
-    address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address.startswith(("http://", "https://")):
         raise ConfigError(f"trainer.ray_address={address} is a dashboard (Jobs API) address; the driver needs the "
                           "cluster address HEAD:6379 (or run the job with `posttrain submit --address "
@@ -53,7 +57,6 @@ def connect(address: str | None, num_cpus: int | None = None) -> str:
                               "to start a local cluster") from e
         return f"Ray cluster at {address}"
     # A private cluster for this run: on loopback, no dashboard.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
     print(f"posttrain: started a local Ray cluster ({num_cpus} CPUs)", file=sys.stderr)
     return "a local Ray cluster"

@@ -13,12 +13,8 @@ naming the worker, its node and the cause; nothing waits on a dead peer.
 
 from __future__ import annotations
 
-import os
-import shlex
-import sys
 import tempfile
 import uuid
-from pathlib import Path
 
 import torch
 
@@ -211,20 +207,19 @@ def tensors_only(batch):
 
 def describe_failure(error) -> str:
     """A Ray error in one line: the cause, not the whole traceback."""
-    text = str(error)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for key in ("timed out", "Timed out", "Timeout", "timeout"):
-        for ln in lines:
-            if key in ln and ("collective" in ln.lower() or "gloo" in ln.lower() or "nccl" in ln.lower()
-                              or "Timed out" in ln):
-                return f"a collective did not finish within trainer.collective_timeout_s ({ln[:240]})"
-    for key in ("OOM", "out of memory", "SIGKILL", "killed", "exit", "connection", "Connection"):
-        for ln in lines:
-            if key in ln:
-                return ln[:300]
+    import re
+
+    text = " ".join(str(error).split())
+    if re.search(r"timed out|timeout", text, re.IGNORECASE) and re.search(r"gloo|nccl|collective|all_?gather|"
+                                                                            r"reduce_?scatter|barrier", text, re.I):
+        detail = re.search(r"((?:timed out|timeout)[^\[\]]{0,160})", text, re.IGNORECASE)
+        return ("a collective did not finish within trainer.collective_timeout_s (a peer is stuck or gone"
+                + (f": {detail.group(1).strip()[:200]}" if detail else "") + ")")
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    if exit_type:  # the worker process is gone
+        detail = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", text)
+        reason = detail.group(1).strip() if detail else ""
+        return (f"its process exited ({exit_type.group(1)}{': ' + reason[:200] if reason else ''}); it was killed "
+                "(by the OOM killer or a signal) or its node was lost")
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     return (lines[-1] if lines else type(error).__name__)[:300]
-
-
-def resume_command() -> str:
-    return shlex.join(["posttrain", *sys.argv[1:]]) if sys.argv and Path(sys.argv[0]).name == "posttrain" else \
-        "the same command"

@@ -1,0 +1,259 @@
+"""Worker groups on Ray: splitting batches, FSDP2 equal to one process,
+the loop on 2 workers, sharded checkpoints, a worker killed mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.batch import RolloutBatch
+from posttrain.build import build_run, embedded_data_files, worker_spec
+from posttrain.checkpoint import list_checkpoints
+from posttrain.config import load_config
+from posttrain.data.schema import read_rows, write_rows
+from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
+from posttrain.loop import train
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.weights import hf_name
+from posttrain.worker import Worker
+
+POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+
+
+# ---------------------------------------------------------------- plumbing (no Ray)
+
+def test_balanced_partition_equal_counts_and_close_sums():
+    assert balanced_partition([5, 1, 4, 2], 2) == [[0, 1], [2, 3]]  # sums 6 and 6 (not 7 and 5)
+    assert balanced_partition([3, 3, 3, 3, 3, 3], 3) == [[0, 3], [1, 4], [2, 5]]
+    assert balanced_partition([9, 1, 1, 1], 1) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="evenly"):
+        balanced_partition([1, 2, 3], 2)
+
+
+def test_even_chunks_and_minibatch_shards():
+    assert [list(r) for r in even_chunks(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [list(r) for r in even_chunks(1, 3)] == [[0], [], []]
+    # two mini-batches of 4 rows; each worker gets 2 rows of each, in mini-batch order
+    shards = minibatch_shards([1, 8, 2, 7, 5, 5, 5, 5], mini_batch_size=4, parts=2)
+    assert shards == [[0, 1, 4, 6], [2, 3, 5, 7]]  # lengths 1+8 | 2+7, then 5+5 | 5+5
+
+
+def test_concat_rollouts_repads_prompts_left_and_responses_right():
+    a = RolloutOutput(torch.tensor([[7, 8]]), torch.tensor([[1, 1]]), torch.tensor([[3]]), torch.tensor([[1]]))
+    b = RolloutOutput(torch.tensor([[0, 5, 6, 7]]), torch.tensor([[0, 1, 1, 1]]), torch.tensor([[4, 4, 9]]),
+                      torch.tensor([[1, 1, 1]]))
+    out = concat_rollouts([a, b], pad_token_id=0)
+    assert out.prompt_ids.tolist() == [[0, 0, 7, 8], [0, 5, 6, 7]]
+    assert out.prompt_mask.tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    assert out.response_ids.tolist() == [[3, 0, 0], [4, 4, 9]]
+    assert out.response_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+
+
+def test_hf_names_drop_wrapper_parts():
+    assert hf_name("model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert hf_name("_orig_mod.model.embed_tokens.weight") == "model.embed_tokens.weight"
+    assert hf_name("lm_head.weight") == "lm_head.weight"
+
+
+def test_uneven_mini_batches_over_workers_are_refused():
+    from posttrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="divisible by the 3 workers"):
+        load_config(None, ["trainer.n_gpus_per_node=3", "rollout.n=2", "actor.ppo_mini_batch_size=4",
+                           "data.train_batch_size=8", "actor.ppo_micro_batch_size=2"])
+
+
+# ---------------------------------------------------------------- on a Ray cluster
+
+@pytest.fixture
+def data(tmp_path):
+    rows = read_rows(embedded_data_files()[1])
+    write_rows(rows[:8], tmp_path / "train.parquet")
+    write_rows(rows[8:16], tmp_path / "val.parquet")
+    return tmp_path
+
+
+def small(model, data, run_dir, steps, *extra):
+    return [f"model.path={model}", f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
+            "data.max_response_length=5", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=2",
+            "actor.lr=1e-3", "actor.lr_warmup_steps=3", "rollout.n=4", "actor.use_kl_loss=True",
+            "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=10",
+            "trainer.test_freq=2", f"trainer.total_training_steps={steps}", f"trainer.run_dir={run_dir}",
+            "trainer.logger=[]", "trainer.device=cpu", *extra]
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster):
+    from posttrain.distributed.cluster import connect
+
+    connect(ray_cluster["address"])
+    return ray_cluster
+
+
+@pytest.mark.ray
+def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tmp_path):
+    """Same batch, same seed: log-probs, one PPO step (2 mini-batches x 2
+    micro-batches, KL loss, entropy bonus) and a second step all match one process."""
+    from posttrain.distributed.group import WorkerGroup
+
+    cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
+                                  "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2"))
+    spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
+    local = Worker(spec)
+    local.setup()
+    group = WorkerGroup(spec, nnodes=1, per_node=2)
+    try:
+        prompts = [[5 + i, 6, 7 + i % 3] for i in range(8)]
+        for step in range(2):
+            out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=4, temperature=1.0))
+            batch = RolloutBatch.from_rollout(out, 4, ["arith"] * 8, ["0"] * 8, [{}] * 8, [""] * 32)
+            ref_local = local.compute_log_probs(batch, "policy")
+            ref_group = group.compute_log_probs(batch, "policy")
+            assert torch.allclose(ref_local, ref_group, atol=1e-5)
+            batch.old_log_probs = ref_local
+            batch.ref_log_probs = local.compute_log_probs(batch, "ref")
+            torch.manual_seed(step)
+            batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
+            m_local = local.train_step(batch)
+            m_group = group.train_step(batch)
+            assert m_group["actor/grad_norm"] == pytest.approx(m_local["actor/grad_norm"], rel=1e-4)
+            local.sync_weights()
+            group.sync_weights()
+            full = group.full_state_dict()
+            own = dict(local.policy.state_dict())
+            assert set(full) == set(own)
+            moved = max((own[k] - full[k]).abs().max().item() for k in own)
+            assert moved < 1e-5, f"step {step}: parameters differ by {moved}"
+        # the workers' rollout copies were refreshed: greedy samples agree
+        greedy = SamplingParams(max_new_tokens=5, n=1, temperature=0.0, do_sample=False)
+        assert torch.equal(group.generate(prompts, greedy).response_ids, local.generate(prompts, greedy).response_ids)
+    finally:
+        group.shutdown()
+
+
+def exported(ckpt: Path, out: Path) -> dict:
+    from posttrain.checkpoint.export import export_checkpoint
+
+    export_checkpoint(ckpt, out)
+    return load_file(out / "model.safetensors")
+
+
+@pytest.mark.ray
+def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model_dir, data, tmp_path):
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2")
+    train(build_run(load_config(None, small(tiny_model_dir, data, straight, 4, *two))))
+    train(build_run(load_config(None, small(tiny_model_dir, data, halves, 2, *two))))
+    summary = train(build_run(load_config(None, small(tiny_model_dir, data, halves, 4, *two))))
+    assert summary["start_step"] == 2 and summary["steps"] == 4
+    ckpt = halves / "checkpoints" / "global_step_4"
+    assert (ckpt / "actor_dcp" / ".metadata").exists() and (ckpt / "rng" / "rank_1.pt").exists()
+    a = exported(straight / "checkpoints" / "global_step_4", tmp_path / "a")
+    b = exported(ckpt, tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def scores(run_dir):
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(x["step"], x.get("critic/score/mean"), x.get("actor/pg_loss")) for x in lines if "actor/pg_loss" in x]
+
+    assert scores(straight) == scores(halves)
+
+
+@pytest.mark.ray
+def test_export_of_shards_matches_the_one_process_export(cluster, tiny_model_dir, data, tmp_path):
+    """The same weights saved by 2 workers (sharded) and by one process
+    export to the same Hugging Face directory."""
+    from posttrain.checkpoint import CheckpointWriter, static_model_files
+    from posttrain.distributed.group import WorkerGroup
+
+    cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 1, "trainer.n_gpus_per_node=2"))
+    spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=1)
+    group = WorkerGroup(spec, nnodes=1, per_node=2)
+    local = Worker(spec)
+    local.setup()
+    try:
+        prompts = [[5 + i, 6, 7] for i in range(4)]
+        out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=4))
+        batch = RolloutBatch.from_rollout(out, 4, ["arith"] * 4, ["0"] * 4, [{}] * 4, [""] * 16)
+        batch.old_log_probs = batch.ref_log_probs = local.compute_log_probs(batch)
+        batch.advantages = torch.linspace(-1, 1, 16)[:, None] * batch.response_mask
+        group.train_step(batch)
+        files = static_model_files(tiny_model_dir, local.tokenizer)
+        sharded = CheckpointWriter(tmp_path / "sharded", files, "", async_save=False)
+        sharded.save(group.snapshot(1, sharded, {}, {}))
+        local.policy.load_state_dict(group.full_state_dict())
+        single = CheckpointWriter(tmp_path / "single", files, "", async_save=False)
+        single.save(local.snapshot(1, single, {}, {}))
+    finally:
+        group.shutdown()
+    a = exported(tmp_path / "sharded" / "checkpoints" / "global_step_1", tmp_path / "a")
+    b = exported(tmp_path / "single" / "checkpoints" / "global_step_1", tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+@pytest.mark.ray
+def test_a_killed_worker_stops_the_driver_with_its_name_and_the_run_resumes(cluster, tiny_model_dir, data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [POSTTRAIN, "train", *small(tiny_model_dir, data, run_dir, 40, "trainer.n_gpus_per_node=2",
+                                       f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2",
+                                       "trainer.async_save=False")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = {}
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "checkpoints" / "global_step_2" / "manifest.json").exists():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.2)
+        pid = worker_pids(cluster)[-1]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - killed < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode not in (0, None)
+    last = next(line for line in err.splitlines() if line.startswith("posttrain: error:"))
+    assert "worker " in last and f"pid {pid}" in last and "died" in last and "resume" in last, err[-2000:]
+    newest = max(info.step for info in list_checkpoints(run_dir) if info.valid)
+    again = [a for a in args if not a.startswith("trainer.total_training_steps=")]
+    resumed = subprocess.run([*again, f"trainer.total_training_steps={newest + 2}"], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'global_step_{newest}'}" in resumed.stderr
+    assert "done:" in resumed.stdout
+
+
+def worker_pids(cluster) -> list[int]:
+    """pids of the live posttrain workers on the cluster (Ray's state API)."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=cluster["address"], filters=[("state", "=", "ALIVE")], detail=True)
+    return [a.pid for a in actors if a.class_name == "Worker"]
+
+
+@pytest.mark.ray
+def test_a_collective_past_its_timeout_is_reported_as_such(cluster, tiny_model_dir, data, tmp_path):
+    """Worker 0 gathers the weights while worker 1 never joins: the gather
+    fails after trainer.collective_timeout_s and the error says so."""
+    from posttrain.distributed.group import WorkerFailed, WorkerGroup
+
+    cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 1, "trainer.n_gpus_per_node=2",
+                                  "trainer.collective_timeout_s=3"))
+    group = WorkerGroup(worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=1), nnodes=1, per_node=2)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"worker 0 .*a collective did not finish within trainer.collective_timeout_s"):
+        group._call([0], "full_state_dict", [()])
+    assert time.monotonic() - start < 60
