@@ -257,3 +257,32 @@ def test_a_collective_past_its_timeout_is_reported_as_such(cluster, tiny_model_d
     with pytest.raises(WorkerFailed, match=r"worker 0 .*a collective did not finish within trainer.collective_timeout_s"):
         group._call([0], "full_state_dict", [()])
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_two_workers_learn_the_default_task(cluster, tmp_path, trained_tiny_model_dir):
+    """The embedded default on 2 CPU workers (FSDP2 over gloo): validation rises."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [POSTTRAIN, "train", "trainer.n_gpus_per_node=2", "trainer.device=cpu", f"trainer.ray_address={cluster['address']}",
+         "trainer.total_training_steps=40", "trainer.test_freq=40", "data.val_max_samples=256",
+         f"trainer.run_dir={run_dir}"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
+    assert after - before >= 0.1, (before, after)
+    assert (run_dir / "checkpoints" / "global_step_40" / "actor_dcp" / ".metadata").exists()
+
+
+@pytest.mark.ray
+def test_without_an_address_a_private_local_cluster_is_started(tiny_model_dir, data, tmp_path):
+    """No trainer.ray_address, no RAY_ADDRESS: the run starts its own cluster
+    on loopback (never attaching to another one) and stops it at the end."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([POSTTRAIN, "train", *small(tiny_model_dir, data, tmp_path / "run", 1,
+                                                      "trainer.n_gpus_per_node=2")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "started a local Ray cluster" in proc.stderr and "worker 1: pid" in proc.stderr
+    assert "done: validation score" in proc.stdout

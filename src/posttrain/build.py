@@ -165,7 +165,10 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
 
     hint = (f"The newest valid checkpoint in {run_dir / 'checkpoints'} is kept: run the same command again "
             "to resume from it (trainer.resume_mode=auto)")
-    return WorkerGroup(spec, tr.nnodes, tr.n_gpus_per_node, tr.cpus_per_worker, resume_hint=hint)
+    group = WorkerGroup(spec, tr.nnodes, tr.n_gpus_per_node, tr.cpus_per_worker, resume_hint=hint)
+    for w in group.info:
+        print(f"posttrain: worker {w['rank']}: pid {w['pid']} on {w['host']} ({w['device']})", file=sys.stderr)
+    return group
 
 
 def make_reward_fn(custom_fn: str | None):

@@ -137,7 +137,13 @@ class Worker:
     # ------------------------------------------------------------ verbs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        return self.engine.generate(prompts, params)
+        """Sample; an engine that can sleep (vLLM) is woken for it and put back
+        to sleep after, so training has the device memory to itself."""
+        self._wake()
+        try:
+            return self.engine.generate(prompts, params)
+        finally:
+            self._sleep()
 
     def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
         """-> log-probs [N, R] of batch.responses under the policy or the reference."""
@@ -161,7 +167,18 @@ class Worker:
             return
         from posttrain.rollout.weights import named_full_weights
 
+        self._wake()  # the weights go into a sleeping engine's device memory
         self.engine.load_weights(named_full_weights(self.policy))
+
+    def _wake(self) -> None:
+        if getattr(self, "_asleep", False):
+            self.engine.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+            self._asleep = True
 
     def save_shards(self, path: str) -> None:
         """Write this worker's shards of policy + optimizer (+ scheduler) and

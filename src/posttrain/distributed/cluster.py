@@ -56,8 +56,9 @@ def connect(address: str | None, num_cpus: int | None = None) -> str:
                               "that `ray start --head` runs there, or unset RAY_ADDRESS / trainer.ray_address "
                               "to start a local cluster") from e
         return f"Ray cluster at {address}"
-    # A private cluster for this run: on loopback, no dashboard.
-    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+    # A private cluster for this run ("local": never attach to another `ray start`
+    # cluster of this machine), on loopback, without a dashboard.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
     print(f"posttrain: started a local Ray cluster ({num_cpus} CPUs)", file=sys.stderr)
     return "a local Ray cluster"
 
