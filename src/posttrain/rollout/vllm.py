@@ -1,0 +1,158 @@
+"""Rollout with vLLM: the GPU fast path (`rollout.name=vllm`).
+
+One engine per worker, colocated with the trainer on the same GPU(s): it
+sleeps (weights offloaded, KV cache freed) while the policy trains, and
+after each update it takes the new weights, gathered from the FSDP2
+shards under their Hugging Face names (`rollout.weights`). vLLM's own
+`load_weights` maps HF names onto its fused layers (qkv_proj,
+gate_up_proj); the weights reach every tensor-parallel worker through
+`collective_rpc` and the extension in `rollout/vllm_worker.py`.
+
+Every vLLM import is inside a function: this module imports without vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable
+
+import torch
+
+from posttrain.errors import ConfigError
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.hf import left_pad
+
+WEIGHT_BUCKET_BYTES = 512 << 20  # weights travel to the engine in buckets of about this size
+
+
+def check_vllm_available(device: str) -> None:
+    """Fail at start-up, with the fix, when vLLM cannot run here."""
+    if device != "cuda":
+        raise ConfigError(f"rollout.name=vllm needs a CUDA GPU, but trainer.device={device}; use rollout.name=hf "
+                          "(actor_rollout_ref.rollout.name=hf) on the CPU")
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("rollout.name=vllm needs vLLM: pip install 'posttrain[vllm]' on a machine with a CUDA "
+                          f"GPU, or use rollout.name=hf ({type(e).__name__}: {e})") from e
+
+
+def sampling_kwargs(params: SamplingParams, eos_token_ids: list[int], seed: int | None) -> dict:
+    """Our SamplingParams -> keyword arguments of `vllm.SamplingParams`.
+
+    vLLM stops on the model's EOS by itself; `stop_token_ids` adds the
+    generation config's others (Qwen's <|im_end|>). `logprobs=0` returns the
+    sampled token's log-prob only. top_k -1 and top_p 1 mean "off" in vLLM.
+    """
+    return {
+        "n": params.n,
+        "max_tokens": params.max_new_tokens,
+        "temperature": 0.0 if params.greedy else params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "logprobs": 0 if params.logprobs else None,
+        "ignore_eos": params.ignore_eos,
+        "stop_token_ids": [] if params.ignore_eos else list(eos_token_ids),
+        "seed": seed,
+        "detokenize": False,
+    }
+
+
+def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_token_id: int,
+                      eos_token_ids: list[int], want_logprobs: bool) -> RolloutOutput:
+    """vLLM RequestOutputs (one per prompt, n completions each) -> RolloutOutput,
+    prompt-major. A completion that stopped on an EOS or stop token ends with
+    that token exactly once (vLLM leaves a stop token out of `token_ids`)."""
+    rows, row_logprobs = [], []
+    for req in request_outputs:
+        if len(req.outputs) != n:
+            raise RuntimeError(f"vLLM returned {len(req.outputs)} completions for a prompt, expected {n}")
+        for c in req.outputs:
+            ids, lps = list(c.token_ids), _sampled_logprobs(c, want_logprobs)
+            stop = getattr(c, "stop_reason", None)
+            if c.finish_reason == "stop" and isinstance(stop, int) and (not ids or ids[-1] != stop):
+                ids.append(stop)  # stopped on a stop_token_id: keep it, as the HF engine does
+                if want_logprobs:
+                    lps.append(0.0)  # vLLM reports no log-prob for a stop token it leaves out
+            rows.append(ids)
+            row_logprobs.append(lps)
+    expanded = [p for p in prompts for _ in range(n)]
+    prompt_ids, prompt_mask = left_pad(expanded, pad_token_id, max(len(p) for p in expanded))
+    width = max(1, max(len(r) for r in rows))
+    response_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [N, R]
+    response_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    log_probs = torch.zeros((len(rows), width), dtype=torch.float32) if want_logprobs else None
+    for i, ids in enumerate(rows):
+        if ids:
+            response_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[i, :len(ids)] = 1
+            if log_probs is not None:
+                log_probs[i, :len(ids)] = torch.tensor(row_logprobs[i], dtype=torch.float32)
+    return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs)
+
+
+def _sampled_logprobs(completion, want: bool) -> list[float]:
+    """Log-prob of each sampled token (`logprobs` is a list of {token id: Logprob})."""
+    if not want:
+        return []
+    return [float(step[tok].logprob) for tok, step in zip(completion.token_ids, completion.logprobs or [])]
+
+
+def weight_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = WEIGHT_BUCKET_BYTES):
+    """Group (name, tensor) pairs into lists of about `bucket_bytes` (CPU
+    tensors), so the transfer to the engine never holds the whole model twice."""
+    bucket, size = [], 0
+    for name, t in weights:
+        t = t.detach().to("cpu").contiguous()
+        bucket.append((name, t))
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+class VLLMRolloutEngine:
+    """`RolloutEngine` over `vllm.LLM`, with sleep/wake and weight loading."""
+
+    def __init__(self, model_dir, *, eos_token_ids: list[int], pad_token_id: int, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16", max_model_len: int | None = None,
+                 seed: int = 0, enable_sleep_mode: bool = True, trust_remote_code: bool = False):
+        from vllm import LLM
+
+        self.eos_token_ids, self.pad_token_id = sorted(set(eos_token_ids)), pad_token_id
+        self.seeds = itertools.count(seed * 1_000_003)  # one seed per call: reproducible, never repeated
+        self.llm = LLM(
+            model=str(model_dir), tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len, seed=seed,
+            enable_sleep_mode=enable_sleep_mode, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
+            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader",
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, next(self.seeds)))
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        return to_rollout_output(outs, prompts, params.n, self.pad_token_id, self.eos_token_ids, params.logprobs)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """New full weights (HF names) into every tensor-parallel worker, then
+        forget cached prefixes computed with the old ones."""
+        for bucket in weight_buckets(weights):
+            self.llm.collective_rpc("load_posttrain_weights", args=(bucket,))
+        self.llm.reset_prefix_cache()
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        self.load_weights(model.state_dict().items())
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def shutdown(self) -> None:
+        del self.llm

@@ -1,0 +1,114 @@
+"""The vLLM engine: what runs without vLLM (sampling settings, output
+conversion, start-up checks, weight buckets) and a GPU test of the real thing."""
+
+import builtins
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from posttrain.errors import ConfigError
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.vllm import check_vllm_available, sampling_kwargs, to_rollout_output, weight_buckets
+
+
+def test_sampling_kwargs_map_our_conventions_to_vllms():
+    k = sampling_kwargs(SamplingParams(max_new_tokens=7, n=3, temperature=0.7, top_p=0.9, top_k=0, logprobs=True),
+                        eos_token_ids=[2, 5], seed=11)
+    assert k == {"n": 3, "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "logprobs": 0,
+                 "ignore_eos": False, "stop_token_ids": [2, 5], "seed": 11, "detokenize": False}
+    greedy = sampling_kwargs(SamplingParams(max_new_tokens=4, do_sample=False, top_k=20, ignore_eos=True), [2], None)
+    assert greedy["temperature"] == 0.0 and greedy["top_k"] == 20 and greedy["logprobs"] is None
+    assert greedy["stop_token_ids"] == []  # ignore_eos: nothing stops early
+
+
+def lp(token, value):
+    return {token: NS(logprob=value)}
+
+
+def test_request_outputs_become_a_prompt_major_padded_rollout():
+    outs = [
+        NS(outputs=[NS(token_ids=[7, 8, 2], logprobs=[lp(7, -0.1), lp(8, -0.2), lp(2, -0.3)], finish_reason="stop",
+                       stop_reason=None),  # the model's EOS, in token_ids
+                    NS(token_ids=[9], logprobs=[lp(9, -0.5)], finish_reason="stop", stop_reason=5)]),  # stop id left out
+        NS(outputs=[NS(token_ids=[4, 4, 4, 4], logprobs=[lp(4, -1.0)] * 4, finish_reason="length", stop_reason=None),
+                    NS(token_ids=[6, 5], logprobs=[lp(6, -0.7), lp(5, -0.8)], finish_reason="stop", stop_reason=5)]),
+    ]
+    out = to_rollout_output(outs, [[1, 2, 3], [4]], n=2, pad_token_id=0, eos_token_ids=[2, 5], want_logprobs=True)
+    assert out.prompt_ids.tolist() == [[1, 2, 3], [1, 2, 3], [0, 0, 4], [0, 0, 4]]
+    assert out.prompt_mask.tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]
+    assert out.response_ids.tolist() == [[7, 8, 2, 0], [9, 5, 0, 0], [4, 4, 4, 4], [6, 5, 0, 0]]
+    assert out.response_mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    expected = torch.tensor([[-0.1, -0.2, -0.3, 0], [-0.5, 0, 0, 0], [-1.0] * 4, [-0.7, -0.8, 0, 0]])
+    assert torch.allclose(out.log_probs, expected)
+    plain = to_rollout_output(outs, [[1, 2, 3], [4]], n=2, pad_token_id=0, eos_token_ids=[2, 5], want_logprobs=False)
+    assert plain.log_probs is None and torch.equal(plain.response_ids, out.response_ids)
+
+
+def test_vllm_missing_or_no_gpu_fails_at_start_up(monkeypatch):
+    with pytest.raises(ConfigError, match="needs a CUDA GPU.*rollout.name=hf"):
+        check_vllm_available("cpu")
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ConfigError, match=r"pip install 'posttrain\[vllm\]'.*rollout.name=hf"):
+        check_vllm_available("cuda")
+
+
+def test_config_with_vllm_on_the_cpu_stops_before_training(tmp_path, tiny_model_dir):
+    from posttrain.build import build_run
+    from posttrain.config import load_config
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
+                             f"trainer.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="rollout.name=vllm needs a CUDA GPU"):
+        build_run(cfg)
+
+
+def test_weights_travel_in_buckets_of_cpu_tensors():
+    weights = [(f"w{i}", torch.ones(256)) for i in range(5)]  # 1 KiB each
+    buckets = list(weight_buckets(iter(weights), bucket_bytes=2048))
+    assert [[name for name, _ in b] for b in buckets] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+
+
+def vllm_and_gpu():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vLLM is not installed"
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(vllm_and_gpu() is not None, reason=f"needs vLLM on a GPU: {vllm_and_gpu()}")
+def test_vllm_matches_the_hf_engine_and_takes_new_weights(tiny_model_dir):
+    from posttrain.models import load_model, load_tokenizer
+    from posttrain.models.loader import eos_token_ids
+    from posttrain.rollout.hf import HFRolloutEngine
+    from posttrain.rollout.vllm import VLLMRolloutEngine
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir, device="cuda")
+    eos = eos_token_ids(tok, model)
+    hf = HFRolloutEngine(model, eos, tok.pad_token_id, progress=False)
+    engine = VLLMRolloutEngine(tiny_model_dir, eos_token_ids=eos, pad_token_id=tok.pad_token_id, dtype="float32",
+                               gpu_memory_utilization=0.2, max_model_len=128)
+    prompts = [tok.encode("12+34="), tok.encode("7+8=")]
+    greedy = SamplingParams(max_new_tokens=6, do_sample=False)
+    assert engine.generate(prompts, greedy).response_ids.tolist() == hf.generate(prompts, greedy).response_ids.tolist()
+    engine.sleep()
+    engine.wake_up()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    engine.load_weights(model.state_dict().items())
+    assert engine.generate(prompts, greedy).response_ids.tolist() == hf.generate(prompts, greedy).response_ids.tolist()
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=6, n=3, logprobs=True))
+    assert sampled.response_ids.shape[0] == 6 and sampled.log_probs is not None
