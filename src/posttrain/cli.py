@@ -1,4 +1,4 @@
-"""`posttrain train | preprocess | eval | tiny-model`.
+"""`posttrain train | preprocess | eval | export | checkpoints | submit | tiny-model`.
 
 Errors a user can fix print one line and exit 2; `--debug` (or
 POSTTRAIN_DEBUG=1) shows the traceback instead.
@@ -132,6 +132,30 @@ def cmd_checkpoints(args) -> int:
     return 0
 
 
+def cmd_submit(args) -> int:
+    """Submit `posttrain COMMAND` as a Ray job and follow it, or ask about a job (--status/--logs/--stop/--list)."""
+    from posttrain.distributed import jobs
+
+    action = next((a for a in ("status", "logs", "stop") if getattr(args, a)), "list" if args.list else None)
+    if action and args.command:
+        raise ConfigError(f"--{action} takes no command after --; submit and query in separate calls")
+    if args.follow and action != "logs":
+        raise ConfigError("--follow goes with --logs JOB_ID")
+    if action is None:  # check what is local before contacting the cluster
+        jobs.entrypoint(args.command)
+        runtime_env = jobs.build_runtime_env(args.runtime_env, args.working_dir, args.env)
+    address = jobs.resolve_address(args.address)
+    if action == "status":
+        return jobs.show_status(address, args.status)
+    if action == "logs":
+        return jobs.show_logs(address, args.logs, follow_logs=args.follow)
+    if action == "stop":
+        return jobs.stop(address, args.stop)
+    if action == "list":
+        return jobs.list_jobs(address)
+    return jobs.submit(address, args.command, runtime_env, wait=not args.no_wait)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from posttrain import __version__
     from posttrain.data.preprocess import register as register_preprocessors
@@ -178,6 +202,25 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("run_dir")
     ck.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
     ck.set_defaults(func=cmd_checkpoints)
+
+    sm = sub.add_parser("submit", help="run a posttrain command as a job on a Ray cluster and follow its logs",
+                        description="posttrain submit --address http://HEAD:8265 [options] -- train [CONFIG.yaml] "
+                                    "[key=value ...]. The exit status is the job's. Also: --status/--logs/--stop "
+                                    "JOB_ID, --list.")
+    sm.add_argument("command", nargs="*", metavar="-- COMMAND", help="the posttrain command the job runs, after --")
+    sm.add_argument("--address", help="the head's dashboard, http://HEAD:8265 (default: $RAY_ADDRESS if http(s))")
+    sm.add_argument("--working-dir", metavar="DIR", help="a local directory uploaded as the job's working directory")
+    sm.add_argument("--runtime-env", metavar="FILE", help="a Ray runtime_env, YAML or JSON (pip, env_vars, ...)")
+    sm.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for the job (repeatable; wins over --runtime-env)")
+    sm.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
+    query = sm.add_mutually_exclusive_group()
+    query.add_argument("--status", metavar="JOB_ID", help="print a job's status")
+    query.add_argument("--logs", metavar="JOB_ID", help="print a job's logs (--follow: until it ends)")
+    query.add_argument("--stop", metavar="JOB_ID", help="stop a job (it saves a checkpoint first)")
+    query.add_argument("--list", action="store_true", help="list the cluster's jobs")
+    sm.add_argument("--follow", action="store_true", help="with --logs: stream until the job ends")
+    sm.set_defaults(func=cmd_submit)
 
     tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory")
     tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")

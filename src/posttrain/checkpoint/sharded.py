@@ -21,16 +21,24 @@ DCP_DIR = "actor_dcp"
 def save_sharded(path: str | Path, model, optimizer, scheduler) -> None:
     """Collective: every rank calls it with the same path (a shared file
     system when workers are on several nodes)."""
+    import warnings
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict()},
-             checkpoint_id=str(path))
+    with warnings.catch_warnings():  # a group of one worker has no process group: "single process" is right
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to", category=UserWarning)
+        dcp.save({"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict()},
+                 checkpoint_id=str(path))
 
 
 def load_sharded(path: str | Path, model, optimizer, scheduler) -> None:
     """Collective: load model, optimizer and scheduler state in place."""
+    import warnings
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(state["scheduler"])
 

@@ -148,8 +148,8 @@ def follow(client, address: str, job_id: str) -> int:
     try:
         try:
             asyncio.run(pump())
-        except RuntimeError as e:  # the stream broke (e.g. the head restarted); the job may still run
-            print(f"posttrain: lost the log stream ({e}); waiting for the job to end", file=sys.stderr)
+        except Exception as e:  # the stream broke (a websocket or network error); the job may still run
+            print(f"posttrain: lost the log stream ({e!r}); waiting for the job to end", file=sys.stderr)
         info = wait_until_done(client, address, job_id)
     except KeyboardInterrupt:
         again = shlex.join(["posttrain", "submit", "--address", address])
@@ -177,6 +177,7 @@ def submit(address: str, command: list[str], runtime_env: dict, wait: bool = Tru
 
 
 def show_status(address: str, job_id: str) -> int:
+    """The line a finished `submit` prints, for a job followed elsewhere or not at all."""
     print(describe(job_id, job_info(connect(address), address, job_id)))
     return 0
 
