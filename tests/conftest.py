@@ -5,6 +5,15 @@ import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# Ray reads these when it is first imported (any test module may import it):
+# every Ray address stays on loopback (a "127.0.0.1" address is otherwise
+# rewritten to the routable one), no usage reports, and the loopback-only test
+# cluster runs without token authentication (which Ray turns on whenever
+# ~/.ray/auth_token exists; any earlier local ray.init writes one).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
 
 @pytest.fixture
 def random_qwen2():
@@ -62,12 +71,6 @@ def ray_cluster(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
-    # Ray reads this when it is imported: set it first (it keeps every Ray address on loopback).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # A loopback-only test cluster needs no token authentication, which Ray turns
-    # on whenever ~/.ray/auth_token exists (any earlier local ray.init writes one).
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     pytest.importorskip("ray")
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="ptray-", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -93,8 +96,6 @@ def ray_cluster(tmp_path_factory):
     except BaseException:
         os.killpg(head.pid, 9)
         raise
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # A driver connecting to it must say its own address is loopback too
     # (`ray.init(address=..., _node_ip_address="127.0.0.1")`), or it waits forever
     # for a raylet on the machine's routable address.
