@@ -137,8 +137,8 @@ def test_ppo_policy_loss_clip_cases():
     # d(-A r)/d logp = -A r on unclipped tokens (1, 3, 5), over 6 tokens; clipped tokens get 0
     torch.testing.assert_close(logp.grad, T([[-1.1 / 6, 0.0, -0.5 / 6, 0.0, 1.5 / 6, 0.0]]))
     assert get_policy_loss("vanilla") is ppo_policy_loss
-    with pytest.raises(ValueError, match="vanilla"):
-        get_policy_loss("gspo")
+    with pytest.raises(ValueError, match="vanilla, gspo"):
+        get_policy_loss("sapo")
 
 
 def test_ppo_policy_loss_grad_only_through_log_prob():

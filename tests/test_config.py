@@ -51,9 +51,10 @@ def test_misspelt_keys_name_the_nearest():
 
 
 def test_unsupported_verl_key():
-    msg = error(["critic.optim.lr=1e-5"])
-    assert "verl key 'critic.optim.lr'" in msg and "not supported yet" in msg and "--help-config" in msg
-    assert "not supported yet; supported: grpo" in error(["algorithm.adv_estimator=gae"])
+    msg = error(["critic.model.fsdp_config.param_offload=true"])
+    assert "verl key 'critic.model.fsdp_config.param_offload'" in msg and "not supported yet" in msg
+    assert "--help-config" in msg
+    assert "not supported; supported: grpo" in error(["algorithm.adv_estimator=remax"])
     assert "not supported yet" in error(["trainer.logger=['console','wandb']"])
 
 
@@ -103,3 +104,65 @@ def test_saved_config_loads_back(tmp_path):
     save_config(c, tmp_path / "config.yaml")
     assert load_config(str(tmp_path / "config.yaml")) == c
     assert "actor_rollout_ref.actor.optim.lr -> actor.lr" in describe_keys()
+
+
+def test_algorithm_presets_set_their_keys_and_yours_win():
+    cfg = load_config(None, ["algorithm.name=dapo"])
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.algorithm.filter_groups.enable and cfg.reward.overlong_buffer.enable
+    assert cfg.reward.overlong_buffer.len == 1  # a fifth of the embedded task's 8-token limit
+    cfg = load_config(None, ["algorithm.name=dapo", "actor_rollout_ref.actor.clip_ratio_high=0.3",
+                             "algorithm.filter_groups.enable=false"])
+    assert cfg.actor.clip_ratio_high == 0.3 and not cfg.algorithm.filter_groups.enable
+    cfg = load_config(None, ["algorithm.name=drgrpo"])
+    assert not cfg.algorithm.norm_adv_by_std_in_grpo and cfg.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    cfg = load_config(None, ["algorithm.name=gspo"])
+    assert cfg.actor.policy_loss.loss_mode == "gspo" and cfg.actor.clip_ratio_low == 3e-4
+    assert load_config(None, ["algorithm.name=ppo"]).algorithm.adv_estimator == "gae"
+    with pytest.raises(ConfigError, match="algorithm.name=ppo2 is not one of: grpo, ppo"):
+        load_config(None, ["algorithm.name=ppo2"])
+
+
+def test_a_preset_in_a_yaml_file_is_overridden_on_the_command_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm:\n  name: gspo\n")
+    cfg = load_config(str(path), ["actor.loss_agg_mode=token-mean"])
+    assert cfg.actor.policy_loss.loss_mode == "gspo" and cfg.actor.loss_agg_mode == "token-mean"
+    cfg = load_config(str(path), ["algorithm.name=rloo"])  # the last name wins, and only its keys apply
+    assert cfg.algorithm.adv_estimator == "rloo" and cfg.actor.policy_loss.loss_mode == "vanilla"
+
+
+def test_verl_keys_of_the_algorithm_family():
+    cfg = load_config(None, [
+        "algorithm.adv_estimator=gae", "critic.model.path=/m", "critic.optim.lr=2e-5",
+        "critic.ppo_micro_batch_size_per_gpu=4", "critic.forward_micro_batch_size_per_gpu=16", "critic.cliprange_value=0.2",
+        "trainer.critic_warmup=3", "algorithm.gamma=0.99", "algorithm.lam=0.95",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "reward_model.overlong_buffer.enable=True",
+        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+    ])
+    c = cfg.critic
+    assert (c.model.path, c.lr, c.ppo_micro_batch_size, c.forward_micro_batch_size, c.cliprange_value) == (
+        "/m", 2e-5, 4, 16, 0.2)
+    # null critic sizes follow the actor's
+    assert (c.ppo_mini_batch_size, c.ppo_epochs, c.loss_agg_mode) == (32, 1, "token-mean")
+    assert (cfg.trainer.critic_warmup, cfg.algorithm.gamma, cfg.algorithm.lam) == (3, 0.99, 0.95)
+    assert cfg.actor.policy_loss.loss_mode == "gspo"
+    assert (cfg.reward.overlong_buffer.len, cfg.reward.overlong_buffer.penalty_factor) == (4, 0.5)
+    assert (cfg.algorithm.filter_groups.metric, cfg.algorithm.filter_groups.max_num_gen_batches) == ("seq_reward", 3)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.critic_warmup=2"], "trainer.critic_warmup=2 needs a critic"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=5"], "divisible by critic.ppo_mini_batch_size=5"),
+    (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value must be > 0"),
+    (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=9"], "reward.overlong_buffer.len=9 must be"),
+    (["algorithm.filter_groups.metric=accuracy"], "algorithm.filter_groups.metric=accuracy is not one of"),
+    (["actor.policy_loss.loss_mode=gpg"], "actor.policy_loss.loss_mode=gpg is not one of: vanilla, gspo"),
+    (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax is not supported; supported: grpo"),
+    (["algorithm.lam=1.5"], "algorithm.lam in \\[0, 1\\]"),
+])
+def test_algorithm_family_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

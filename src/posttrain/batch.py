@@ -9,8 +9,9 @@ adjacent). P = padded prompt length, R = padded response length.
     responses       [N, R]    the response part of input_ids
     response_mask   [N, R]    1 on generated tokens (EOS included)
     group           [N]       prompt index within the step: GRPO's groups
+    scores          [N]       the reward function's score of each sequence (before any shaping)
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
-    advantages / returns   [N, R], filled in as the step goes
+    values (the critic's) / advantages / returns   [N, R], filled in as the step goes
 
 Per-sequence Python lists (data_source, ground_truth, extra_info,
 response_text) travel alongside and are sliced with the tensors.
@@ -39,10 +40,12 @@ class RolloutBatch:
     ground_truth: list[Any] = field(default_factory=list)
     extra_info: list[Any] = field(default_factory=list)
     response_text: list[str] = field(default_factory=list)
+    scores: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
@@ -94,3 +97,44 @@ class RolloutBatch:
     def split(self, size: int) -> list["RolloutBatch"]:
         """Consecutive chunks of `size` rows (the last may be shorter)."""
         return [self.select(list(range(s, min(s + size, len(self))))) for s in range(0, len(self), size)]
+
+    @classmethod
+    def concat(cls, parts: list["RolloutBatch"], pad_token_id: int) -> "RolloutBatch":
+        """Rows of several batches as one, re-padded to the widest prompt (left)
+        and response (right); group ids are renumbered 0.. in order of first
+        appearance, with each part's groups distinct from the others'."""
+        p_width = max(b.input_ids.shape[1] - b.response_length for b in parts)
+        r_width = max(b.response_length for b in parts)
+
+        def pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+            fill = torch.full((t.shape[0], width - t.shape[1], *t.shape[2:]), value, dtype=t.dtype)
+            return torch.cat([fill, t] if left else [t, fill], dim=1)
+
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            values = [getattr(b, f.name) for b in parts]
+            if f.name in ("input_ids", "attention_mask"):
+                value = 0 if f.name == "attention_mask" else pad_token_id
+                cut = [v.shape[1] - b.response_length for v, b in zip(values, parts)]
+                prompts = [pad(v[:, :c], p_width, value, True) for v, c in zip(values, cut)]
+                responses = [pad(v[:, c:], r_width, value, False) for v, c in zip(values, cut)]
+                out[f.name] = torch.cat([torch.cat(prompts), torch.cat(responses)], dim=1)
+            elif f.name in ("position_ids", "group"):
+                continue
+            elif all(isinstance(v, torch.Tensor) for v in values):
+                if values[0].dim() == 2:  # [N, R] response-shaped
+                    value = pad_token_id if f.name == "responses" else 0
+                    values = [pad(v, r_width, value, False) for v in values]
+                out[f.name] = torch.cat(values)
+            elif all(isinstance(v, list) for v in values):
+                out[f.name] = [x for v in values for x in v]
+            else:
+                out[f.name] = None  # missing in some part: not kept
+        out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        offsets, ids = 0, []
+        for b in parts:
+            ids.append(b.group + offsets)
+            offsets += int(b.group.max()) + 1 if len(b) else 0
+        seen: dict[int, int] = {}
+        out["group"] = torch.tensor([seen.setdefault(g, len(seen)) for g in torch.cat(ids).tolist()], dtype=torch.long)
+        return cls(**out)

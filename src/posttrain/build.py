@@ -19,8 +19,10 @@ import torch
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.models.loader import eos_token_ids  # noqa: F401  (re-exported for the CLI)
 from posttrain.rollout.base import SamplingParams
+from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.training.actor import UpdateSettings, warmup_steps
-from posttrain.worker import WorkerSpec
+from posttrain.training.critic import CriticSettings
+from posttrain.worker import CriticSpec, WorkerSpec
 
 EMBEDDED_DATA_VERSION = "arith-v1"
 
@@ -111,10 +113,15 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     )
 
 
-def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int) -> WorkerSpec:
-    """What every worker needs to build its models, optimizer and rollout engine."""
+def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int,
+                critic_dir: str | None = None) -> WorkerSpec:
+    """What every worker needs to build its models, optimizer and rollout engine
+    (and critic: from `critic_dir` when resuming, else critic.model.path or the actor's model)."""
     a, r = cfg.actor, cfg.rollout
-    return WorkerSpec(
+    critic = None
+    if cfg.algorithm.adv_estimator in NEEDS_CRITIC:
+        critic = critic_spec(cfg, critic_dir or cfg.critic.model.path or model_dir, total_steps)
+    return WorkerSpec(critic=critic,
         model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         need_ref=a.use_kl_loss or cfg.algorithm.use_kl_in_reward, device=device, lr=a.lr,
@@ -128,6 +135,19 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         mixed_precision="bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
     )
+
+
+def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
+    c = cfg.critic
+    settings = CriticSettings(
+        mini_batch_size=c.ppo_mini_batch_size * cfg.rollout.n, micro_batch_size=c.ppo_micro_batch_size,
+        forward_micro_batch_size=c.forward_micro_batch_size, ppo_epochs=c.ppo_epochs,
+        cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
+        loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip)
+    return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
+                      betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
+                                                                      total_steps),
+                      gradient_checkpointing=c.model.enable_gradient_checkpointing)
 
 
 def uses_ray(cfg) -> bool:
@@ -196,7 +216,8 @@ def update_settings(cfg) -> UpdateSettings:
         mini_batch_size=a.ppo_mini_batch_size * cfg.rollout.n,  # verl counts prompts; we count sequences
         micro_batch_size=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
         clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
-        loss_agg_mode=a.loss_agg_mode, entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
+        loss_agg_mode=a.loss_agg_mode, loss_mode=a.policy_loss.loss_mode,
+        loss_scale_factor=float(cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=cfg.rollout.temperature,
         grad_clip=a.grad_clip,
     )
@@ -249,8 +270,10 @@ def build_run(cfg):
     if distributed:
         connect_cluster(cfg)
     device = worker_device(tr.device, distributed)
-    policy_dir = resume_from / "actor" if resume_from is not None and not checkpoint.is_sharded(resume_from) else None
-    spec = worker_spec(cfg, model_dir, policy_dir and str(policy_dir), device, total_steps)
+    one_process_ckpt = resume_from is not None and not checkpoint.is_sharded(resume_from)
+    policy_dir = str(resume_from / "actor") if one_process_ckpt else None
+    critic_dir = str(resume_from / "critic") if one_process_ckpt and (resume_from / "critic").is_dir() else None
+    spec = worker_spec(cfg, model_dir, policy_dir, device, total_steps, critic_dir)
     actor = make_actor(cfg, spec, run_dir)
     config_yaml = config_to_yaml(cfg)
     writer = checkpoint.CheckpointWriter(

@@ -19,11 +19,13 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from posttrain import algorithm_presets
 from posttrain import config_aliases as aliases
-from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES
+from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, POLICY_LOSSES
 from posttrain.errors import ConfigError
 
 LOGGERS = ("console", "jsonl")
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
 
 @dataclass
@@ -77,6 +79,11 @@ class RolloutConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla (PPO-clip, token ratios) | gspo (sequence ratio)
+
+
+@dataclass
 class ActorConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
@@ -92,6 +99,7 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = None  # None: clip_ratio
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -116,7 +124,17 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: drop groups whose metric is the same for every sample."""
+
+    enable: bool = False
+    metric: str = "acc"  # acc | score (the reward before shaping) | seq_reward | seq_final_reward (after)
+    max_num_gen_batches: int = 10  # most generation rounds per step (<= 0: no cap)
+
+
+@dataclass
 class AlgorithmConfig:
+    name: Optional[str] = None  # a preset: one of ALGORITHMS (algorithm_presets.py); your keys win
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
@@ -124,12 +142,51 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     gamma: float = 1.0
     lam: float = 1.0
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment: a penalty growing linearly from 0 to
+    -penalty_factor over the last `len` tokens before data.max_response_length."""
+
+    enable: bool = False
+    len: Optional[int] = None  # tokens; null: a fifth of data.max_response_length
+    penalty_factor: float = 1.0
+    log: bool = True
 
 
 @dataclass
 class RewardConfig:
     custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
     timeout_s: float = 10.0
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None  # null: the actor's model.path (or the embedded tiny model)
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO with GAE (algorithm.adv_estimator=gae): the
+    critic model's LM with a scalar value head."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
+    ppo_micro_batch_size: Optional[int] = None  # sequences; null: actor.ppo_micro_batch_size
+    forward_micro_batch_size: Optional[int] = None  # sequences per value pass; null: rollout.log_prob_micro_batch_size
+    ppo_epochs: Optional[int] = None  # null: actor.ppo_epochs
+    cliprange_value: float = 0.5
+    loss_agg_mode: Optional[str] = None  # null: actor.loss_agg_mode
 
 
 @dataclass
@@ -158,7 +215,7 @@ class TrainerConfig:
     cpus_per_worker: int = 1
     collective_timeout_s: float = 600.0  # a collective (all-gather, reduce-scatter) slower than this is an error
     seed: int = 0
-    critic_warmup: int = 0
+    critic_warmup: int = 0  # the first N steps update only the critic (PPO with gae)
     log_val_generations: int = 0
 
 
@@ -171,6 +228,7 @@ class Config:
     ref: RefConfig = field(default_factory=RefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -281,11 +339,17 @@ def preset() -> dict[str, Any]:
 
 
 def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults < embedded preset (only without model.path) < YAML file < overrides."""
+    """Defaults < embedded preset (only without model.path) < algorithm.name's
+    preset < YAML file < overrides."""
     layers = []
     if config_path:
         layers.append(canonicalize(flatten(_read_yaml(config_path)), f"in {config_path}"))
     layers.append(canonicalize(dict(parse_override(a) for a in overrides), "on the command line"))
+    name = next((layer["algorithm.name"] for layer in reversed(layers) if "algorithm.name" in layer), None)
+    try:
+        layers.insert(0, algorithm_presets.preset_layer(name))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not any("model.path" in layer for layer in layers):
         layers.insert(0, preset())
     merged = OmegaConf.structured(Config)
@@ -365,11 +429,20 @@ def validate(cfg: Config) -> None:
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
         _need(_get(cfg, key) is None or _get(cfg, key) > 0, f"{key} must be a positive integer or null")
     _need(alg.adv_estimator in ADV_ESTIMATORS,
-          f"algorithm.adv_estimator={alg.adv_estimator} is not supported yet; supported: {', '.join(ADV_ESTIMATORS)}")
+          f"algorithm.adv_estimator={alg.adv_estimator} is not supported; supported: {', '.join(ADV_ESTIMATORS)}")
     if alg.kl_ctrl.type == "adaptive":
         _need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
               "the adaptive KL controller needs algorithm.kl_ctrl.target_kl > 0 and algorithm.kl_ctrl.horizon > 0")
-    _need(tr.critic_warmup == 0, "trainer.critic_warmup must be 0: posttrain has no critic yet (GRPO needs none)")
+    _choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
+    _choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
+    _need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
+          f"{alg.gamma} and {alg.lam}")
+    _need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
+    _need(tr.critic_warmup == 0 or alg.adv_estimator in NEEDS_CRITIC,
+          f"trainer.critic_warmup={tr.critic_warmup} needs a critic: set algorithm.adv_estimator=gae "
+          "(or algorithm.name=ppo), or trainer.critic_warmup=0")
+    validate_critic(cfg)
+    validate_overlong(cfg)
     for sink in tr.logger:
         _need(sink in LOGGERS, f"trainer.logger '{sink}' is not supported yet (supported: console; metrics.jsonl is "
                                "always written in the run directory)")
@@ -395,6 +468,47 @@ def validate(cfg: Config) -> None:
     _need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
           "actor.clip_ratio_high >= 0")
     d.seed = tr.seed if d.seed is None else d.seed
+
+
+def validate_critic(cfg: Config) -> None:
+    """Fill the critic's null sizes from the actor's and check them (only
+    when a critic is used: algorithm.adv_estimator=gae)."""
+    c, a = cfg.critic, cfg.actor
+    c.ppo_mini_batch_size = a.ppo_mini_batch_size if c.ppo_mini_batch_size is None else c.ppo_mini_batch_size
+    c.ppo_micro_batch_size = a.ppo_micro_batch_size if c.ppo_micro_batch_size is None else c.ppo_micro_batch_size
+    c.ppo_epochs = a.ppo_epochs if c.ppo_epochs is None else c.ppo_epochs
+    c.loss_agg_mode = a.loss_agg_mode if c.loss_agg_mode is None else c.loss_agg_mode
+    if c.forward_micro_batch_size is None:
+        c.forward_micro_batch_size = cfg.rollout.log_prob_micro_batch_size
+    if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
+        return
+    for key in ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",
+                "critic.forward_micro_batch_size"):
+        _need(_get(cfg, key) > 0, f"{key} must be a positive integer, got {_get(cfg, key)}")
+    _need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
+    _need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
+    _need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")
+    _choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
+    _need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
+          f"critic.betas must be two numbers in [0, 1), got {c.betas}")
+    n, d = cfg.rollout.n, cfg.data
+    _need(d.train_batch_size % c.ppo_mini_batch_size == 0,
+          f"data.train_batch_size={d.train_batch_size} must be divisible by critic.ppo_mini_batch_size="
+          f"{c.ppo_mini_batch_size}")
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    _need((c.ppo_mini_batch_size * n) % world == 0,
+          f"critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size * n} sequences must be divisible by the "
+          f"{world} workers")
+
+
+def validate_overlong(cfg: Config) -> None:
+    ob, max_len = cfg.reward.overlong_buffer, cfg.data.max_response_length
+    if ob.len is None:
+        ob.len = max(1, max_len // 5)
+    if ob.enable:
+        _need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..data.max_response_length="
+              f"{max_len} (the penalty grows over the last len tokens of a response)")
+        _need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
 
 
 # ---------------------------------------------------------------- output

@@ -9,6 +9,8 @@ EXACT = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size",
     "trainer.default_local_dir": "trainer.run_dir",
     "trainer.max_actor_ckpt_to_keep": "trainer.max_ckpt_to_keep",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+    "critic.forward_micro_batch_size_per_gpu": "critic.forward_micro_batch_size",
 }
 
 # Prefix renames: a verl key maps when the renamed key is one of ours.
@@ -20,6 +22,8 @@ PREFIXES = (
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.model.", "model."),
     ("actor_rollout_ref.ref.", "ref."),
+    ("critic.optim.", "critic."),
+    ("reward_model.overlong_buffer.", "reward.overlong_buffer."),  # verl's DAPO recipe
 )
 
 # Accepted for compatibility and ignored, with the only value that makes sense.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import apply_kl_penalty, get_adv_estimator
+from posttrain.algorithms import NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, varied_groups
 from posttrain.batch import RolloutBatch
 from posttrain.errors import Preempted
 from posttrain.metrics import MetricsLogger, batch_metrics, timed
@@ -47,34 +47,33 @@ class Run:
     global_step: int = 0
     stop_signal: int | None = None
     reward_messages_shown: set = field(default_factory=set)
+    warned: set = field(default_factory=set)  # warnings printed once per run
 
     @property
     def has_ref(self) -> bool:
         return self.cfg.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
+    @property
+    def has_critic(self) -> bool:
+        return self.cfg.algorithm.adv_estimator in NEEDS_CRITIC
+
 
 def rl_step(run: Run, items) -> dict[str, float]:
-    """One GRPO/PPO step on the prompts `items`; returns its metrics."""
+    """One RL step on the prompts `items` (GRPO, PPO, RLOO, REINFORCE++, DAPO,
+    GSPO: the config picks the estimator and loss); returns its metrics."""
     cfg, m = run.cfg, {}
     with timed(m, "step"):
-        # 1. rollout: n samples per prompt
-        with timed(m, "gen"):
-            out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
-        texts = decode_responses(run.tokenizer, out)
-        batch = RolloutBatch.from_rollout(
-            out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
-            [it.extra_info for it in items], texts,
-        )
-        # 2. score: one reward per sequence, placed on its last response token
-        with timed(m, "reward"):
-            batch.token_level_scores, reward_metrics = score_responses(run, batch)
-        m.update(reward_metrics)
-        # 3. log-probs of the sampled tokens under the policy (old) and the reference
+        # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ)
+        batch = rollout_and_score(run, items, m)
+        # 3. log-probs of the sampled tokens under the policy (old) and the reference; the critic's values
         with timed(m, "old_log_prob"):
             batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
         if run.has_ref:
             with timed(m, "ref"):
                 batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")
+        if run.has_critic:
+            with timed(m, "values"):
+                batch.values = run.actor.compute_values(batch)
         # 4. rewards (optionally minus a KL penalty) and advantages
         with timed(m, "adv"):
             if cfg.algorithm.use_kl_in_reward:
@@ -84,15 +83,21 @@ def rl_step(run: Run, items) -> dict[str, float]:
                 m.update(kl_metrics)
             else:
                 batch.token_level_rewards = batch.token_level_scores
-            batch.advantages, batch.returns = get_adv_estimator(cfg.algorithm.adv_estimator)(
-                batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
+            batch.advantages, batch.returns = compute_advantages(
+                cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
+                values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
-        # 5. policy update: PPO-clip over mini-batches, micro-batch accumulation (+ LR schedule)
-        with timed(m, "update_actor"):
-            m.update(run.actor.train_step(batch))
-        # 6. the rollout engine samples from the new weights next step
-        with timed(m, "update_weights"):
-            run.actor.sync_weights()
+        # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
+        #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule)
+        if run.has_critic:
+            with timed(m, "update_critic"):
+                m.update(run.actor.update_critic(batch))
+        if run.global_step >= cfg.trainer.critic_warmup:
+            with timed(m, "update_actor"):
+                m.update(run.actor.train_step(batch))
+            # 6. the rollout engine samples from the new weights next step
+            with timed(m, "update_weights"):
+                run.actor.sync_weights()
     m.update(batch_metrics(batch, cfg.data.max_response_length))
     tokens = float(batch.attention_mask.sum())
     m["perf/total_num_tokens"] = tokens
@@ -100,12 +105,78 @@ def rl_step(run: Run, items) -> dict[str, float]:
     return m
 
 
+def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
+    """Sample n responses per prompt and score them (scores [N] and
+    token_level_scores [N, R]); timings and reward counts add up in `m`."""
+    with timed(m, "gen"):
+        out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
+    batch = RolloutBatch.from_rollout(
+        out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
+        [it.extra_info for it in items], decode_responses(run.tokenizer, out))
+    with timed(m, "reward"):
+        batch.scores, reward_metrics = score_responses(run, batch)
+        shaped = batch.scores
+        ob = run.cfg.reward.overlong_buffer
+        if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
+            penalty = overlong_penalty(batch.response_mask.sum(-1), run.cfg.data.max_response_length, ob.len,
+                                       ob.penalty_factor)
+            shaped = shaped + penalty
+            if ob.log:
+                reward_metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+                reward_metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
+        batch.token_level_scores = place_on_last_token(shaped, batch.response_mask)
+    for key, value in reward_metrics.items():
+        m[key] = m.get(key, 0.0) + value if key.endswith(("num_errors", "num_timeouts")) else value
+    return batch
+
+
+def rollout_and_score(run: Run, items, m: dict) -> RolloutBatch:
+    """The step's scored rollouts. With algorithm.filter_groups.enable (DAPO's
+    dynamic sampling) groups whose samples all got the same score carry no
+    signal: they are dropped and more prompts are drawn until len(items)
+    groups differ, or max_num_gen_batches rounds were drawn; then the batch is
+    filled with dropped groups (so its size never changes) and a warning says so.
+    Metrics: train/num_gen_batches, train/kept_groups_ratio."""
+    fg = run.cfg.algorithm.filter_groups
+    if not fg.enable:
+        return generate_and_score(run, items, m)
+    wanted, varied, uniform, rounds = len(items), [], [], 0
+    while True:
+        rounds += 1
+        batch = generate_and_score(run, items, m)
+        keep = varied_groups(filter_metric(batch, fg.metric), batch.group)  # [N] bool
+        varied.append(batch.select(torch.nonzero(keep).squeeze(-1)))
+        uniform.append(batch.select(torch.nonzero(~keep).squeeze(-1)))
+        found = sum(len(set(b.group.tolist())) for b in varied)
+        if found >= wanted or (fg.max_num_gen_batches > 0 and rounds >= fg.max_num_gen_batches):
+            break
+        _, indices = run.sampler.next_batch()
+        items = [run.train_data[i] for i in indices]
+    m["train/num_gen_batches"] = float(rounds)
+    m["train/kept_groups_ratio"] = min(found, wanted) / wanted
+    if found < wanted and "filter_groups" not in run.warned:
+        run.warned.add("filter_groups")
+        print(f"posttrain: warning: dynamic sampling found {found} of {wanted} prompts with differing scores in "
+              f"{rounds} rounds (algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}); the batch "
+              "is filled with uniform groups, which carry no group-relative signal. Raise the cap, or use data "
+              "the model solves sometimes but not always", file=sys.stderr)
+    parts = [b for b in varied + uniform if len(b)]
+    batch = RolloutBatch.concat(parts, run.tokenizer.pad_token_id)
+    return batch.select(torch.nonzero(batch.group < wanted).squeeze(-1))
+
+
+def filter_metric(batch: RolloutBatch, metric: str) -> torch.Tensor:
+    """[N] what dynamic sampling compares within a group: acc/score are the
+    reward function's scores, seq_reward/seq_final_reward the shaped ones."""
+    return batch.scores if metric in ("acc", "score") else batch.token_level_scores.sum(-1)
+
+
 def score_responses(run: Run, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-    """-> token_level_scores [N, R] (the score on each sequence's last token), metrics."""
+    """-> scores [N] (0 where the reward function failed), metrics."""
     result = score_batch(run.reward_fn, batch.data_source, batch.response_text, batch.ground_truth,
                          batch.extra_info, timeout_s=run.cfg.reward.timeout_s)
     report_reward_errors(run, result)
-    return place_on_last_token(torch.tensor(result.scores, dtype=torch.float32), batch.response_mask), {
+    return torch.tensor(result.scores, dtype=torch.float32), {
         "reward/num_errors": float(result.num_errors),
         "reward/num_timeouts": float(result.num_timeouts),
     }

@@ -46,6 +46,11 @@ def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
     _stats("critic/rewards", batch.token_level_rewards.sum(-1), m)
     _stats("critic/advantages", batch.advantages[mask], m)
     _stats("critic/returns", batch.returns[mask], m)
+    if batch.values is not None:  # PPO with a critic
+        from posttrain.algorithms import explained_variance
+
+        _stats("critic/values", batch.values[mask], m)
+        m["critic/vf_explained_var"] = float(explained_variance(batch.values, batch.returns, batch.response_mask))
     lengths = batch.response_mask.sum(-1)
     _stats("response_length", lengths, m)
     m["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()

@@ -25,7 +25,21 @@ import torch
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, update_policy
+from posttrain.training.critic import CriticSettings
 from posttrain.training.logprobs import compute_log_probs
+
+
+@dataclass
+class CriticSpec:
+    """The critic's model and optimizer (algorithm.adv_estimator=gae)."""
+
+    model_dir: str  # a causal LM (the value head starts from scratch) or a saved critic
+    update: CriticSettings
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    warmup_steps: int = 0
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -57,6 +71,7 @@ class WorkerSpec:
     collective_timeout_s: float = 600.0
     threads: int | None = None  # torch threads in a worker process
     env: dict = field(default_factory=dict)
+    critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
 
 
 class Worker:
@@ -65,6 +80,7 @@ class Worker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
+        self.critic = self.critic_optimizer = self.critic_scheduler = None
 
     # ------------------------------------------------------------ building
 
@@ -102,8 +118,23 @@ class Worker:
                 parallelize(self.ref, param_dtype=s.mixed_precision)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps)
+        if s.critic is not None:
+            self._setup_critic(s.critic, kwargs)
         self.engine = self._make_engine(rollout_model, eos)
         return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id}
+
+    def _setup_critic(self, c: CriticSpec, kwargs: dict) -> None:
+        from posttrain.models import load_value_model
+        from posttrain.training.parallelize import parallelize
+
+        self.critic = load_value_model(c.model_dir, **kwargs)
+        if self.distributed:
+            parallelize(self.critic, param_dtype=self.spec.mixed_precision,
+                        activation_checkpointing=c.gradient_checkpointing)
+        elif c.gradient_checkpointing:
+            self.critic.gradient_checkpointing_enable()
+        self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
+        self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps)
 
     @property
     def distributed(self) -> bool:
@@ -160,6 +191,22 @@ class Worker:
         self.scheduler.step()
         return metrics
 
+    def compute_values(self, batch) -> torch.Tensor:
+        """-> the critic's values [N, R] of batch's response positions."""
+        from posttrain.training.critic import compute_values
+
+        return compute_values(self.critic, batch, self.spec.critic.update.forward_micro_batch_size)
+
+    def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
+        """One clipped value-loss update of the critic over `batch` (needs
+        values and returns), then one step of its LR scheduler."""
+        from posttrain.training.critic import update_critic
+
+        metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
+                                mini_totals=mini_totals, world_size=self.world_size)
+        self.critic_scheduler.step()
+        return metrics
+
     def sync_weights(self) -> None:
         """Make the rollout engine sample from the policy's current weights."""
         if not self.distributed and self.spec.rollout == "hf":
@@ -183,10 +230,12 @@ class Worker:
     def save_shards(self, path: str) -> None:
         """Write this worker's shards of policy + optimizer (+ scheduler) and
         its random state under `path` (a collective)."""
-        from posttrain.checkpoint.sharded import DCP_DIR, save_sharded
+        from posttrain.checkpoint.sharded import CRITIC_DCP_DIR, DCP_DIR, save_sharded
         from posttrain.checkpoint.state import capture_rng
 
         save_sharded(Path(path) / DCP_DIR, self.policy, self.optimizer, self.scheduler)
+        if self.critic is not None:
+            save_sharded(Path(path) / CRITIC_DCP_DIR, self.critic, self.critic_optimizer, self.critic_scheduler)
         rng_dir = Path(path) / "rng"
         rng_dir.mkdir(parents=True, exist_ok=True)
         torch.save(capture_rng(self.generators()), rng_dir / f"rank_{self.rank}.pt")
@@ -195,10 +244,12 @@ class Worker:
         """Load policy + optimizer + scheduler shards and this rank's random
         state from a sharded checkpoint. -> whether the random state matched
         this rank (it does not when the number of workers changed)."""
-        from posttrain.checkpoint.sharded import DCP_DIR, load_sharded
+        from posttrain.checkpoint.sharded import CRITIC_DCP_DIR, DCP_DIR, load_sharded
         from posttrain.checkpoint.state import restore_rng
 
         load_sharded(Path(ckpt) / DCP_DIR, self.policy, self.optimizer, self.scheduler)
+        if self.critic is not None:
+            load_sharded(Path(ckpt) / CRITIC_DCP_DIR, self.critic, self.critic_optimizer, self.critic_scheduler)
         self.sync_weights()
         rng = Path(ckpt) / "rng" / f"rank_{self.rank}.pt"
         if rng.exists():
@@ -209,11 +260,15 @@ class Worker:
         """This process's state for a checkpoint, copied to CPU now and written
         by `writer` (in the background with async_save)."""
         from posttrain.checkpoint import take_snapshot
+        from posttrain.checkpoint.state import critic_snapshot
 
         if self.distributed:
             raise RuntimeError("a worker of a group is checkpointed through WorkerGroup.snapshot")
-        return take_snapshot(step, self.policy, self.optimizer, self.scheduler, self.generators(), trainer_state,
+        snap = take_snapshot(step, self.policy, self.optimizer, self.scheduler, self.generators(), trainer_state,
                              metrics)
+        if self.critic is not None:
+            snap.critic = critic_snapshot(self.critic, self.critic_optimizer, self.critic_scheduler)
+        return snap
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The policy's full weights (HF names, CPU) on rank 0; None elsewhere (a collective)."""

@@ -8,6 +8,7 @@ returns `(advantages [B, T], returns [B, T])`, zero outside the mask.
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from typing import Callable, Hashable, Sequence
 
@@ -73,7 +74,179 @@ def grpo_advantages(
     return adv, adv
 
 
-ADV_ESTIMATORS: dict[str, Callable] = {"grpo": grpo_advantages}
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) with the mean and the unbiased
+    variance over mask == 1 (verl's semantics); shift_mean=False adds the
+    mean back. Any shape; the statistics are over every masked entry.
+
+    Where verl raises (fewer than 2 valid entries), the variance is taken as
+    0 here: one valid entry whitens to 0, an empty mask returns values - 0.
+
+    Example: values [1, 2, 3, 100], mask [1, 1, 1, 0]: mean 2, var 1 ->
+    [-1, 0, 1, 98] (the masked entry is shifted and scaled too; callers mask it).
+    """
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = torch.where(mask != 0, values, torch.zeros((), dtype=values.dtype)).sum() / count.clamp(min=1)
+    centred = torch.where(mask != 0, values - mean, torch.zeros((), dtype=values.dtype))
+    var = (centred ** 2).sum() / (count - 1).clamp(min=1) if count >= 2 else torch.zeros((), dtype=values.dtype)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def _group_means(scores: torch.Tensor, index) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (mean of each row's group [B], size of each row's group [B]); a
+    group of one has mean 0 (nothing to compare with)."""
+    mean = torch.zeros_like(scores)
+    size = torch.ones_like(scores)
+    for rows in _group_rows(index, scores.shape[0]):
+        size[rows] = float(len(rows))
+        if len(rows) > 1:
+            mean[rows] = scores[rows].mean()
+    return mean, size
+
+
+def rloo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024): each score minus the mean of the others
+    in its group: A_i = (n s_i - sum_g) / (n - 1) = n/(n-1) (s_i - mean_g).
+    A group of one keeps its score (verl). Shapes as `grpo_advantages`.
+
+    Example: scores [1, 0, 0] -> [1 - 0, 0 - 0.5, 0 - 0.5] = [1, -0.5, -0.5].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # [B]
+        mean, n = _group_means(scores, index)
+        factor = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.ones_like(n))
+        adv = (scores - mean) * factor
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def reinforce_pp_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                            gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): returns-to-go G_t = r_t + gamma G_{t+1} per token
+    (restarting where the mask is 0), advantages = the returns whitened over
+    every valid token of the batch. -> (advantages [B, T] masked, returns [B, T]).
+
+    Example: one row, rewards [0, 0, 1], gamma 0.5 -> returns [0.25, 0.5, 1];
+    a second row [0, 2] with mask [1, 0] -> returns [0, 2], but only its first
+    token counts: whitening over [0.25, 0.5, 1, 0] (mean 0.4375).
+    """
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0]) if token_level_rewards.shape[1] else None
+        for t in reversed(range(token_level_rewards.shape[1])):
+            running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = running
+            running = running * mask[:, t]  # a masked token ends the sum of what follows it
+        adv = masked_whiten(returns, mask) * mask
+    return adv, returns
+
+
+def reinforce_pp_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                     index) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: score minus its group's mean (a
+    group of one: minus 0), on every valid token, then whitened over the
+    batch's valid tokens (verl). Shapes as `grpo_advantages`.
+
+    Example: groups {0: [1, 0]}, {1: [1]}, one token each -> centred
+    [0.5, -0.5, 1], whitened by mean 1/3 and std 0.7638: [0.2182, -1.0911, 0.8729].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        mean, _ = _group_means(scores, index)
+        mask = response_mask.to(token_level_rewards.dtype)
+        centred = (scores - mean).unsqueeze(-1) * mask  # [B, T]
+        adv = masked_whiten(centred, mask) * mask
+    return adv, adv
+
+
+def grpo_passk_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                          epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """Pass@k (Tang et al. 2025, arXiv:2503.19595, as verl): only the best
+    sample of a group gets an advantage, r_max - r_second (divided by the
+    group's std + epsilon unless norm_adv_by_std_in_grpo=False); the others
+    get 0. Ties go to the first best sample. A group of one is a ValueError:
+    pass@k needs n >= 2 (rollout.n).
+
+    Example: scores [0, 1, 0.5] -> best 1, second 0.5, std 0.5:
+    A = [0, 0.5 / (0.5 + 1e-6), 0] = [0, 0.999998, 0].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        adv = torch.zeros_like(scores)
+        for rows in _group_rows(index, scores.shape[0]):
+            if len(rows) < 2:
+                raise ValueError(f"pass@k advantages need at least 2 samples per prompt; a group has {len(rows)} "
+                                 "(set rollout.n >= 2)")
+            group = scores[rows]
+            top, where = torch.topk(group, 2)
+            value = top[0] - top[1]
+            if norm_adv_by_std_in_grpo:
+                value = value / (group.std() + epsilon)
+            adv[rows[int(where[0])]] = value
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2015) over response tokens, backwards:
+        delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lam A_{t+1}
+    where t+1 is the next valid token (masked tokens inside a row are
+    skipped, as verl does); returns = A + V; the advantages are then
+    whitened over the batch's valid tokens.
+    values [B, T] are the critic's. -> (advantages, returns), zero outside the mask.
+
+    Example: one row, rewards [0, 1], values [0.5, 0.5], gamma = lam = 1:
+    A_1 = 1 - 0.5 = 0.5, A_0 = 0 + 0.5 - 0.5 + 0.5 = 0.5; returns [1, 1];
+    both advantages equal, so they whiten to [0, 0].
+    """
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        B, T = token_level_rewards.shape
+        next_value = torch.zeros(B, dtype=token_level_rewards.dtype)
+        last = torch.zeros(B, dtype=token_level_rewards.dtype)
+        adv = torch.zeros_like(token_level_rewards)
+        for t in reversed(range(T)):
+            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+            here = delta + gamma * lam * last
+            next_value = torch.where(mask[:, t] != 0, values[:, t], next_value)
+            last = torch.where(mask[:, t] != 0, here, last)
+            adv[:, t] = last
+        returns = (adv + values) * mask
+        adv = masked_whiten(adv, mask) * mask
+    return adv, returns
+
+
+ADV_ESTIMATORS: dict[str, Callable] = {
+    "grpo": grpo_advantages,
+    "gae": gae_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_plus_plus": reinforce_pp_advantages,
+    "reinforce_plus_plus_baseline": reinforce_pp_baseline_advantages,
+    "grpo_passk": grpo_passk_advantages,
+}
+NEEDS_CRITIC = frozenset({"gae"})
+
+
+def compute_advantages(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, *,
+                       values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+                       norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+    """The estimator `name` with the arguments it takes (from these).
+    -> (advantages [B, T], returns [B, T])."""
+    fn = get_adv_estimator(name)
+    if name in NEEDS_CRITIC and values is None:
+        raise ValueError(f"the '{name}' estimator needs the critic's values")
+    given = {"token_level_rewards": token_level_rewards, "response_mask": response_mask, "index": index,
+             "values": values, "gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+             "epsilon": epsilon}
+    wanted = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in given.items() if k in wanted})
 
 
 def get_adv_estimator(name: str) -> Callable:

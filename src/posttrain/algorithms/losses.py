@@ -150,7 +150,58 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
-POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss}
+def gspo_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    loss_scale_factor: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, the
+    geometric mean of its token ratios, s_i = exp(mean_t (log_prob - old)),
+    clipped to [1 - low, 1 + high]; inputs [B, T], same returns as
+    `ppo_policy_loss` (pg_clipfrac_lower is 0: GSPO has no dual clip, and
+    clip_ratio_c is accepted for the same signature and unused).
+
+    Token form with a stop-gradient, so the gradient of each token is the
+    sequence's ratio times its own log-prob gradient:
+        log s_it = sg[log s_i] + log_prob_t - sg[log_prob_t]   (clamped <= 10)
+        loss_t   = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))
+    aggregated with seq-mean-token-mean whatever `loss_agg_mode` says (the
+    paper's length normalisation; verl does the same). Fully masked rows add
+    nothing and never NaN.
+
+    Example: one sequence of 2 tokens, old [0, 0], new [0.1, -0.3], A = 1,
+    low = high = 0.2: s = exp(-0.1) = 0.9048, inside the clip range:
+    loss = -0.9048; d loss / d log_prob_t = -0.9048 / 2 for each token.
+    """
+    del clip_ratio_c, loss_agg_mode, loss_scale_factor
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _masked(log_prob - old_log_prob, mask)  # [B, T]
+    lengths = mask.sum(-1).clamp(min=1)  # [B]
+    seq_log_ratio = (log_ratio.sum(-1) / lengths).detach()  # [B], log s_i
+    token_log_ratio = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.unsqueeze(-1), max=10.0)
+    ratio = torch.exp(token_log_ratio)  # [B, T], the value s_i on every token
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    per_token = torch.maximum(loss1, loss2)
+    with torch.no_grad():
+        clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
+        ppo_kl = masked_mean(-log_ratio, mask)
+    return {
+        "pg_loss": agg_loss(per_token, mask, "seq-mean-token-mean"),
+        "pg_clipfrac": clipfrac,
+        "ppo_kl": ppo_kl,
+        "pg_clipfrac_lower": torch.zeros((), dtype=log_prob.dtype),
+    }
+
+
+POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss, "gspo": gspo_policy_loss}
 
 
 def get_policy_loss(name: str) -> Callable:

@@ -5,6 +5,8 @@ that matches its files is never loaded.
     <run dir>/checkpoints/global_step_N/
       actor/               the policy as a Hugging Face directory (safetensors)
       optimizer.pt         optimizer and LR-scheduler state
+      critic/, critic_optimizer.pt   the same for the value model (PPO with GAE)
+      (actor_dcp/, critic_dcp/, rng/   instead, from a run on several workers: sharded state)
       rng.pt               python, numpy, torch and rollout-sampler RNG states
       trainer_state.json   global step, data position, KL controller, metrics
       config.yaml          the resolved config of the run that wrote it

@@ -73,8 +73,9 @@ def is_sharded(ckpt: Path) -> bool:
 def restore(run, ckpt: Path) -> None:
     """Optimizer, scheduler, data position, KL controller, step and every RNG.
 
-    One-process checkpoint: the policy's weights were loaded from ckpt/actor
-    when it was built; optimizer.pt holds the rest. Sharded checkpoint: each
+    One-process checkpoint: the policy's (and critic's) weights were loaded
+    from ckpt/actor (ckpt/critic) when they were built; optimizer.pt (and
+    critic_optimizer.pt) hold the rest. Sharded checkpoint: each
     worker loads its shards of policy + optimizer and its own random state."""
     actor = run.actor
     if is_sharded(ckpt):
@@ -92,6 +93,10 @@ def restore(run, ckpt: Path) -> None:
         opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
         actor.optimizer.load_state_dict(opt["optimizer"])
         actor.scheduler.load_state_dict(opt["scheduler"])
+        if actor.critic is not None:  # its weights were loaded from ckpt/critic when it was built
+            opt = torch.load(ckpt / "critic_optimizer.pt", weights_only=True)
+            actor.critic_optimizer.load_state_dict(opt["optimizer"])
+            actor.critic_scheduler.load_state_dict(opt["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
     run.sampler.load_state_dict(state["sampler"])
     if run.kl_ctrl is not None and state.get("kl_ctrl"):

@@ -1,7 +1,7 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP).
 
 Every worker writes its own shards of the policy and of the optimizer
-state into one directory (`actor_dcp/`); a later run with any number of
+state into one directory (`actor_dcp/`; the critic's into `critic_dcp/`); a later run with any number of
 workers (one process included) reads them back resharded. Names are the
 Hugging Face ones: DCP's state-dict helpers drop wrapper parts such as
 `_checkpoint_wrapped_module.`.
@@ -16,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 DCP_DIR = "actor_dcp"
+CRITIC_DCP_DIR = "critic_dcp"
 
 
 def save_sharded(path: str | Path, model, optimizer, scheduler) -> None:

@@ -69,6 +69,7 @@ class Snapshot:
     trainer_state: dict
     metrics: dict = field(default_factory=dict)
     shards: Path | None = None  # instead of model/optimizer/scheduler: a directory of worker shards
+    critic: dict | None = None  # one process with a critic: see critic_snapshot
 
 
 def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, metrics) -> Snapshot:
@@ -82,6 +83,14 @@ def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, 
         trainer_state=copy.deepcopy(trainer_state),
         metrics=numbers(metrics),
     )
+
+
+def critic_snapshot(model, optimizer, scheduler) -> dict:
+    """A one-process critic's state, copied to CPU: its weights, its config
+    (config.json of a token-classification model with one label), optimizer
+    and scheduler."""
+    return {"model": model_tensors(model), "config": model.config.to_json_string(),
+            "optimizer": copy.deepcopy(optimizer.state_dict()), "scheduler": copy.deepcopy(scheduler.state_dict())}
 
 
 def shards_snapshot(step, shards: Path, generators, trainer_state, metrics) -> Snapshot:

@@ -114,6 +114,14 @@ class CheckpointWriter:
         else:
             save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})
             torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
+        if snap.critic is not None:  # a Hugging Face directory too: the LM body with its value head
+            (tmp / "critic").mkdir()
+            for name, data in self.static_files.items():
+                (tmp / "critic" / name).write_bytes(data)
+            (tmp / "critic" / "config.json").write_text(snap.critic["config"])
+            save_file(snap.critic["model"], str(tmp / "critic" / "model.safetensors"), metadata={"format": "pt"})
+            torch.save({"optimizer": snap.critic["optimizer"], "scheduler": snap.critic["scheduler"]},
+                       tmp / "critic_optimizer.pt")
         torch.save(snap.rng, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"global_step": snap.step, **snap.trainer_state}, indent=1))
         (tmp / "config.yaml").write_text(self.config_yaml)

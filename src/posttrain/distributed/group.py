@@ -91,23 +91,37 @@ class WorkerGroup:
         return concat_rollouts(outs, self.pad_token_id)
 
     def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
+        return self._per_row("compute_log_probs", batch, which)
+
+    def compute_values(self, batch) -> torch.Tensor:
+        return self._per_row("compute_values", batch)
+
+    def _per_row(self, verb: str, batch, *args) -> torch.Tensor:
+        """A no-grad pass giving [N, R]: rows balanced by tokens over the workers."""
         lengths = batch.attention_mask.sum(-1).tolist()
         parts = balanced_partition(lengths, self.world_size)
-        outs = self._call_all_with("compute_log_probs", [(tensors_only(batch.select(p)), which) for p in parts])
+        outs = self._call_all_with(verb, [(tensors_only(batch.select(p)), *args) for p in parts])
         result = torch.zeros(batch.responses.shape, dtype=torch.float32)
         for rows, out in zip(parts, outs):
             result[torch.tensor(rows)] = out
         return result
 
     def train_step(self, batch) -> dict[str, float]:
+        return self._data_parallel("train_step", batch, self.spec.update.mini_batch_size,
+                                   self.spec.update.loss_agg_mode)
+
+    def update_critic(self, batch) -> dict[str, float]:
+        c = self.spec.critic.update
+        return self._data_parallel("update_critic", batch, c.mini_batch_size, c.loss_agg_mode)
+
+    def _data_parallel(self, verb: str, batch, mini_batch_size: int, loss_agg_mode: str) -> dict[str, float]:
         """Each worker updates on its balanced share of every mini-batch; the
         mini-batches' loss denominators travel along so the summed gradients
         are those of one process."""
-        mini_batch_size, loss_agg_mode = self.spec.update.mini_batch_size, self.spec.update.loss_agg_mode
         lengths = batch.attention_mask.sum(-1).tolist()
         shards = minibatch_shards(lengths, mini_batch_size, self.world_size)
         totals = [loss_units(m.response_mask, loss_agg_mode) for m in batch.split(mini_batch_size)]
-        outs = self._call_all_with("train_step", [(tensors_only(batch.select(s)), totals) for s in shards])
+        outs = self._call_all_with(verb, [(tensors_only(batch.select(s)), totals) for s in shards])
         # grad norm, lr and skips are the same on every worker; losses are averaged over workers
         return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
 

@@ -62,6 +62,37 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
     return model.to(device)
 
 
+def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu"):
+    """A value model: the causal LM's body with a scalar head on every position
+    (AutoModelForTokenClassification with one label; the head starts from
+    scratch unless `path` is a saved critic). -> model whose `.logits` are [B, L, 1]."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    p = check_model_dir(path)
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    try:
+        config = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # values are regression targets: no dropout on the head
+        import warnings
+
+        with warnings.catch_warnings():  # "newly initialized: ['score.weight']": the value head, on purpose
+            warnings.simplefilter("ignore")
+            model = AutoModelForTokenClassification.from_pretrained(
+                str(p), config=config, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+                use_safetensors=True)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise ModelError(f"the model in '{p}' has no token-classification variant in transformers, which the "
+                             "critic's value head needs; point critic.model.path at a model that has one "
+                             "(Llama, Qwen2, Mistral, ...)") from e
+        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}") from e
+    except Exception as e:
+        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}") from e
+    return model.to(device)
+
+
 def _one_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"

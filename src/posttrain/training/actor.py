@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
-from posttrain.algorithms.losses import agg_loss, entropy_from_logits, ppo_policy_loss
+from posttrain.algorithms.losses import agg_loss, entropy_from_logits, get_policy_loss
 from posttrain.training.logprobs import response_logits, token_log_probs
 
 
@@ -24,6 +24,8 @@ class UpdateSettings:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
+    loss_mode: str = "vanilla"  # the policy loss: algorithms.POLICY_LOSSES
+    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's constant divisor (the max response length)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -72,18 +74,22 @@ def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict
     )  # [n, R, V]
     mask = mb.response_mask.to(device)
     log_prob = token_log_probs(logits, mb.responses.to(device))  # [n, R]
-    pol = ppo_policy_loss(
+    pol = get_policy_loss(s.loss_mode)(
         mb.old_log_probs.to(device), log_prob, mb.advantages.to(device), mask,
         clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
-        clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode,
+        clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
     )
     loss = pol["pg_loss"]
+
+    def agg(x):
+        return agg_loss(x, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
+
     if s.entropy_coeff != 0:
-        entropy = agg_loss(entropy_from_logits(logits), mask, s.loss_agg_mode)
+        entropy = agg(entropy_from_logits(logits))
         loss = loss - s.entropy_coeff * entropy
     else:  # reported, but kept out of the graph
         with torch.no_grad():
-            entropy = agg_loss(entropy_from_logits(logits), mask, s.loss_agg_mode)
+            entropy = agg(entropy_from_logits(logits))
     metrics = {
         "actor/pg_loss": pol["pg_loss"].item(),
         "actor/pg_clipfrac": float(pol["pg_clipfrac"]),
@@ -93,7 +99,7 @@ def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict
     }
     if s.use_kl_loss:
         kl = kl_penalty(log_prob, mb.ref_log_probs.to(device), s.kl_loss_type)
-        kl_loss = agg_loss(kl, mask, s.loss_agg_mode)
+        kl_loss = agg(kl)
         loss = loss + s.kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
         metrics["actor/kl_coef"] = s.kl_loss_coef
@@ -115,28 +121,44 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     gradients, averaged over workers by FSDP, equal the single-process ones.
     """
     device = next(model.parameters()).device
+    return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device), s.mini_batch_size,
+                       s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
+                       prefix="actor")
+
+
+def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_batch_size: int, epochs: int,
+                loss_agg_mode: str, grad_clip: float, mini_totals: list[float] | None = None, world_size: int = 1,
+                prefix: str = "actor") -> dict[str, float]:
+    """The update loop shared by the actor and the critic: `epochs` passes
+    over `batch` in mini-batches of `mini_batch_size` rows (divided over
+    `world_size` workers), `loss_fn(micro_batch) -> (loss, metrics)` summed
+    over micro-batches with weights that make the sum the mini-batch's loss,
+    gradients clipped to `grad_clip`, a non-finite norm skips the step.
+
+    -> the micro-batches' metrics (averaged), <prefix>/grad_norm, <prefix>/nonfinite_updates, <prefix>/lr.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     grad_norms, skipped = [], 0
-    minis = batch.split(s.mini_batch_size // world_size)
-    micro_per_epoch = sum(-(-len(m) // s.micro_batch_size) for m in minis)
-    bar = tqdm(total=s.ppo_epochs * micro_per_epoch, desc="update", unit="micro", leave=False,
+    minis = batch.split(mini_batch_size // world_size)
+    micro_per_epoch = sum(-(-len(m) // micro_batch_size) for m in minis)
+    bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
                disable=None if world_size == 1 else True)
-    for _ in range(s.ppo_epochs):
+    for _ in range(epochs):
         for k, mini in enumerate(minis):
             optimizer.zero_grad(set_to_none=True)
-            total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, s.loss_agg_mode)
-            for mb in mini.split(s.micro_batch_size):
-                w = loss_units(mb.response_mask, s.loss_agg_mode) / total * world_size if total > 0 else 0.0
-                loss, m = micro_loss(model, mb, s, device)
+            total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, loss_agg_mode)
+            for mb in mini.split(micro_batch_size):
+                w = loss_units(mb.response_mask, loss_agg_mode) / total * world_size if total > 0 else 0.0
+                loss, m = loss_fn(mb)
                 (loss * w).backward()
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + v * mb.response_mask.shape[0]
                     weights[key] = weights.get(key, 0.0) + mb.response_mask.shape[0]
                 bar.update(1)
-            grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, s.grad_clip)))
+            grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip)))
             if math.isfinite(grad_norm):
                 optimizer.step()
                 grad_norms.append(grad_norm)
@@ -145,9 +167,9 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
             optimizer.zero_grad(set_to_none=True)
     bar.close()
     metrics = {k: sums[k] / weights[k] for k in sums}
-    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-    metrics["actor/nonfinite_updates"] = float(skipped)
-    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
+    metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+    metrics[f"{prefix}/nonfinite_updates"] = float(skipped)
+    metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
 
 

@@ -1,0 +1,75 @@
+"""The critic: values of response positions and its clipped value-loss update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.algorithms.critic import value_loss
+from posttrain.algorithms.losses import masked_mean
+from posttrain.training.actor import run_updates
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """Plain knobs of one critic update (sizes count sequences)."""
+
+    mini_batch_size: int
+    micro_batch_size: int
+    forward_micro_batch_size: int = 64
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+    grad_clip: float = 1.0
+
+
+def response_values(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+    """-> values [N, R] (float32): V at the position that predicts each
+    response token, i.e. of the state before the token is chosen (the same
+    positions as `logprobs.response_logits`)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return out.logits[:, -response_length - 1:-1, 0].float()  # [N, R]
+
+
+@torch.no_grad()
+def compute_values(model, batch, micro_batch_size: int) -> torch.Tensor:
+    """Values [N, R] of `batch` in micro-batches, no grad, zero outside the response mask."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    values = []
+    try:
+        for mb in batch.split(micro_batch_size):
+            v = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                mb.position_ids.to(device), mb.response_length)
+            values.append(v.cpu() * mb.response_mask)
+    finally:
+        model.train(was_training)
+    return torch.cat(values)
+
+
+def critic_micro_loss(model, mb, s: CriticSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss of one micro-batch (with grad) and its metrics.
+    mb needs values (the critic's before the update) and returns."""
+    mask = mb.response_mask.to(device)
+    vpreds = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                             mb.position_ids.to(device), mb.response_length)  # [n, R]
+    out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
+                     loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
+    return out["vf_loss"], {
+        "critic/vf_loss": out["vf_loss"].item(),
+        "critic/vf_clipfrac": float(out["vf_clipfrac"]),
+        "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+    }
+
+
+def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[float] | None = None,
+                  world_size: int = 1) -> dict[str, float]:
+    """`ppo_epochs` passes of the clipped value loss over `batch` in
+    mini-batches (see `actor.run_updates`); -> critic/* metrics."""
+    device = next(model.parameters()).device
+    return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device),
+                       s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,
+                       mini_totals, world_size, prefix="critic")

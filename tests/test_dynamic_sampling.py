@@ -1,0 +1,152 @@
+"""DAPO's dynamic sampling and overlong shaping in the loop, and batch
+concatenation, on literal rollouts from a scripted engine."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from posttrain.batch import RolloutBatch
+from posttrain.config import load_config
+from posttrain.loop import Run, rollout_and_score
+from posttrain.models import load_tokenizer
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+
+PAD = 0
+
+
+def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return ids, mask
+
+
+class ScriptedActor:
+    """generate() answers each prompt (bytes of a letter) with the texts of SCRIPT[letter]."""
+
+    SCRIPT = {"A": ["1", "1"], "B": ["1", "22"], "C": ["333", "1"], "D": ["4", "4"], "E": ["1", "55"]}
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params):
+        letters = [bytes(p).decode() for p in prompts]
+        self.calls.append(letters)
+        texts = [t for letter in letters for t in self.SCRIPT[letter]]
+        p_ids, p_mask = left_pad([list(letter.encode()) for letter in letters for _ in range(params.n)])
+        r_ids, r_mask = right_pad([list(t.encode()) for t in texts])
+        return RolloutOutput(p_ids, p_mask, r_ids, r_mask)
+
+
+class ListSampler:
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return 0, self.batches.pop(0)
+
+
+def make_run(tiny_model_dir, overrides, draws):
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
+                             "actor.ppo_micro_batch_size=4", "rollout.n=2", "data.max_response_length=3", *overrides])
+    letters = "ABCDE"
+    data = [SimpleNamespace(prompt_ids=list(c.encode()), data_source="arith", ground_truth="1", extra_info={})
+            for c in letters]
+    return Run(cfg=cfg, run_dir=None, actor=ScriptedActor(), tokenizer=load_tokenizer(tiny_model_dir), kl_ctrl=None,
+               reward_fn=lambda source, text, truth, extra=None: float(text == truth), train_data=data,
+               val_data=None, sampler=ListSampler(draws), sampling=SamplingParams(max_new_tokens=3, n=2),
+               val_sampling=None, total_steps=1)
+
+
+def texts_by_group(batch):
+    out = {}
+    for g, t in zip(batch.group.tolist(), batch.response_text):
+        out.setdefault(g, []).append(t)
+    return out
+
+
+def test_without_filtering_the_batch_is_the_rollout(tiny_model_dir):
+    run = make_run(tiny_model_dir, [], [])
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)
+    assert texts_by_group(batch) == {0: ["1", "1"], 1: ["1", "22"]}
+    assert batch.scores.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert "train/num_gen_batches" not in m
+
+
+def test_uniform_groups_are_dropped_and_more_prompts_drawn(tiny_model_dir, capsys):
+    run = make_run(tiny_model_dir, ["algorithm.filter_groups.enable=true"], [[2, 3], [4, 0]])
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied
+    # round 2 draws C (varied) and D (uniform): two varied groups, B then C, renumbered 0 and 1
+    assert run.actor.calls == [["A", "B"], ["C", "D"]]
+    assert texts_by_group(batch) == {0: ["1", "22"], 1: ["333", "1"]}
+    assert batch.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
+    # re-padded to the widest response (3 tokens), the token-level score on each last token
+    assert batch.responses.shape == (4, 3) and batch.response_mask.sum(-1).tolist() == [1, 2, 3, 1]
+    assert batch.token_level_scores.tolist() == [[1, 0, 0], [0, 0, 0], [0, 0, 0], [1, 0, 0]]
+    assert torch.equal(batch.position_ids, (batch.attention_mask.cumsum(-1) - 1).clamp(min=0))
+    assert (m["train/num_gen_batches"], m["train/kept_groups_ratio"]) == (2.0, 1.0)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_cap_fills_the_batch_with_dropped_groups_and_warns_once(tiny_model_dir, capsys):
+    run = make_run(tiny_model_dir, ["algorithm.filter_groups.enable=true",
+                                    "algorithm.filter_groups.max_num_gen_batches=2"], [[3, 0], [3, 0]])
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied; D, A uniform
+    assert texts_by_group(batch) == {0: ["1", "22"], 1: ["1", "1"]}  # B, then the first dropped group (A)
+    assert (m["train/num_gen_batches"], m["train/kept_groups_ratio"]) == (2.0, 0.5)
+    err = capsys.readouterr().err
+    assert "dynamic sampling found 1 of 2 prompts with differing scores in 2 rounds" in err
+    rollout_and_score(run, [run.train_data[0], run.train_data[3]], {})
+    assert "dynamic sampling" not in capsys.readouterr().err  # once per run
+
+
+def test_overlong_shaping_lowers_long_responses_and_seq_reward_filters_on_it(tiny_model_dir):
+    # limit 3 tokens, buffer 2: length 1 -> 0, length 2 -> -0.5, length 3 -> -1.0 (times the factor 1)
+    run = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2"], [])
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    assert batch.scores.tolist() == [1.0, 0.0, 0.0, 1.0]  # the reward function's own
+    assert batch.token_level_scores.sum(-1).tolist() == [1.0, -0.5, -1.0, 1.0]
+    assert m["reward/overlong_penalty/mean"] == pytest.approx(-1.5 / 4)
+    assert m["reward/overlong_ratio"] == 0.5
+    # D answers "4", "4": the same length and score -> uniform under both metrics; E "1", "55": varied
+    run = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
+                                    "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward"],
+                   [[1, 2]])
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[3], run.train_data[4]], m)
+    assert texts_by_group(batch) == {0: ["1", "55"], 1: ["1", "22"]}
+    assert m["train/num_gen_batches"] == 2.0
+
+
+def test_concat_repads_prompts_left_and_responses_right():
+    def batch(prompts, responses, groups):
+        p, pm = left_pad(prompts)
+        r, rm = right_pad(responses)
+        out = RolloutBatch.from_rollout(RolloutOutput(p, pm, r, rm), 1, ["s"] * len(prompts), ["t"] * len(prompts),
+                                        [{}] * len(prompts), [str(x) for x in responses])
+        out.group = torch.tensor(groups)
+        out.scores = torch.arange(len(prompts), dtype=torch.float32)
+        return out
+
+    a = batch([[5, 6, 7], [8]], [[9], [9]], [3, 3])
+    b = batch([[4, 4]], [[1, 2, 3]], [0])
+    c = RolloutBatch.concat([a, b], PAD)
+    assert c.input_ids.tolist() == [[5, 6, 7, 9, 0, 0], [0, 0, 8, 9, 0, 0], [0, 4, 4, 1, 2, 3]]
+    assert c.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert c.position_ids.tolist() == [[0, 1, 2, 3, 3, 3], [0, 0, 0, 1, 1, 1], [0, 0, 1, 2, 3, 4]]
+    assert c.responses.tolist() == [[9, 0, 0], [9, 0, 0], [1, 2, 3]]
+    assert c.response_mask.tolist() == [[1, 0, 0], [1, 0, 0], [1, 1, 1]]
+    assert c.group.tolist() == [0, 0, 1] and c.scores.tolist() == [0.0, 1.0, 0.0]
+    assert c.response_text == ["[9]", "[9]", "[1, 2, 3]"] and c.old_log_probs is None
