@@ -75,13 +75,16 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
         config = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
         config.num_labels = 1
         config.classifier_dropout = 0.0  # values are regression targets: no dropout on the head
-        import warnings
+        from transformers.utils import logging as hf_logging
 
-        with warnings.catch_warnings():  # "newly initialized: ['score.weight']": the value head, on purpose
-            warnings.simplefilter("ignore")
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "score.weight | MISSING": the new value head, on purpose
+        try:
             model = AutoModelForTokenClassification.from_pretrained(
                 str(p), config=config, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
                 use_safetensors=True)
+        finally:
+            hf_logging.set_verbosity(level)
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             raise ModelError(f"the model in '{p}' has no token-classification variant in transformers, which the "
