@@ -105,7 +105,8 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
     from posttrain.distributed.group import WorkerGroup
 
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
-                                  "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2"))
+                                  "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2",
+                                  "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=2", "critic.lr=1e-3"))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
     local = Worker(spec)
     local.setup()
@@ -125,6 +126,13 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
             m_local = local.train_step(batch)
             m_group = group.train_step(batch)
             assert m_group["actor/grad_norm"] == pytest.approx(m_local["actor/grad_norm"], rel=1e-4)
+            # the critic: values, then one clipped value-loss update (2 mini-batches x 2 micro-batches)
+            batch.values = local.compute_values(batch)
+            assert torch.allclose(group.compute_values(batch), batch.values, atol=1e-5)
+            batch.returns = torch.randn(batch.responses.shape) * batch.response_mask
+            c_local, c_group = local.update_critic(batch), group.update_critic(batch)
+            assert c_group["critic/grad_norm"] == pytest.approx(c_local["critic/grad_norm"], rel=1e-4)
+            assert c_group["critic/vf_loss"] == pytest.approx(c_local["critic/vf_loss"], rel=1e-4)
             local.sync_weights()
             group.sync_weights()
             full = group.full_state_dict()
@@ -132,6 +140,8 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
             assert set(full) == set(own)
             moved = max((own[k] - full[k]).abs().max().item() for k in own)
             assert moved < 1e-5, f"step {step}: parameters differ by {moved}"
+        batch.values = local.compute_values(batch)
+        assert torch.allclose(group.compute_values(batch), batch.values, atol=1e-5)  # the critics moved alike
         # the workers' rollout copies were refreshed: greedy samples agree
         greedy = SamplingParams(max_new_tokens=5, n=1, temperature=0.0, do_sample=False)
         assert torch.equal(group.generate(prompts, greedy).response_ids, local.generate(prompts, greedy).response_ids)
@@ -149,20 +159,23 @@ def exported(ckpt: Path, out: Path) -> dict:
 @pytest.mark.ray
 def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model_dir, data, tmp_path):
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2")
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2",
+           "algorithm.adv_estimator=gae", "critic.lr=1e-3")  # PPO: the critic's shards resume too
     train(build_run(load_config(None, small(tiny_model_dir, data, straight, 4, *two))))
     train(build_run(load_config(None, small(tiny_model_dir, data, halves, 2, *two))))
     summary = train(build_run(load_config(None, small(tiny_model_dir, data, halves, 4, *two))))
     assert summary["start_step"] == 2 and summary["steps"] == 4
     ckpt = halves / "checkpoints" / "global_step_4"
     assert (ckpt / "actor_dcp" / ".metadata").exists() and (ckpt / "rng" / "rank_1.pt").exists()
+    assert (ckpt / "critic_dcp" / ".metadata").exists()
     a = exported(straight / "checkpoints" / "global_step_4", tmp_path / "a")
     b = exported(ckpt, tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def scores(run_dir):
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [(x["step"], x.get("critic/score/mean"), x.get("actor/pg_loss")) for x in lines if "actor/pg_loss" in x]
+        return [(x["step"], x.get("critic/score/mean"), x.get("actor/pg_loss"), x.get("critic/vf_loss"))
+                for x in lines if "actor/pg_loss" in x]
 
     assert scores(straight) == scores(halves)
 
