@@ -166,3 +166,19 @@ def test_verl_keys_of_the_algorithm_family():
 def test_algorithm_family_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_the_readme_table_of_algorithms_matches_the_presets():
+    import re
+    from pathlib import Path
+
+    from posttrain.algorithm_presets import ALGORITHMS
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        m = re.match(r"\| `(\w+)`[^|]*\| [^|]+ \| (.+) \|$", line)
+        if m and m.group(1) in ALGORITHMS:
+            pairs = re.findall(r"`([\w.]+)=([^`]+)`", m.group(2))
+            rows[m.group(1)] = {k: yaml.safe_load(v) for k, v in pairs}
+    assert rows == {name: p.keys for name, p in ALGORITHMS.items()}

@@ -217,7 +217,7 @@ def update_settings(cfg) -> UpdateSettings:
         micro_batch_size=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
         clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
         loss_agg_mode=a.loss_agg_mode, loss_mode=a.policy_loss.loss_mode,
-        loss_scale_factor=float(cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
+        loss_scale_factor=float(a.loss_scale_factor or cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=cfg.rollout.temperature,
         grad_clip=a.grad_clip,
     )

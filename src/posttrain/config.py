@@ -99,6 +99,7 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = None  # None: clip_ratio
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null: data.max_response_length
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
@@ -434,6 +435,8 @@ def validate(cfg: Config) -> None:
         _need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
               "the adaptive KL controller needs algorithm.kl_ctrl.target_kl > 0 and algorithm.kl_ctrl.horizon > 0")
     _choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
+    _need(a.loss_scale_factor is None or a.loss_scale_factor > 0,
+          f"actor.loss_scale_factor must be > 0 or null, got {a.loss_scale_factor}")
     _choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
     _need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
           f"{alg.gamma} and {alg.lam}")
