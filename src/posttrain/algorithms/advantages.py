@@ -80,7 +80,8 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     mean back. Any shape; the statistics are over every masked entry.
 
     Where verl raises (fewer than 2 valid entries), the variance is taken as
-    0 here: one valid entry whitens to 0, an empty mask returns values - 0.
+    0 here: a single valid entry whitens to 0; with no valid entry the mean
+    is 0 too (the result is values / 1e-4, all of it outside the mask).
 
     Example: values [1, 2, 3, 100], mask [1, 1, 1, 0]: mean 2, var 1 ->
     [-1, 0, 1, 98] (the masked entry is shifted and scaled too; callers mask it).
@@ -125,22 +126,24 @@ def rloo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tens
 
 def reinforce_pp_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                             gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): returns-to-go G_t = r_t + gamma G_{t+1} per token
-    (restarting where the mask is 0), advantages = the returns whitened over
-    every valid token of the batch. -> (advantages [B, T] masked, returns [B, T]).
+    """REINFORCE++ (Hu 2025): returns-to-go G_t = r_t + gamma G_{t'} per valid
+    token, t' the next valid token (masked tokens inside a row, such as tool
+    output, are skipped: the return flows past them, as in verl 0.9.1);
+    advantages = the returns whitened over every valid token of the batch.
+    -> (advantages, returns), both [B, T] and zero outside the mask.
 
-    Example: one row, rewards [0, 0, 1], gamma 0.5 -> returns [0.25, 0.5, 1];
-    a second row [0, 2] with mask [1, 0] -> returns [0, 2], but only its first
-    token counts: whitening over [0.25, 0.5, 1, 0] (mean 0.4375).
+    Example: rewards [[0, 0, 1], [0, 5, 1]], masks [[1, 1, 1], [1, 0, 1]],
+    gamma 0.5 -> returns [[0.25, 0.5, 1], [0.5, 0, 1]] (the masked 5 is
+    neither a reward nor a step); whitened over [0.25, 0.5, 1, 0.5, 1].
     """
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)
         running = torch.zeros_like(token_level_rewards[:, 0]) if token_level_rewards.shape[1] else None
         for t in reversed(range(token_level_rewards.shape[1])):
-            running = token_level_rewards[:, t] + gamma * running
-            returns[:, t] = running
-            running = running * mask[:, t]  # a masked token ends the sum of what follows it
+            here = token_level_rewards[:, t] + gamma * running
+            running = torch.where(mask[:, t] != 0, here, running)
+            returns[:, t] = torch.where(mask[:, t] != 0, here, torch.zeros_like(here))
         adv = masked_whiten(returns, mask) * mask
     return adv, returns
 

@@ -14,7 +14,7 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor
 
     vpreds are the critic's new predictions (with grad), values its
     predictions when the batch was made, returns the targets. Per token:
-        clipped = values + clip(vpreds - values, -cliprange_value, cliprange_value)
+        clipped = clip(vpreds, values - cliprange_value, values + cliprange_value)
         loss_t  = max((vpreds - returns)^2, (clipped - returns)^2)
     and vf_loss = 0.5 * agg_loss(loss, mask, loss_agg_mode).
 
@@ -28,7 +28,8 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor
     vf_loss = 0.5 * (0.49 + 1.0 + 0.25) / 3 = 0.29, vf_clipfrac 1/3.
     """
     mask = response_mask.to(vpreds.dtype)
-    clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+    # clamp to tensors (not values + clamp(vpreds - values)): inside the range the result is vpreds exactly
+    clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     loss1 = (vpreds - returns) ** 2
     loss2 = (clipped - returns) ** 2
     per_token = torch.maximum(loss1, loss2)

@@ -172,15 +172,16 @@ def gspo_policy_loss(
     sequence's ratio times its own log-prob gradient:
         log s_it = sg[log s_i] + log_prob_t - sg[log_prob_t]   (clamped <= 10)
         loss_t   = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))
-    aggregated with seq-mean-token-mean whatever `loss_agg_mode` says (the
-    paper's length normalisation; verl does the same). Fully masked rows add
+    aggregated with `agg_loss(loss_agg_mode)` as verl 0.9.1 does; the paper's
+    length normalisation is seq-mean-token-mean (the default here, and what
+    `algorithm.name=gspo` sets). Fully masked rows add
     nothing and never NaN.
 
     Example: one sequence of 2 tokens, old [0, 0], new [0.1, -0.3], A = 1,
     low = high = 0.2: s = exp(-0.1) = 0.9048, inside the clip range:
     loss = -0.9048; d loss / d log_prob_t = -0.9048 / 2 for each token.
     """
-    del clip_ratio_c, loss_agg_mode, loss_scale_factor
+    del clip_ratio_c  # no dual clip in GSPO
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _masked(log_prob - old_log_prob, mask)  # [B, T]
     lengths = mask.sum(-1).clamp(min=1)  # [B]
@@ -194,7 +195,7 @@ def gspo_policy_loss(
         clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
         ppo_kl = masked_mean(-log_ratio, mask)
     return {
-        "pg_loss": agg_loss(per_token, mask, "seq-mean-token-mean"),
+        "pg_loss": agg_loss(per_token, mask, loss_agg_mode, loss_scale_factor=loss_scale_factor),
         "pg_clipfrac": clipfrac,
         "ppo_kl": ppo_kl,
         "pg_clipfrac_lower": torch.zeros((), dtype=log_prob.dtype),
