@@ -149,8 +149,9 @@ def test_dispatch():
     assert compute_score("countdown_3to4", "<answer>4+6+1</answer>", GT) == 0.1   # TinyZero's spellings
     assert compute_score("arith", "68", "68") == 1.0 and type(compute_score("arith", "68", "68")) is float
     assert set(REWARD_FNS) >= {"openai/gsm8k", "countdown", "arith"}
-    with pytest.raises(ValueError, match=r"no built-in reward for data_source 'my/data' \(known: openai/gsm8k, "
-                                         r"gsm8k, countdown, arith.*pass reward.custom_fn=FILE.py:FUNCTION"):
+    with pytest.raises(ValueError, match=r"no built-in reward for data_source 'my/data': pass reward.custom_fn="
+                                         r"FILE.py:FUNCTION \(built-in: openai/gsm8k, gsm8k, countdown, arith, "
+                                         r"DigitalLearningGmbH/MATH-lighteval"):
         compute_score("my/data", "x", "y")
 
 

@@ -29,7 +29,7 @@ from posttrain.errors import DataError
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _FIX = (
     "check data.train_files / data.val_files, or make the file with "
-    "`posttrain preprocess gsm8k|arith|countdown ... --output-dir DIR`"
+    "`posttrain preprocess gsm8k|math|arith|countdown ... --output-dir DIR`"
 )
 
 

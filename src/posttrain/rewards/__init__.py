@@ -8,13 +8,14 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("openai/gsm8k", "... #### 18", "18")                              # 1.0
     compute_score("countdown", "<answer>4*6*1</answer>", {"target": 24, "numbers": [4, 6, 1]})  # 1.0
     compute_score("arith", "68", "68")                                              # 1.0
+    compute_score("HuggingFaceH4/MATH-500", "... \\boxed{\\frac{1}{2}}", "0.5")          # 1.0
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from posttrain.rewards import arith, countdown, gsm8k
+from posttrain.rewards import arith, countdown, gsm8k, math
 
 # data_source -> fn(solution_str, ground_truth) -> float
 REWARD_FNS: dict[str, Callable] = {
@@ -22,6 +23,10 @@ REWARD_FNS: dict[str, Callable] = {
     "gsm8k": gsm8k.compute_score,
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
+    # MATH-style: the last \boxed{} answer, checked for equivalence by math-verify
+    "DigitalLearningGmbH/MATH-lighteval": math.compute_score,  # written by `posttrain preprocess math`
+    "lighteval/MATH": math.compute_score,
+    "HuggingFaceH4/MATH-500": math.compute_score,
 }
 
 
@@ -32,8 +37,8 @@ def reward_fn_for(data_source: str) -> Callable:
         fn = countdown.compute_score  # TinyZero matches any name containing "countdown"
     if fn is None:
         raise ValueError(
-            f"no built-in reward for data_source '{data_source}' (known: {', '.join(REWARD_FNS)}, or any name "
-            "containing 'countdown'); pass reward.custom_fn=FILE.py:FUNCTION"
+            f"no built-in reward for data_source '{data_source}': pass reward.custom_fn=FILE.py:FUNCTION "
+            f"(built-in: {', '.join(REWARD_FNS)}, or any name containing 'countdown')"
         )
     return fn
 

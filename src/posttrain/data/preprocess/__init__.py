@@ -3,6 +3,7 @@
     posttrain preprocess gsm8k --input ../shared/data/gsm8k --output-dir data/gsm8k
     posttrain preprocess arith --output-dir data/arith --num-train 2000 --num-test 200
     posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
+    posttrain preprocess math --input data/MATH --output-dir data/math
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
 which writes the files and prints one line per file with its row count.
@@ -27,6 +28,12 @@ def _gsm8k(args) -> int:
     return _report(gsm8k.run(args.input, args.output_dir))
 
 
+def _math(args) -> int:
+    from posttrain.data.preprocess import math
+
+    return _report(math.run(args.input, args.output_dir, args.data_source))
+
+
 def _arith(args) -> int:
     from posttrain.data.preprocess import arith
 
@@ -49,6 +56,14 @@ def register(subparsers) -> None:
                    help="directory with train.jsonl/test.jsonl (or the Hub's main/train-*.parquet), or such files")
     g.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
     g.set_defaults(func=_gsm8k)
+
+    m = subparsers.add_parser("math", help="MATH / MATH-500 / DeepScaleR problems with \\boxed{} answers")
+    m.add_argument("--input", required=True, nargs="+", metavar="FILE_OR_DIR",
+                   help=".jsonl/.json/.parquet files or directories; train/test is read from the names")
+    m.add_argument("--output-dir", required=True, help="writes train.parquet, test.parquet (or <name>.parquet) here")
+    m.add_argument("--data-source", default="DigitalLearningGmbH/MATH-lighteval",
+                   help="the rows' data_source (default: verl's MATH name, scored by the math reward)")
+    m.set_defaults(func=_math)
 
     ar = subparsers.add_parser("arith", help="two-number addition (the embedded default task)")
     ar.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
