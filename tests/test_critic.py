@@ -144,3 +144,15 @@ def test_sharded_critic_state_round_trips_in_one_process(tmp_path, tiny_model_di
         assert torch.equal(p, q), name
     sa, sb = a.critic_optimizer.state_dict()["state"], b.critic_optimizer.state_dict()["state"]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+
+
+def test_a_critic_with_another_vocabulary_is_refused(tmp_path, data, tiny_model_dir, random_qwen2):
+    import shutil
+
+    other = tmp_path / "small-vocab"
+    random_qwen2.save_pretrained(other)  # 40 tokens
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt", "special_tokens_map.json"):
+            shutil.copy(f, other / f.name)
+    with pytest.raises(ModelError, match="critic model in '.*small-vocab' has a vocabulary of 40 tokens"):
+        build_run(load_config(None, ppo(tiny_model_dir, data, tmp_path / "r", 1, f"critic.model.path={other}")))

@@ -128,6 +128,13 @@ class Worker:
         from posttrain.training.parallelize import parallelize
 
         self.critic = load_value_model(c.model_dir, **kwargs)
+        if self.critic.config.vocab_size < len(self.tokenizer):
+            from posttrain.errors import ModelError
+
+            raise ModelError(
+                f"the critic model in '{c.model_dir}' has a vocabulary of {self.critic.config.vocab_size} tokens, "
+                f"fewer than the actor's tokenizer ({len(self.tokenizer)}): the critic reads the actor's token ids, "
+                "so critic.model.path must share the actor's tokenizer")
         if self.distributed:
             parallelize(self.critic, param_dtype=self.spec.mixed_precision,
                         activation_checkpointing=c.gradient_checkpointing)
