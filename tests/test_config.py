@@ -162,6 +162,7 @@ def test_verl_keys_of_the_algorithm_family():
     (["actor.policy_loss.loss_mode=gpg"], "actor.policy_loss.loss_mode=gpg is not one of: vanilla, gspo"),
     (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax is not supported; supported: grpo"),
     (["algorithm.lam=1.5"], "algorithm.lam in \\[0, 1\\]"),
+    (["algorithm.name=grpo_passk", "rollout.n=1", "actor.ppo_micro_batch_size=32"], "it needs rollout.n >= 2"),
 ])
 def test_algorithm_family_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -440,6 +440,8 @@ def validate(cfg: Config) -> None:
     _choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
     _need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
           f"{alg.gamma} and {alg.lam}")
+    _need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
+          f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
     _need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
     _need(tr.critic_warmup == 0 or alg.adv_estimator in NEEDS_CRITIC,
           f"trainer.critic_warmup={tr.critic_warmup} needs a critic: set algorithm.adv_estimator=gae "
