@@ -9,6 +9,9 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("countdown", "<answer>4*6*1</answer>", {"target": 24, "numbers": [4, 6, 1]})  # 1.0
     compute_score("arith", "68", "68")                                              # 1.0
     compute_score("HuggingFaceH4/MATH-500", "... \\boxed{\\frac{1}{2}}", "0.5")          # 1.0
+    compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")   # 1.0
+    compute_score("math_dapo", "...\\nAnswer: 0.75", "\\frac{3}{4}")                     # 1.0 (wrong: -1.0, as verl)
+    compute_score("aime2024", "\\boxed{204}", "204")                                  # 1.0 (any "aime*" name)
 """
 
 from __future__ import annotations
@@ -24,9 +27,18 @@ REWARD_FNS: dict[str, Callable] = {
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
     # MATH-style: the last \boxed{} answer, checked for equivalence by math-verify
+    # (verl 0.9.1's default_compute_score scores these names with its math reward)
     "DigitalLearningGmbH/MATH-lighteval": math.compute_score,  # written by `posttrain preprocess math`
     "lighteval/MATH": math.compute_score,
     "HuggingFaceH4/MATH-500": math.compute_score,
+    # verl scores these with math_dapo: a final "Answer: X" line (or a later boxed answer), +1 / -1;
+    # also any name starting with "aime" (see reward_fn_for)
+    "math": math.compute_score_dapo,
+    "math_dapo": math.compute_score_dapo,
+    "math_dapo_reasoning": math.compute_score_dapo,
+    # verl scores these with prime_math (a boxed answer or an "answer:" marker), 1 / 0
+    **{f"numina_{name}": math.compute_score_answer_line
+       for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")},
 }
 
 
@@ -35,10 +47,12 @@ def reward_fn_for(data_source: str) -> Callable:
     fn = REWARD_FNS.get(data_source)
     if fn is None and isinstance(data_source, str) and "countdown" in data_source:
         fn = countdown.compute_score  # TinyZero matches any name containing "countdown"
+    if fn is None and isinstance(data_source, str) and data_source.startswith("aime"):
+        fn = math.compute_score_dapo  # as verl: aime2024, aime25, ...
     if fn is None:
         raise ValueError(
             f"no built-in reward for data_source '{data_source}': pass reward.custom_fn=FILE.py:FUNCTION "
-            f"(built-in: {', '.join(REWARD_FNS)}, or any name containing 'countdown')"
+            f"(built-in: {', '.join(REWARD_FNS)}, any name starting with 'aime', or any name containing 'countdown')"
         )
     return fn
 

@@ -11,15 +11,24 @@ One input row {"problem": "P", "solution": "... \\\\boxed{\\\\frac{1}{2}}", "lev
      "prompt": [{"role": "user", "content": "P " + INSTRUCTION}],
      "ability": "math",
      "reward_model": {"style": "rule", "ground_truth": "\\\\frac{1}{2}"},
-     "extra_info": {"split": "train", "index": 5, "level": "Level 2", "subject": "Algebra"}}
+     "extra_info": {"split": "train", "index": 5, "problem": "P", "solution": "... \\\\boxed{...}",
+                    "level": "Level 2", "subject": "Algebra"}}
 
-The ground truth is the row's `answer` when it has one (MATH-500,
-DeepScaleR), else the last \\boxed{} of its `solution`; a row with neither
-is skipped and counted. Inputs: .jsonl, .json (a list of rows or one row
-per file) and .parquet files, or directories of them. A file's split is
-read from its path below the input given: `train` or `test` as a word of
-a file or folder name (MATH's `train/algebra/1.json`, the Hub's
-`data/train-00000.parquet`); a file named neither gives `<its stem>.parquet`.
+extra_info keeps the problem, the reference solution, the level, the
+subject (MATH's `type`, MATH-500's `subject`) and MATH-500's `unique_id`
+where the input has them. The ground truth is the row's `answer` when it
+has one (MATH-500, DeepScaleR), else the content of the last \\boxed{} (or
+\\fbox{}) of its `solution`; a row with neither is skipped and counted.
+
+Inputs: .jsonl, .json (a list of rows, or one row per file as in the MATH
+tarball) and .parquet files, or directories of them (searched recursively;
+hidden files and folders such as a download's .cache/ are not read). A
+file's split is read from its path below the input given: `train` or
+`test` as a word of a file or folder name (MATH's `train/algebra/1.json`,
+the Hub's `data/train-00000-of-00001.parquet`, MATH-500's `test.jsonl`);
+a file named neither gives `<its stem>.parquet` (DeepScaleR's
+`deepscaler.json` -> deepscaler.parquet). Rows of one split are numbered
+from 0 in file order.
 """
 
 from __future__ import annotations
@@ -65,7 +74,8 @@ def find_files(inputs) -> list[tuple[Path, Path]]:
                 raise DataError(f"MATH input '{p}' is not a .jsonl, .json or .parquet file; {_HOW}")
             files.append((p, p))
         else:
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
             if not found:
                 raise DataError(f"no .jsonl, .json or .parquet files under '{p}'; {_HOW}")
             files.extend((f, p) for f in found)
@@ -85,25 +95,33 @@ def read_file(path: Path) -> list[dict]:
             rows = data if isinstance(data, list) else [data]
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"MATH file '{path}' is unreadable ({str(e).splitlines()[0][:120]}); {_HOW}") from e
+    # the shape is checked by field names; a row whose values are missing or
+    # hold no answer is skipped (and counted) by run()
     for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not isinstance(row.get("problem"), str):
-            raise DataError(f"MATH file '{path}' row {i} has no 'problem' text field; {_HOW}")
-        if not any(isinstance(row.get(k), str) for k in ("answer", "solution")):
+        if not isinstance(row, dict) or "problem" not in row:
+            raise DataError(f"MATH file '{path}' row {i} has no 'problem' field; {_HOW}")
+        if "answer" not in row and "solution" not in row:
             raise DataError(f"MATH file '{path}' row {i} has neither an 'answer' nor a 'solution' field; {_HOW}")
     return rows
 
 
 def ground_truth(row: dict) -> str | None:
-    """The row's `answer`, else its solution's last boxed answer, else None."""
+    """The row's `answer` (a string, or a number as AIME sets give it), else
+    its solution's last boxed answer, else None."""
     answer = row.get("answer")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
     if isinstance(answer, str) and answer.strip():
         return answer.strip()
     solution = row.get("solution")
-    return last_boxed(solution) if isinstance(solution, str) else None
+    found = last_boxed(solution) if isinstance(solution, str) else None
+    return found or None
 
 
 def make_row(row: dict, truth: str, split: str, index: int, data_source: str) -> dict:
-    extra = {"split": split, "index": index}
+    extra = {"split": split, "index": index, "problem": row["problem"]}
+    if isinstance(row.get("solution"), str):
+        extra["solution"] = row["solution"]
     for ours, theirs in (("level", "level"), ("subject", "type"), ("subject", "subject"), ("unique_id", "unique_id")):
         if row.get(theirs) is not None:
             extra[ours] = str(row[theirs])
@@ -126,14 +144,16 @@ def run(inputs, output_dir, data_source: str = DATA_SOURCE) -> list[Path]:
         split = split_of(f, root)
         for row in read_file(f):
             truth = ground_truth(row)
-            if truth is None:
+            if truth is None or not isinstance(row["problem"], str) or not row["problem"].strip():
                 skipped[split] = skipped.get(split, 0) + 1
                 continue
             rows = by_split.setdefault(split, [])
             rows.append(make_row(row, truth, split, len(rows), data_source))
     for split, count in skipped.items():
-        print(f"skipped {count} {split} row{'s' if count > 1 else ''} without an answer or a \\boxed{{}} solution")
+        print(f"skipped {count} {split} row{'s' if count > 1 else ''} without an answer (an 'answer', or a "
+              f"\\boxed{{}} in the 'solution') or without 'problem' text")
     if not by_split:
-        raise DataError(f"no MATH rows with an answer in {inputs}; {_HOW}")
+        names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
+        raise DataError(f"no MATH rows with an answer in {names}; {_HOW}")
     order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
     return [write_rows(by_split[s], Path(output_dir) / f"{s}.parquet") for s in order]
