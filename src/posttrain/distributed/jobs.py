@@ -13,6 +13,7 @@ import logging
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -145,11 +146,23 @@ def follow(client, address: str, job_id: str) -> int:
             sys.stdout.write(chunk)
             sys.stdout.flush()
 
-    try:
+    broken: list[BaseException] = []
+
+    def stream():
         try:
             asyncio.run(pump())
         except Exception as e:  # the stream broke (a websocket or network error); the job may still run
-            print(f"posttrain: lost the log stream ({e!r}); waiting for the job to end", file=sys.stderr)
+            broken.append(e)
+
+    # The stream runs in a daemon thread so that Ctrl-C, which the main thread
+    # receives, returns at once instead of waiting for the websocket to close.
+    reader = threading.Thread(target=stream, name="posttrain-job-logs", daemon=True)
+    try:
+        reader.start()
+        while reader.is_alive():
+            reader.join(0.2)
+        if broken:
+            print(f"posttrain: lost the log stream ({broken[0]!r}); waiting for the job to end", file=sys.stderr)
         info = wait_until_done(client, address, job_id)
     except KeyboardInterrupt:
         again = shlex.join(["posttrain", "submit", "--address", address])
