@@ -75,23 +75,33 @@ def grpo_advantages(
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(values - mean) / sqrt(var + 1e-8) with the mean and the unbiased
-    variance over mask == 1 (verl's semantics); shift_mean=False adds the
-    mean back. Any shape; the statistics are over every masked entry.
+    """(values - mean) * rsqrt(var + 1e-8), with the mean and the unbiased
+    (n - 1) variance over the n entries where mask == 1 (verl's semantics);
+    shift_mean=False adds the mean back. values and mask: any same shape
+    (e.g. [B, T]); the statistics are over every valid entry of the whole
+    tensor, and every entry, masked or not, is shifted and scaled (callers
+    multiply by the mask).
 
-    Where verl raises (fewer than 2 valid entries), the variance is taken as
-    0 here: a single valid entry whitens to 0; with no valid entry the mean
-    is 0 too (the result is values / 1e-4, all of it outside the mask).
+    Where verl raises (fewer than 2 valid entries: no variance to divide
+    by) there is no scaling here, only the shift: one valid entry whitens to
+    exactly 0, and with no valid entry the mean is 0 and the result is
+    `values` unchanged. Never NaN or inf for finite values. (verl also
+    divides its sums by n + 1e-8 rather than n: a relative 1e-8 that is
+    invisible in float32.)
 
     Example: values [1, 2, 3, 100], mask [1, 1, 1, 0]: mean 2, var 1 ->
-    [-1, 0, 1, 98] (the masked entry is shifted and scaled too; callers mask it).
+    [-1, 0, 1, 98]; values [5, 7], mask [1, 0] -> [0, 2].
     """
     mask = mask.to(values.dtype)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
     count = mask.sum()
-    mean = torch.where(mask != 0, values, torch.zeros((), dtype=values.dtype)).sum() / count.clamp(min=1)
-    centred = torch.where(mask != 0, values - mean, torch.zeros((), dtype=values.dtype))
-    var = (centred ** 2).sum() / (count - 1).clamp(min=1) if count >= 2 else torch.zeros((), dtype=values.dtype)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    mean = torch.where(mask != 0, values, zero).sum() / count.clamp(min=1)
+    if count >= 2:
+        centred = torch.where(mask != 0, values - mean, zero)
+        var = (centred ** 2).sum() / (count - 1)
+        whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    else:  # verl raises: nothing to scale by
+        whitened = values - mean
     return whitened if shift_mean else whitened + mean
 
 
@@ -148,11 +158,13 @@ def reinforce_pp_advantages(token_level_rewards: torch.Tensor, response_mask: to
     return adv, returns
 
 
-def reinforce_pp_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                                     index) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                     epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline: score minus its group's mean (a
     group of one: minus 0), on every valid token, then whitened over the
-    batch's valid tokens (verl). Shapes as `grpo_advantages`.
+    batch's valid tokens (verl 0.9.1). Shapes as `grpo_advantages`.
+    `epsilon` is accepted for verl's signature and unused (as in verl: the
+    batch whitening has its own 1e-8).
 
     Example: groups {0: [1, 0]}, {1: [1]}, one token each -> centred
     [0.5, -0.5, 1], whitened by mean 1/3 and std 0.7638: [0.2182, -1.0911, 0.8729].
@@ -172,8 +184,10 @@ def grpo_passk_advantages(token_level_rewards: torch.Tensor, response_mask: torc
     """Pass@k (Tang et al. 2025, arXiv:2503.19595, as verl): only the best
     sample of a group gets an advantage, r_max - r_second (divided by the
     group's std + epsilon unless norm_adv_by_std_in_grpo=False); the others
-    get 0. Ties go to the first best sample. A group of one is a ValueError:
-    pass@k needs n >= 2 (rollout.n).
+    get 0. If the top two tie, r_max - r_second = 0 and every row gets 0. A
+    group of one is a ValueError, as in verl: pass@k needs n >= 2
+    (rollout.n). (verl 0.9.1 reads norm_adv_by_std_in_grpo from its config
+    object; here it is the argument.)
 
     Example: scores [0, 1, 0.5] -> best 1, second 0.5, std 0.5:
     A = [0, 0.5 / (0.5 + 1e-6), 0] = [0, 0.999998, 0].
@@ -202,7 +216,9 @@ def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, resp
     where t+1 is the next valid token (masked tokens inside a row are
     skipped, as verl does); returns = A + V; the advantages are then
     whitened over the batch's valid tokens.
-    values [B, T] are the critic's. -> (advantages, returns), zero outside the mask.
+    values [B, T] are the critic's. -> (advantages, returns), zero outside
+    the mask (a deliberate difference: verl 0.9.1 leaves A + V and the
+    whitened A in the masked positions; on valid tokens the two agree).
 
     Example: one row, rewards [0, 1], values [0.5, 0.5], gamma = lam = 1:
     A_1 = 1 - 0.5 = 0.5, A_0 = 0 + 0.5 - 0.5 + 0.5 = 0.5; returns [1, 1];

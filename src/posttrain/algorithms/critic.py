@@ -20,6 +20,7 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor
 
     -> {"vf_loss": scalar with grad through vpreds, "vf_clipfrac": share of
     valid tokens where the clipped error was the larger (detached)}
+    Both are 0 when no token is valid (verl divides 0 by 0 there).
 
     Example (cliprange 0.5, token-mean), three tokens:
         values 0, returns 1, vpred 0.3: clipped 0.3, max(0.49, 0.49) = 0.49
@@ -41,14 +42,21 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """1 - Var[returns - values] / (Var[returns] + 1e-5) over valid tokens
-    (unbiased variances, verl's critic/vf_explained_var). 1 when the values
-    predict the returns exactly, 0 for values equal to the mean return,
-    negative when they are worse than that. Fewer than 2 valid tokens -> 0.
+    (unbiased variances, verl's critic/vf_explained_var). values, returns,
+    mask: [B, T] -> a detached scalar, float32 (float64 for float64 inputs).
+
+    1 when the values predict the returns exactly (or up to a constant: the
+    measure ignores bias), about 0 for values equal to the mean return,
+    negative when they are worse than that. When Var[returns] = 0 the
+    divisor is 1e-5: 1 if the errors are constant, -Var[errors] / 1e-5 + 1
+    (very negative) otherwise, as in verl. Fewer than 2 valid tokens -> 0
+    (verl gives NaN: an unbiased variance of one sample, or of none).
 
     Example: returns [1, 2, 3], values [1, 2, 3] -> 1.0; values [2, 2, 2] -> 1 - 1 / 1.00001 = 1e-5.
     """
     m = mask.bool()
+    dtype = torch.promote_types(returns.dtype, torch.float32)
     if int(m.sum()) < 2:
-        return torch.zeros((), dtype=torch.float32)
-    r, v = returns[m].float(), values[m].float()
+        return torch.zeros((), dtype=dtype, device=returns.device)
+    r, v = returns.detach()[m].to(dtype), values.detach()[m].to(dtype)
     return 1.0 - (r - v).var() / (r.var() + 1e-5)

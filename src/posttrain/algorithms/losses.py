@@ -175,7 +175,8 @@ def gspo_policy_loss(
     aggregated with `agg_loss(loss_agg_mode)` as verl 0.9.1 does; the paper's
     length normalisation is seq-mean-token-mean (the default here, and what
     `algorithm.name=gspo` sets). Fully masked rows add
-    nothing and never NaN.
+    nothing and never NaN: a row's length is clamped to 1 (as verl), and a
+    batch with no valid token gives pg_loss 0 where verl divides 0 by 0.
 
     Example: one sequence of 2 tokens, old [0, 0], new [0.1, -0.3], A = 1,
     low = high = 0.2: s = exp(-0.1) = 0.9048, inside the clip range:

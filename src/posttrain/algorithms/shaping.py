@@ -28,6 +28,9 @@ def varied_groups(metric: torch.Tensor, index) -> torch.Tensor:
     """DAPO's dynamic sampling: which rows to keep. [B] metric (a score per
     sequence), B group ids -> [B] bool: True for every row of a group whose
     metric is not the same for all its rows, and for groups of one (as verl).
+    "Not the same" is exact inequality; verl's np.std(values) > 0 can also
+    keep a group of equal floats through rounding (np.std([0.1] * 3) is
+    1.4e-17), which this does not.
 
     Example: metric [1, 1, 0, 1, 0], index [0, 0, 1, 1, 2] -> [F, F, T, T, T].
     """
