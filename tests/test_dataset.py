@@ -56,7 +56,7 @@ def test_read_rows_errors(tmp_path):
         read_rows(tmp_path / "noprompt.parquet")
     pq.write_table(pa.Table.from_pylist([{"data_source": "a", "prompt": [{"role": "user", "content": "x"}],
                                           "reward_model": {"style": "rule"}}]), tmp_path / "nogt.parquet")
-    with pytest.raises(DataError, match="row 0 has no reward_model.ground_truth"):
+    with pytest.raises(DataError, match=r"has no usable row: skipped 1 of 1 rows \(row 0: no reward_model.ground_truth\)"):
         read_rows(tmp_path / "nogt.parquet")
     with pytest.raises(DataError, match="no data files"):
         read_rows([])
@@ -146,7 +146,7 @@ def test_no_chat_template_warns_once(capsys, monkeypatch):
 def test_bad_prompt_rows(tok):
     bad = row("x")
     bad["prompt"] = []
-    with pytest.raises(DataError, match="train row 0: prompt must be a non-empty list"):
+    with pytest.raises(DataError, match=r"train dataset has no usable row: .*\(row 0: prompt is an empty list"):
         PromptDataset.build([bad], tok, 30)
     with pytest.raises(DataError, match="no column 'question'; set data.prompt_key"):
         PromptDataset.build([row("x")], tok, 30, prompt_key="question")

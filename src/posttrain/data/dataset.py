@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from posttrain.data.schema import check_row, describe_skipped
 from posttrain.errors import DataError
 
 TRUNCATION_MODES = ("error", "left", "right")
@@ -59,16 +60,6 @@ def _warn_no_template(tokenizer) -> None:
               "joined by newlines (fine for a base model, wrong for a chat model)", file=sys.stderr)
 
 
-def _check_messages(messages, i: int, name: str) -> None:
-    if isinstance(messages, str):
-        return
-    if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
-        raise DataError(
-            f"{name} row {i}: prompt must be a non-empty list of {{role, content}} messages with string content; "
-            "fix the row or re-run the preprocessor"
-        )
-
-
 def _fit(ids: list[int], max_len: int, truncation: str, i: int, name: str) -> list[int]:
     """ids cut to max_len tokens as `truncation` says, or a DataError."""
     if truncation == "left":  # keep the end: the question and the assistant's opening
@@ -82,12 +73,14 @@ def _fit(ids: list[int], max_len: int, truncation: str, i: int, name: str) -> li
 
 
 class PromptDataset:
-    """Tokenized prompts: `len(data)`, `data[i] -> PromptItem`, and
-    `num_dropped`, the prompts left out for being too long."""
+    """Tokenized prompts: `len(data)`, `data[i] -> PromptItem`,
+    `num_dropped`, the prompts left out for being too long, and
+    `num_invalid`, the rows skipped as unusable (by read_rows and by build)."""
 
-    def __init__(self, items: list[PromptItem], num_dropped: int = 0):
+    def __init__(self, items: list[PromptItem], num_dropped: int = 0, num_invalid: int = 0):
         self.items = items
         self.num_dropped = num_dropped
+        self.num_invalid = num_invalid
 
     def __len__(self) -> int:
         return len(self.items)
@@ -101,19 +94,29 @@ class PromptDataset:
         """Tokenize rows (as read_rows gives them). A prompt over
         max_prompt_length tokens is dropped and counted (filter_overlong, as
         verl's filter_overlong_prompts), else cut (truncation left|right) or
-        refused (truncation error).
+        refused (truncation error). A row that schema.check_row refuses, or
+        whose prompt the tokenizer refuses or makes 0 tokens of, is skipped
+        and counted, with one warning line; no usable row is a DataError.
+        Items keep the rows' indices (read_rows' `indices`, else 0, 1, ...).
 
             build(rows, tok, 30)   # 3 rows, one of 40 tokens -> len 2, num_dropped 1
         """
         if truncation not in TRUNCATION_MODES:
             raise DataError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION_MODES)}; pick one")
-        items, dropped = [], 0
-        for i, row in enumerate(rows):
-            if prompt_key not in row:
-                raise DataError(f"{name} data has no column '{prompt_key}'; set data.prompt_key to the prompt column")
+        if rows and not any(isinstance(row, dict) and prompt_key in row for row in rows):
+            raise DataError(f"{name} data has no column '{prompt_key}'; set data.prompt_key to the prompt column")
+        indices = getattr(rows, "indices", None)
+        if indices is None or len(indices) != len(rows):
+            indices = range(len(rows))
+        items, dropped, skipped = [], 0, []
+        for i, row in zip(indices, rows):
+            reason = check_row(row, prompt_key)
+            if reason is None:
+                ids, reason = _encode_row(tokenizer, row[prompt_key])
+            if reason is not None:
+                skipped.append((i, reason))
+                continue
             messages = row[prompt_key]
-            _check_messages(messages, i, name)
-            ids = encode_prompt(tokenizer, messages)
             if len(ids) > max_prompt_length:
                 if filter_overlong:
                     dropped += 1
@@ -124,12 +127,31 @@ class PromptDataset:
         if dropped:
             print(f"posttrain: dropped {dropped} of {len(rows)} {name} prompts longer than "
                   f"max_prompt_length={max_prompt_length}", file=sys.stderr)
+        if skipped and items:
+            print(f"posttrain: warning: {describe_skipped(skipped, len(rows), f'{name} rows')}; fix or drop them",
+                  file=sys.stderr)
+        if not items and skipped:
+            overlong = f" and dropped {dropped} longer than data.max_prompt_length" if dropped else ""
+            raise DataError(f"{name} dataset has no usable row: {describe_skipped(skipped, len(rows), 'rows')}"
+                            f"{overlong}; fix or drop the rows")
         if not items:
             raise DataError(
                 f"{name} dataset is empty after dropping {dropped} prompts longer than data.max_prompt_length="
                 f"{max_prompt_length}; raise data.max_prompt_length or check the prompts"
             )
-        return cls(items, dropped)
+        return cls(items, dropped, getattr(rows, "num_invalid", 0) + len(skipped))
+
+
+def _encode_row(tokenizer, messages) -> tuple[list[int], str | None]:
+    """-> (prompt ids, None), or ([], why the prompt cannot be used)."""
+    try:
+        ids = encode_prompt(tokenizer, messages)
+    except Exception as e:  # noqa: BLE001 - a chat template may refuse one row (raise_exception("roles must alternate"))
+        text = (str(e).strip().splitlines() or [""])[0][:120]
+        return [], f"the tokenizer refused the prompt ({type(e).__name__}: {text})"
+    if not ids:  # e.g. a plain-string prompt of characters the tokenizer drops, and no chat template
+        return [], "the prompt is 0 tokens long"
+    return ids, None
 
 
 class PromptSampler:
