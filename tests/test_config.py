@@ -183,3 +183,12 @@ def test_the_readme_table_of_algorithms_matches_the_presets():
             pairs = re.findall(r"`([\w.]+)=([^`]+)`", m.group(2))
             rows[m.group(1)] = {k: yaml.safe_load(v) for k, v in pairs}
     assert rows == {name: p.keys for name, p in ALGORITHMS.items()}
+
+
+def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
+    (tmp_path / "c.yaml").write_text("actor:\nactor_rollout_ref:\n  rollout: {}\ntrainer:\n  total_training_steps: 3\n")
+    cfg = load_config(str(tmp_path / "c.yaml"))
+    assert cfg.trainer.total_training_steps == 3 and cfg.actor.lr == load_config().actor.lr
+    (tmp_path / "typo.yaml").write_text("actorr:\n")
+    with pytest.raises(ConfigError, match="unknown config key 'actorr'"):
+        load_config(str(tmp_path / "typo.yaml"))

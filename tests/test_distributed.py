@@ -24,6 +24,8 @@ from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.weights import hf_name
 from posttrain.worker import Worker
 
+from listeners import non_loopback_listeners, process_tree
+
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 
 
@@ -222,7 +224,6 @@ def test_a_killed_worker_stops_the_driver_with_its_name_and_the_run_resumes(clus
                                        f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2",
                                        "trainer.async_save=False")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids = {}
     try:
         deadline = time.monotonic() + 180
         while not (run_dir / "checkpoints" / "global_step_2" / "manifest.json").exists():
@@ -291,11 +292,23 @@ def test_two_workers_learn_the_default_task(cluster, tmp_path, trained_tiny_mode
 @pytest.mark.ray
 def test_without_an_address_a_private_local_cluster_is_started(tiny_model_dir, data, tmp_path):
     """No trainer.ray_address, no RAY_ADDRESS: the run starts its own cluster
-    on loopback (never attaching to another one) and stops it at the end."""
+    on loopback (never attaching to another one), nothing it starts listens
+    beyond loopback while it runs, and the cluster stops at the end."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([POSTTRAIN, "train", *small(tiny_model_dir, data, tmp_path / "run", 1,
-                                                      "trainer.n_gpus_per_node=2")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        child = subprocess.Popen([POSTTRAIN, "train", *small(tiny_model_dir, data, tmp_path / "run", 1,
+                                                             "trainer.n_gpus_per_node=2")],
+                                 stdout=out, stderr=err, text=True, env=env)
+        exposed, seen, deadline = set(), set(), time.monotonic() + 300
+        while child.poll() is None and time.monotonic() < deadline:
+            tree = process_tree(child.pid)
+            seen |= tree
+            exposed.update(non_loopback_listeners(tree))
+            time.sleep(0.5)
+        child.kill() if child.poll() is None else None
+        out.seek(0), err.seek(0)
+        proc = subprocess.CompletedProcess(child.args, child.wait(), out.read(), err.read())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(seen) > 5 and exposed == set()  # the check saw Ray's processes (GCS, raylet, workers)
     assert "started a local Ray cluster" in proc.stderr and "worker 1: pid" in proc.stderr
     assert "done: validation score" in proc.stdout

@@ -10,6 +10,7 @@ from posttrain.batch import RolloutBatch
 from posttrain.config import load_config
 from posttrain.loop import Run, rollout_and_score
 from posttrain.models import load_tokenizer
+from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 
 PAD = 0
@@ -61,7 +62,7 @@ def make_run(tiny_model_dir, overrides, draws):
     data = [SimpleNamespace(prompt_ids=list(c.encode()), data_source="arith", ground_truth="1", extra_info={})
             for c in letters]
     return Run(cfg=cfg, run_dir=None, actor=ScriptedActor(), tokenizer=load_tokenizer(tiny_model_dir), kl_ctrl=None,
-               reward_fn=lambda source, text, truth, extra=None: float(text == truth), train_data=data,
+               rewards=in_process(lambda source, text, truth, extra=None: float(text == truth)), train_data=data,
                val_data=None, sampler=ListSampler(draws), sampling=SamplingParams(max_new_tokens=3, n=2),
                val_sampling=None, total_steps=1)
 

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -22,6 +21,8 @@ import torch
 from posttrain import sinks
 from posttrain.errors import ConfigError
 from posttrain.sinks import OPTIONAL_SINKS, make_sinks
+
+from listeners import non_loopback_listeners, process_tree
 
 STEP1 = {"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "timing_s/gen": 1.5, "actor/kl_loss": None,
          "response_length/mean": 3}
@@ -109,7 +110,11 @@ def wandb_records(path):
 def wandb_history(run_dir):
     """{step: {key: value}} of every offline run saved under run_dir/wandb, oldest first."""
     history = []
-    for path in sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))):
+    def started(path):  # offline-run-<time>-<id>[-N]: a run started in the same second gets -N, sorted after
+        parts = Path(path).parent.name.split("-")
+        return parts[2], int(parts[4]) if len(parts) > 4 else 0
+
+    for path in sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb")), key=started):
         for rec in wandb_records(path):
             if rec.WhichOneof("record_type") == "history":
                 items = {}
@@ -121,34 +126,6 @@ def wandb_history(run_dir):
                     node[keys[-1]] = json.loads(item.value_json)
                 history.append((rec.history.step.num, items))
     return history
-
-
-def process_tree():
-    """Our pid and every descendant's (wandb starts wandb-core and a system monitor)."""
-    children = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
-    tree, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
-def non_loopback_listeners(pids):
-    out = subprocess.run(["ss", "-Hltnup"], capture_output=True, text=True, check=True).stdout
-    bad = []
-    for line in out.splitlines():
-        local = line.split()[4]
-        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
-        if owners & pids and not local.startswith(("127.", "[::1]", "[::ffff:127.", "localhost")):
-            bad.append(line)
-    return bad
 
 
 @pytest.fixture

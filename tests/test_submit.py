@@ -98,7 +98,7 @@ def test_unreachable_address_names_it(capsys):
     assert main(["submit", "--address", address, "--", "train"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert f"cannot reach the Ray Jobs API at {address}" in err and "8265" in err and "--dashboard-host" in err
+    assert f"cannot reach the Ray Jobs API at {address}" in err and "8265" in err and "ssh -N -L 8265:127.0.0.1:8265" in err
 
 
 def test_token_authentication_asked_for(capsys, monkeypatch):

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.models.loader import eos_token_ids  # noqa: F401  (re-exported for the CLI)
 from posttrain.rollout.base import SamplingParams
-from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.training.actor import UpdateSettings, warmup_steps
 from posttrain.training.critic import CriticSettings
 from posttrain.worker import CriticSpec, WorkerSpec
@@ -161,11 +161,12 @@ def uses_ray(cfg) -> bool:
 
 def connect_cluster(cfg) -> None:
     from posttrain.distributed.cluster import connect
+    from posttrain.redact import redact_url
 
     tr = cfg.trainer
     world = tr.nnodes * tr.n_gpus_per_node
     where = connect(tr.ray_address, num_cpus=max(world * tr.cpus_per_worker, os.cpu_count() or 1))
-    print(f"posttrain: {world} worker{'s' if world > 1 else ''} on {where}", file=sys.stderr)
+    print(f"posttrain: {world} worker{'s' if world > 1 else ''} on {redact_url(where)}", file=sys.stderr)
 
 
 def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
@@ -190,14 +191,17 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
     return group, group.info
 
 
-def make_reward_fn(custom_fn: str | None):
-    if custom_fn:
-        from posttrain.rewards.custom import load_reward_fn
+def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float):
+    """The run's RewardPool (reward.custom_fn or the built-ins; num_workers None:
+    min(8, CPUs)). The function is loaded here once, so a file that fails to
+    import stops the run now with its RewardError; the workers load their own."""
+    from posttrain.rewards.pool import RewardPool, reward_loader
 
-        return load_reward_fn(custom_fn)
-    from posttrain.rewards import compute_score
-
-    return compute_score
+    if num_workers is None:
+        num_workers = min(8, os.cpu_count() or 1)
+    pool = RewardPool(reward_loader(custom_fn), num_workers, timeout_s)
+    pool.load()
+    return pool
 
 
 def sampling_params(cfg) -> tuple[SamplingParams, SamplingParams]:
@@ -231,6 +235,8 @@ def build_run(cfg):
     from posttrain.data.dataset import PromptSampler
     from posttrain.loop import Run
     from posttrain.models import load_tokenizer
+    from posttrain.nonfinite import NonfiniteGuard
+    from posttrain.redact import redact_mapping
     from posttrain.sinks import check_sinks
 
     tr = cfg.trainer
@@ -255,7 +261,7 @@ def build_run(cfg):
         check_resumable(resume_from, distributed)
     else:
         check_fresh_run_dir(run_dir, tr.resume_mode)
-    reward_fn = make_reward_fn(cfg.reward.custom_fn)
+    rewards = make_reward_pool(cfg.reward.custom_fn, cfg.reward.num_workers, cfg.reward.timeout_s)
     train_files, val_files = cfg.data.train_files, cfg.data.val_files
     if train_files is None:
         train_files, default_val = embedded_data_files()
@@ -277,16 +283,18 @@ def build_run(cfg):
     spec = worker_spec(cfg, model_dir, policy_dir, device, total_steps, critic_dir)
     actor, workers = make_actor(cfg, spec, run_dir)
     flops, peak = flop_model(model_dir), peak_flops_of(tr.peak_flops, workers)
-    config_yaml = config_to_yaml(cfg)
+    # config.yaml (here and in every checkpoint) is read by people, reports and other runs: no credential
+    # in it. A resume compares it with redaction in mind (checkpoint.check_compatible).
+    config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
     writer = checkpoint.CheckpointWriter(
         run_dir, checkpoint.static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
         max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
         mode=tr.keep_top_k_mode, remote=remote)
     run = Run(
-        cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, reward_fn=reward_fn,
+        cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, rewards=rewards,
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
-        resumed_from=resume_from, flops=flops, peak_flops=peak,
+        resumed_from=resume_from, flops=flops, peak_flops=peak, guard=NonfiniteGuard(tr.max_nonfinite_steps),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)

@@ -11,6 +11,7 @@ import os
 import sys
 
 from posttrain.errors import ConfigError, PosttrainError, Preempted
+from posttrain.redact import redact_text
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again to resume
 
@@ -64,7 +65,7 @@ def format_summary(s: dict) -> str:
 def cmd_eval(args) -> int:
     import torch
 
-    from posttrain.build import eos_token_ids, make_reward_fn, pick_device
+    from posttrain.build import eos_token_ids, make_reward_pool, pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
     from posttrain.loop import validate
@@ -72,6 +73,10 @@ def cmd_eval(args) -> int:
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
 
+    if args.reward_workers is not None and args.reward_workers < 0:
+        raise ConfigError(f"--reward-workers must be >= 0 (0: score in this process), got {args.reward_workers}")
+    # before the model: a reward file that fails to import stops here
+    rewards = make_reward_pool(args.reward_fn, args.reward_workers, args.reward_timeout)
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
@@ -83,8 +88,8 @@ def cmd_eval(args) -> int:
     engine = HFRolloutEngine(model, eos_token_ids(tokenizer, model), tokenizer.pad_token_id, seed=args.seed)
     params = SamplingParams(max_new_tokens=args.max_response_length, n=args.n, temperature=args.temperature,
                             top_p=args.top_p, do_sample=args.temperature > 0)
-    m, _ = validate(engine, tokenizer, data, params, make_reward_fn(args.reward_fn), args.reward_timeout,
-                    args.batch_size)
+    with rewards:
+        m, _ = validate(engine, tokenizer, data, params, rewards, args.batch_size)
     for key, value in m.items():
         if key.endswith("/score/mean") and key != "val/score/mean":
             print(f"{key[len('val/'):-len('/score/mean')]:<30} {value:.4f}")
@@ -170,11 +175,19 @@ def cmd_submit(args) -> int:
     return jobs.submit(address, args.command, runtime_env, wait=not args.no_wait)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors quote the arguments (`--env HF_TOKEN=...`): printed redacted. Subcommands'
+    parsers are of the same class."""
+
+    def error(self, message: str):
+        super().error(redact_text(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from posttrain import __version__
     from posttrain.data.preprocess import register as register_preprocessors
 
-    p = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models.")
+    p = _Parser(prog="posttrain", description="RL post-training of language models.")
     p.add_argument("--version", action="version", version=f"posttrain {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -200,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
     e.add_argument("--batch-size", type=int, default=64, help="prompts per generation batch")
     e.add_argument("--reward-fn", default=None, help="FILE.py:FUNCTION (default: built-in rewards by data_source)")
-    e.add_argument("--reward-timeout", type=float, default=10.0)
+    e.add_argument("--reward-timeout", type=float, default=10.0, help="seconds per reward call (default 10)")
+    e.add_argument("--reward-workers", type=int, default=None,
+                   help="reward processes (default min(8, CPUs); 0: score in this process)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     e.add_argument("--trust-remote-code", action="store_true")
@@ -265,20 +280,37 @@ def quiet_libraries() -> None:
         pass
 
 
+def redact_warnings() -> None:
+    """Print warnings through redact_text: one may quote a config value that holds a URL password."""
+    import warnings
+
+    show = warnings.showwarning
+    if getattr(show, "posttrain_redacts", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        show(redact_text(str(message)), category, filename, lineno, file, line)
+
+    showwarning.posttrain_redacts = True
+    warnings.showwarning = showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
+    redact_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("POSTTRAIN_DEBUG") == "1"
     try:
         return args.func(args)
     except Preempted as e:
-        print(f"posttrain: {e}", file=sys.stderr)
+        print(redact_text(f"posttrain: {e}"), file=sys.stderr)
         return EXIT_PREEMPTED
     except PosttrainError as e:
         if debug:
             raise
-        print(f"posttrain: error: {e}", file=sys.stderr)
+        # errors quote config values and addresses, which may carry a URL password or a token
+        print(redact_text(f"posttrain: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posttrain: interrupted", file=sys.stderr)

@@ -160,7 +160,8 @@ class OverlongBufferConfig:
 @dataclass
 class RewardConfig:
     custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
-    timeout_s: float = 10.0
+    timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
+    num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
@@ -217,6 +218,7 @@ class TrainerConfig:
     collective_timeout_s: float = 600.0  # a collective (all-gather, reduce-scatter) slower than this is an error
     seed: int = 0
     critic_warmup: int = 0  # the first N steps update only the critic (PPO with gae)
+    max_nonfinite_steps: int = 10  # stop (saving the last good state) after N steps in a row skipped for NaN/inf; <= 0: never
     log_val_generations: int = 0  # validation completions written to samples.jsonl at each validation
     log_samples_freq: int = 10  # every N steps a few prompts' best and worst completions go to samples.jsonl; <= 0: never
     log_samples_prompts: int = 4  # prompts per sample log (their best and worst completion each)
@@ -258,14 +260,26 @@ LIST_KEYS = {k for k, (t, _) in SCHEMA.items() if "List" in str(t)}
 # ---------------------------------------------------------------- loading
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'actor': {'lr': 1}} -> {'actor.lr': 1}."""
+    if prefix.count(".") > 8:  # deeper than any key: a YAML anchor that holds itself (&a {x: *a}) never ends
+        raise ConfigError(f"config key {_short(prefix, 60)} nests deeper than any posttrain key; fix the YAML "
+                          "(an anchor that refers to itself?)")
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v and key not in SCHEMA:
             out.update(flatten(v, key + "."))
+        elif (v is None or v == {}) and _is_section(key):
+            continue  # `actor:` left empty in a YAML file: a section with nothing set, not an unknown key
         else:
             out[key] = v
     return out
+
+
+def _is_section(key: str) -> bool:
+    """Whether `key` names a group of keys (actor, actor_rollout_ref.rollout), not one key."""
+    prefixes = [*SCHEMA, *aliases.EXACT, *(verl for verl, _ in aliases.PREFIXES)]
+    return key not in SCHEMA and any(k.startswith(key + ".") for k in prefixes)
 
 
 def unflatten(flat: dict[str, Any]) -> dict:
@@ -282,14 +296,19 @@ def unflatten(flat: dict[str, Any]) -> dict:
 def parse_override(arg: str) -> tuple[str, Any]:
     """'a.b=1e-5' -> ('a.b', 1e-05); '+a=x' (Hydra's add syntax) is accepted."""
     if "=" not in arg:
-        raise ConfigError(f"override '{arg}' is not key=value")
+        raise ConfigError(f"override {arg!r} is not key=value")  # repr: a newline in it stays on one line
     key, raw = arg.split("=", 1)
     key = key.strip().lstrip("+")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except _YAML_ERRORS:
         value = raw
     return key, value
+
+
+# PyYAML's safe_load raises plain errors too: ValueError ('2020-02-30', '!!float abc'), KeyError ('!!bool x'),
+# AttributeError ('!!timestamp x'), RecursionError ('[' x 2000)
+_YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
 
 
 def nearest(key: str) -> str:
@@ -308,20 +327,46 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
     for key, value in flat.items():
         if key in aliases.IGNORED:
             if value != aliases.IGNORED[key]:
-                raise ConfigError(f"{key}={value} is not supported; posttrain always runs with {key}="
+                raise ConfigError(f"{key}={_show(value)} is not supported; posttrain always runs with {key}="
                                   f"{aliases.IGNORED[key]}")
             continue
         ours = aliases.to_canonical(key, SCHEMA)
         if ours is None:
             if key.startswith(aliases.VERL_PREFIXES):
                 raise ConfigError(
-                    f"verl key '{key}' ({origin}) is not supported yet by posttrain{nearest(key)} "
+                    f"verl key {key!r} ({origin}) is not supported yet by posttrain{nearest(key)} "
                     "(`posttrain train --help-config` lists the supported keys)")
-            raise ConfigError(f"unknown config key '{key}' ({origin}){nearest(key)}")
+            raise ConfigError(f"unknown config key {key!r} ({origin}){nearest(key)}")  # repr: one line
         if ours in LIST_KEYS and isinstance(value, (str, int, float)):
             value = [value]
+        if ours in LIST_KEYS and value is not None and (
+                not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value)):
+            # OmegaConf checks a list's element types but lets a nested list or dict through
+            raise ConfigError(f"config key '{ours}' ({origin}) expects a list of plain values, got "
+                              f"{_short(value)}; write it as [a, b]")
+        if _bad_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
+            raise ConfigError(f"config key '{ours}' ({origin}) holds text that is not valid unicode; re-type the value")
         out[ours] = value
     return out
+
+
+def _bad_text(value, depth: int = 0) -> bool:
+    """Whether `value` holds a string that UTF-8 cannot encode (a lone surrogate such as '\\ud800')."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth < 20 and isinstance(value, (list, tuple, dict)):  # depth: a YAML alias can make a list that holds itself
+        items = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
+        return any(_bad_text(k, depth + 1) or _bad_text(v, depth + 1) for k, v in items)
+    return False
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _read_yaml(path: str) -> dict:
@@ -329,9 +374,14 @@ def _read_yaml(path: str) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist; pass an existing YAML file or only key=value overrides")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file '{p}' is not valid YAML ({str(e).splitlines()[0]}); fix the file") from e
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except _YAML_ERRORS as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise ConfigError(f"config file '{p}' is not valid YAML ({first}); fix the file") from e
+    except UnicodeDecodeError as e:  # another encoding, or not text at all
+        raise ConfigError(f"config file '{p}' is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from e
+    except OSError as e:
+        raise ConfigError(f"config file '{p}' cannot be read ({e.strerror or e}); check its permissions") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{p}' must hold a mapping of keys, not {type(data).__name__}")
     return data
@@ -350,6 +400,9 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -
         layers.append(canonicalize(flatten(_read_yaml(config_path)), f"in {config_path}"))
     layers.append(canonicalize(dict(parse_override(a) for a in overrides), "on the command line"))
     name = next((layer["algorithm.name"] for layer in reversed(layers) if "algorithm.name" in layer), None)
+    if name is not None and (not isinstance(name, str) or name not in algorithm_presets.ALGORITHMS):
+        shown = _show(name) if isinstance(name, str) else _short(name)  # e.g. [a]: a list is no name
+        raise ConfigError(f"algorithm.name={shown} is not one of: {', '.join(algorithm_presets.ALGORITHMS)}")
     try:
         layers.insert(0, algorithm_presets.preset_layer(name))
     except ValueError as e:
@@ -360,11 +413,21 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -
     for layer in layers:
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(unflatten(layer)))
-        except OmegaConfBaseException:
+        except _REFUSED:
             raise _type_error(merged, layer) from None
-    cfg: Config = OmegaConf.to_object(merged)
+    try:
+        cfg: Config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:  # e.g. '${x}' in a value: OmegaConf's interpolation, resolved here
+        raise ConfigError(f"config key '{getattr(e, 'full_key', '')}' cannot be resolved "
+                          f"({_short(str(e).splitlines()[0] if str(e) else type(e).__name__, 120)}); "
+                          "'${...}' in a value is an OmegaConf interpolation: fix it or escape it as '\\${...}'") from None
     validate(cfg)
     return cfg
+
+
+# how OmegaConf refuses a value: its own errors, and a few plain ones (an int too large for a float
+# field: OverflowError; a dict onto a list: TypeError; a YAML alias that holds itself: RecursionError)
+_REFUSED = (OmegaConfBaseException, TypeError, ValueError, OverflowError, RecursionError)
 
 
 def _type_error(merged, layer: dict) -> ConfigError:
@@ -372,10 +435,10 @@ def _type_error(merged, layer: dict) -> ConfigError:
     for key, value in layer.items():
         try:
             OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
-        except OmegaConfBaseException:
+        except _REFUSED:
             kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
-            return ConfigError(f"config key '{key}' expects {kind}, got {value!r}; fix the value")
-    return ConfigError(f"config values {layer} do not fit the config's types; fix them")
+            return ConfigError(f"config key '{key}' expects {kind}, got {_short(value)}; fix the value")
+    return ConfigError(f"config values {_short(layer, 200)} do not fit the config's types; fix them")
 
 
 # ---------------------------------------------------------------- validation
@@ -392,7 +455,14 @@ def _need(ok: bool, message: str) -> None:
 
 
 def _choice(key: str, value, allowed) -> None:
-    _need(value in allowed, f"{key}={value} is not one of: {', '.join(map(str, allowed))}")
+    _need(value in allowed, f"{key}={_show(value)} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _show(value) -> str:
+    """A value for a one-line message: as typed, or repr'd when it holds a newline or another
+    unprintable character ('a\\nb')."""
+    text = str(value)
+    return text if text.isprintable() else repr(value)
 
 
 def validate(cfg: Config) -> None:
@@ -417,6 +487,9 @@ def validate(cfg: Config) -> None:
     _need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
     _need(a.clip_ratio_c > 1, f"actor.clip_ratio_c must be > 1, got {a.clip_ratio_c}")
     _need(cfg.reward.timeout_s > 0, f"reward.timeout_s must be > 0, got {cfg.reward.timeout_s}")
+    _need(cfg.reward.num_workers is None or cfg.reward.num_workers >= 0,
+          f"reward.num_workers must be >= 0 (0: score in the trainer process) or null (min(8, CPUs)), "
+          f"got {cfg.reward.num_workers}")
     _need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("data.truncation", d.truncation, ("error", "left", "right"))
@@ -433,7 +506,7 @@ def validate(cfg: Config) -> None:
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
         _need(_get(cfg, key) is None or _get(cfg, key) > 0, f"{key} must be a positive integer or null")
     _need(alg.adv_estimator in ADV_ESTIMATORS,
-          f"algorithm.adv_estimator={alg.adv_estimator} is not supported; supported: {', '.join(ADV_ESTIMATORS)}")
+          f"algorithm.adv_estimator={_show(alg.adv_estimator)} is not supported; supported: {', '.join(ADV_ESTIMATORS)}")
     if alg.kl_ctrl.type == "adaptive":
         _need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
               "the adaptive KL controller needs algorithm.kl_ctrl.target_kl > 0 and algorithm.kl_ctrl.horizon > 0")
@@ -452,7 +525,7 @@ def validate(cfg: Config) -> None:
     validate_critic(cfg)
     validate_overlong(cfg)
     for sink in tr.logger:
-        _need(sink in LOGGERS, f"trainer.logger '{sink}' is not one of: {', '.join(LOGGERS)} (metrics.jsonl is always "
+        _need(sink in LOGGERS, f"trainer.logger {sink!r} is not one of: {', '.join(LOGGERS)} (metrics.jsonl is always "
                                "written in the run directory)")
     _need(tr.peak_flops is None or tr.peak_flops > 0, f"trainer.peak_flops must be > 0 FLOP/s, got {tr.peak_flops}")
     _need(tr.log_samples_prompts >= 0 and tr.log_val_generations >= 0,
@@ -528,7 +601,8 @@ def config_to_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
-def config_to_yaml(cfg: Config) -> str:
+def config_to_yaml(cfg: Config | dict) -> str:
+    """A Config, or its config_to_dict (e.g. redacted), as YAML in the Config's key order."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 

@@ -31,3 +31,7 @@ class CheckpointError(PosttrainError):
 
 class Preempted(PosttrainError):
     """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint."""
+
+
+class NonfiniteError(PosttrainError):
+    """Too many steps in a row had a NaN or inf; the last good state was saved."""

@@ -17,12 +17,20 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, varied_groups
+from posttrain.algorithms import (
+    NEEDS_CRITIC,
+    apply_kl_penalty,
+    compute_advantages,
+    overlong_penalty,
+    varied_groups,
+)
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
-from posttrain.errors import Preempted
+from posttrain.errors import NonfiniteError, Preempted
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, timed
-from posttrain.rewards.scoring import score_batch
+from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
+from posttrain.redact import redact_text
+from posttrain.rewards.pool import RewardPool
 from posttrain.rollout.base import SamplingParams, decode_responses
 from posttrain.samples import sample_rows, val_sample_rows
 from posttrain.sinks import make_sinks
@@ -37,13 +45,13 @@ class Run:
     actor: object  # a Worker in this process, or a distributed.WorkerGroup: the same verbs
     tokenizer: object
     kl_ctrl: object
-    reward_fn: object
     train_data: object
     val_data: object | None
     sampler: object
     sampling: SamplingParams
     val_sampling: SamplingParams
     total_steps: int
+    rewards: RewardPool  # score_batch(...) -> ScoreResult, in worker processes; train() closes it
     writer: object = None
     model_dir: str = ""
     resumed_from: Path | None = None
@@ -51,6 +59,7 @@ class Run:
     stop_signal: int | None = None
     flops: object = None  # flops.ModelFlops of the policy (None: its config lacks a field MFU needs)
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
+    guard: NonfiniteGuard = field(default_factory=lambda: NonfiniteGuard(10))  # build_run: trainer.max_nonfinite_steps
     reward_messages_shown: set = field(default_factory=set)
     warned: set = field(default_factory=set)  # warnings printed once per run
 
@@ -92,17 +101,21 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
     # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
-    #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule)
-    if run.has_critic:
+    #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule).
+    #    A NaN or inf in their inputs skips both (the weights stay as they are)
+    fault = first_nonfinite_input(batch)
+    if run.has_critic and fault is None:
         with timed(m, "update_critic"):
             m.update(run.actor.update_critic(batch))
-    if run.global_step >= cfg.trainer.critic_warmup:
+    if run.global_step >= cfg.trainer.critic_warmup and fault is None:
         with timed(m, "update_actor"):
             m.update(run.actor.train_step(batch))
         # 6. the rollout engine samples from the new weights next step
         with timed(m, "update_weights"):
             run.actor.sync_weights()
     m.update(batch_metrics(batch, cfg.data.max_response_length))
+    # 7. a step whose inputs, losses or gradient norm were not finite is counted (train() stops after a streak)
+    m["actor/nonfinite_steps"] = run.guard.observe(run.global_step + 1, fault or update_fault(m))
     return m, batch
 
 
@@ -128,9 +141,15 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
             if ob.log:
                 reward_metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
                 reward_metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
+        # an empty response (only EOS or special tokens) scored 0 unjudged, so it carries no signal: a zero mask
+        # gives it no reward token (place_on_last_token), no advantage (estimators multiply by the mask) and
+        # no loss (agg_loss leaves fully masked rows out of its means)
+        empty = torch.tensor([text == "" for text in batch.response_text], dtype=torch.bool)
+        batch.response_mask = batch.response_mask.masked_fill(empty.unsqueeze(-1), 0)
+        reward_metrics["response/empty_ratio"] = float(empty.sum()) / max(len(empty), 1)
         batch.token_level_scores = place_on_last_token(shaped, batch.response_mask)
     for key, value in reward_metrics.items():
-        m[key] = m.get(key, 0.0) + value if key.endswith(("num_errors", "num_timeouts")) else value
+        m[key] = m.get(key, 0.0) + value if key.endswith(("num_errors", "num_timeouts", "num_crashes")) else value
     return batch
 
 
@@ -176,14 +195,15 @@ def filter_metric(batch: RolloutBatch, metric: str) -> torch.Tensor:
 
 
 def score_responses(run: Run, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-    """-> scores [N] (0 where the reward function failed), metrics."""
-    result = score_batch(run.reward_fn, batch.data_source, batch.response_text, batch.ground_truth,
-                         batch.extra_info, timeout_s=run.cfg.reward.timeout_s)
+    """-> scores [N] (0 where the reward function failed, or the response is
+    empty), metrics: failures by kind, and by data source where there are any."""
+    result = run.rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info)
     report_reward_errors(run, result)
-    return torch.tensor(result.scores, dtype=torch.float32), {
-        "reward/num_errors": float(result.num_errors),
-        "reward/num_timeouts": float(result.num_timeouts),
-    }
+    metrics = {"reward/num_errors": float(result.num_errors), "reward/num_timeouts": float(result.num_timeouts),
+               "reward/num_crashes": float(result.num_crashes)}
+    for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
+        metrics[f"reward/{source}/num_errors"] = float(count)
+    return torch.tensor(result.scores, dtype=torch.float32), metrics
 
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -201,13 +221,14 @@ def report_reward_errors(run: Run, result) -> None:
     for msg in result.messages:
         if msg not in run.reward_messages_shown and len(run.reward_messages_shown) < 5:
             run.reward_messages_shown.add(msg)
-            print(f"posttrain: warning: reward function failed (scored 0): {msg}", file=sys.stderr)
+            # an exception's text may quote a URL with a password, or a token the function was handed
+            print(redact_text(f"posttrain: warning: reward function failed (scored 0): {msg}"), file=sys.stderr)
 
 
 @torch.no_grad()
-def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout_s: float,
+def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPool,
              batch_size: int | None = None, keep_samples: int = 0) -> tuple[dict[str, float], list[dict]]:
-    """Generate for every prompt of `data`, score, and average per data source.
+    """Generate for every prompt of `data`, score (rewards.score_batch), and average per data source.
 
     -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"},
         the first `keep_samples` completions as sample rows)
@@ -221,9 +242,8 @@ def validate(engine, tokenizer, data, params: SamplingParams, reward_fn, timeout
         batch = RolloutBatch.from_rollout(
             out, params.n, [it.data_source for it in chunk], [it.ground_truth for it in chunk],
             [it.extra_info for it in chunk], decode_responses(tokenizer, out))
-        result = score_batch(reward_fn, batch.data_source, batch.response_text, batch.ground_truth,
-                             batch.extra_info, timeout_s=timeout_s)
-        errors += result.num_errors + result.num_timeouts
+        result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info)
+        errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
         for source, score in zip(batch.data_source, result.scores):
             per_source[source].append(score)
         if len(rows) < keep_samples:
@@ -242,9 +262,8 @@ def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
     """Validate; the first trainer.log_val_generations completions go to the samples log."""
     m: dict[str, float] = {}
     with timed(m, "testing"):
-        metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.reward_fn,
-                                 run.cfg.reward.timeout_s, run.cfg.data.val_batch_size,
-                                 keep_samples=run.cfg.trainer.log_val_generations)
+        metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
+                                 run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations)
         m.update(metrics)
     if rows:
         logger.log_samples(rows, run.global_step)
@@ -257,6 +276,7 @@ def save(run: Run, m: dict) -> None:
     with timed(m, "save_checkpoint"):
         trainer_state = {"epoch": run.sampler.epoch, "sampler": run.sampler.state_dict(),
                          "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
+                         "nonfinite": run.guard.state_dict(),
                          "model_dir": str(run.model_dir)}
         run.writer.save(run.actor.snapshot(run.global_step, run.writer, trainer_state, m))
 
@@ -273,7 +293,7 @@ def train(run: Run) -> dict[str, float]:
     """
     tr = run.cfg.trainer
     logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps, sinks=make_sinks(
-        tr.logger, run.run_dir, tr.project_name, run.run_dir.name, config_to_dict(run.cfg)))
+        tr.logger, run.run_dir, tr.project_name, run.run_dir.name, config_to_dict(run.cfg)))  # make_sinks redacts it
     summary: dict = {"run_dir": str(run.run_dir), "start_step": run.global_step}
     start = time.perf_counter()
     previous = install_stop_handlers(run)
@@ -295,7 +315,8 @@ def train(run: Run) -> dict[str, float]:
                 if run.val_data is not None and (last or (tr.test_freq > 0 and run.global_step % tr.test_freq == 0)):
                     metrics.update(run_validation(run, logger))
                     summary["val_after"] = metrics["val/score/mean"]
-                if run.stop_signal is not None or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
+                stopping = run.stop_signal is not None or run.guard.exhausted
+                if stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
                     save(run, metrics)
             metrics.update(perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs,
                                         getattr(run.actor, "world_size", 1)))
@@ -303,6 +324,9 @@ def train(run: Run) -> dict[str, float]:
             if tr.log_samples_freq > 0 and (run.global_step % tr.log_samples_freq == 0 or run.global_step == 1):
                 logger.log_samples(sample_rows(batch, run.tokenizer, tr.log_samples_prompts), run.global_step)
             logger.log(metrics, run.global_step)
+            if run.guard.exhausted:
+                run.writer.wait()
+                raise NonfiniteError(run.guard.message(run.global_step, run.run_dir / "checkpoints"))
             if run.stop_signal is not None:
                 run.writer.wait()
                 raise Preempted(
@@ -310,6 +334,8 @@ def train(run: Run) -> dict[str, float]:
                     f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
     finally:
         restore_stop_handlers(previous)
+        if run.rewards is not None:
+            run.rewards.close()  # first: a failure below must not leave reward workers behind
         logger.close()
         run.writer.close()
         run.actor.shutdown()

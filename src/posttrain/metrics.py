@@ -54,7 +54,8 @@ def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
     lengths = batch.response_mask.sum(-1)
     _stats("response_length", lengths, m)
     m["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
-    prompt_lengths = batch.attention_mask.sum(-1) - lengths
+    prompt_width = batch.input_ids.shape[1] - batch.responses.shape[1]  # not attention - response: an empty
+    prompt_lengths = batch.attention_mask[:, :prompt_width].sum(-1)     # response's EOS is attended, unmasked
     _stats("prompt_length", prompt_lengths, m)
     return m
 

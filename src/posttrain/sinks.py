@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from posttrain.config import LOGGERS, flatten
 from posttrain.errors import ConfigError
+from posttrain.redact import redact_mapping, redact_text
 
 HANDLED_ELSEWHERE = ("console", "jsonl")  # metrics.py writes these
 OPTIONAL_SINKS = tuple(name for name in LOGGERS if name not in HANDLED_ELSEWHERE)
@@ -56,6 +57,9 @@ def make_sinks(names: list[str], run_dir: Path, project_name: str, experiment_na
     """
     wanted = check_sinks(names)
     run_dir = Path(run_dir)
+    # wandb and MLflow keep (and upload) these: no credentials in them
+    config = redact_mapping(config)
+    project_name, experiment_name = redact_text(project_name), redact_text(experiment_name)
     starters = {
         "tensorboard": lambda: TensorBoardSink(run_dir / "tensorboard"),
         "wandb": lambda: WandbSink(run_dir, project_name, experiment_name, config),
@@ -129,7 +133,8 @@ class _Guarded:
 
 
 def _warn(msg: str) -> None:
-    print(f"posttrain: warning: {msg}", file=sys.stderr)
+    # a library's exception may quote a tracking URI with its password, or an API key
+    print(redact_text(f"posttrain: warning: {msg}"), file=sys.stderr)
 
 
 def _brief(e: Exception) -> str:
@@ -237,8 +242,12 @@ class WandbSink:
             project=project_name, name=experiment_name, config=config, dir=str(run_dir), mode=mode,
             id=run_id, resume="allow",
             # silent: our console line is the progress report; console="off": no stdout/stderr
-            # wrapping under tqdm; create_new: never adopt or finish a run the user's own code holds
-            settings=wandb.Settings(silent=True, console="off", reinit="create_new"),
+            # wrapping under tqdm (nor a copy of the console, errors with credentials in them included,
+            # in output.log); create_new: never adopt or finish a run the user's own code holds.
+            # No metadata (wandb-metadata.json: the command line, whose overrides may carry a URL
+            # password), no git remote URL (it may embed a token), no copy of the code.
+            settings=wandb.Settings(silent=True, console="off", reinit="create_new", x_disable_meta=True,
+                                    disable_git=True, save_code=False),
         )
         id_file.write_text(self.run.id)
         if mode == "offline" and chosen:
@@ -267,7 +276,7 @@ class WandbSink:
 
 
 def _note(msg: str) -> None:
-    print(f"posttrain: {msg}", file=sys.stderr)
+    print(redact_text(f"posttrain: {msg}"), file=sys.stderr)
 
 
 _MLFLOW_BAD_CHARS = re.compile(r"[^/\w.\- ]")  # what MLflow accepts in names (colon only off Windows)

@@ -65,16 +65,16 @@ def verify(ckpt_dir: Path, checksums: bool = True) -> str | None:
         return "no manifest (the save did not finish)"
     try:
         manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError):
+        files = {str(rel): (int(meta["size"]), str(meta["sha256"])) for rel, meta in manifest["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return "unreadable manifest"
-    for rel, meta in files.items():
+    for rel, (size, digest) in files.items():
         path = Path(ckpt_dir) / rel
         if not path.is_file():
             return f"missing file {rel}"
-        if path.stat().st_size != meta["size"]:
-            return f"{rel} has {path.stat().st_size} bytes, the manifest says {meta['size']} (truncated?)"
-        if checksums and sha256(path) != meta["sha256"]:
+        if path.stat().st_size != size:
+            return f"{rel} has {path.stat().st_size} bytes, the manifest says {size} (truncated?)"
+        if checksums and sha256(path) != digest:
             return f"{rel} does not match its checksum"
     return None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from posttrain.checkpoint.manifest import MANIFEST, STEP_DIR, verify
 from posttrain.errors import ConfigError
+from posttrain.redact import redact_url
 
 
 def is_url(path: str | None) -> bool:
@@ -29,8 +30,8 @@ class RemoteRunDir:
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as e:
-            raise ConfigError(f"cannot open run directory '{url}': {e} (install the fsspec package for that "
-                              "scheme, e.g. gcsfs for gs://, s3fs for s3://)") from e
+            raise ConfigError(f"cannot open run directory '{redact_url(url)}': {e} (install the fsspec package for "
+                              "that scheme, e.g. gcsfs for gs://, s3fs for s3://)") from e
         self.url = url
         self.local = staging_root / hashlib.sha256(url.encode()).hexdigest()[:16]
 
@@ -50,7 +51,8 @@ class RemoteRunDir:
             target = self.local / rel
             if self._download(rel, target) and verify(target) is None:
                 return self.local
-            print(f"posttrain: warning: skipping {self.url}/{rel}: incomplete or corrupt", file=sys.stderr)
+            print(f"posttrain: warning: skipping {redact_url(self.url)}/{rel}: incomplete or corrupt",
+                  file=sys.stderr)
             shutil.rmtree(target, ignore_errors=True)
         return self.local
 

@@ -13,6 +13,7 @@ from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import restore_rng
 from posttrain.config import flatten
 from posttrain.errors import CheckpointError, ConfigError
+from posttrain.redact import matches_redacted, redact_mapping
 
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.
@@ -47,13 +48,16 @@ def find_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | Non
 
 def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
     """Refuse a checkpoint made with another model or an incompatible config."""
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    saved = flatten(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    state = read_json(ckpt / "trainer_state.json")
+    saved = flatten(read_yaml(ckpt / "config.yaml"))
     now = flatten(config)
+    shown = redact_mapping(now)  # the message names values, never a credential among them
+    # the saved config was redacted (build.build_run): a `***` there matches whatever secret is given now,
+    # and a saved `***` is never put back into the config
     diffs = [
-        f"{k}: {saved.get(k)!r} -> {now.get(k)!r}"
+        f"{k}: {saved.get(k)!r} -> {shown.get(k)!r}"
         for k in sorted(set(saved) | set(now))
-        if saved.get(k) != now.get(k) and (k in MUST_MATCH or not k.startswith(MAY_DIFFER))
+        if not matches_redacted(saved.get(k), now.get(k)) and (k in MUST_MATCH or not k.startswith(MAY_DIFFER))
     ]
     if state.get("model_dir") != str(model_dir):
         diffs.insert(0, f"model: {state.get('model_dir')!r} -> {str(model_dir)!r}")
@@ -90,16 +94,57 @@ def restore(run, ckpt: Path) -> None:
             print(f"posttrain: warning: {ckpt} was saved by another number of workers: weights and optimizer "
                   "are resumed exactly, the rollout sampling streams start afresh", file=sys.stderr)
     else:
-        opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        opt = load_pt(ckpt / "optimizer.pt")
         actor.optimizer.load_state_dict(opt["optimizer"])
         actor.scheduler.load_state_dict(opt["scheduler"])
         if actor.critic is not None:  # its weights were loaded from ckpt/critic when it was built
-            opt = torch.load(ckpt / "critic_optimizer.pt", weights_only=True)
+            opt = load_pt(ckpt / "critic_optimizer.pt")
             actor.critic_optimizer.load_state_dict(opt["optimizer"])
             actor.critic_scheduler.load_state_dict(opt["scheduler"])
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = read_json(ckpt / "trainer_state.json")
     run.sampler.load_state_dict(state["sampler"])
     if run.kl_ctrl is not None and state.get("kl_ctrl"):
         run.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    if state.get("nonfinite"):
+        run.guard.load_state_dict(state["nonfinite"])
     run.global_step = state["global_step"]
-    restore_rng(torch.load(ckpt / "rng.pt", weights_only=True), actor.generators())
+    restore_rng(load_pt(ckpt / "rng.pt"), actor.generators())
+
+
+# A checkpoint is data: its files are parsed (JSON, YAML's safe subset, torch.load's weights-only
+# unpickler, safetensors), never executed. A file that does not parse is a CheckpointError.
+_UNREADABLE = ("; it is not a file posttrain wrote, or it was changed since: resume from another checkpoint "
+               "(`posttrain checkpoints RUN_DIR`) or start afresh with trainer.resume_mode=disable")
+
+
+def _why(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def load_pt(path: Path):
+    """torch.load(weights_only=True): tensors and plain containers, never arbitrary objects."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001  UnpicklingError, RuntimeError, EOFError, ... all mean "not ours"
+        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a mapping{_UNREADABLE}")
+    return data
+
+
+def read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())  # safe_load: a `!!python/...` tag is an error, not a call
+    except (OSError, yaml.YAMLError) as e:
+        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a mapping{_UNREADABLE}")
+    return data

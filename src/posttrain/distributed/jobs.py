@@ -9,6 +9,7 @@ the cluster's internal ports. The job's exit status becomes ours, so
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shlex
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from posttrain.errors import ConfigError, PosttrainError
+from posttrain.redact import redact_mapping, redact_text, secret_values
 
 # `--stop` sends SIGTERM; posttrain then finishes its step and saves a checkpoint.
 # Ray's default grace period (3 s) would SIGKILL it mid-step, so the job gets a longer one.
@@ -67,6 +69,24 @@ def build_runtime_env(path: str | None, working_dir: str | None, env: list[str])
     return runtime_env
 
 
+def describe_runtime_env(runtime_env: dict) -> list[str]:
+    """One line per runtime_env field, as submitted but for credentials: the values of
+    credential-named env_vars (HF_TOKEN, ...) and URL passwords show as `***`, and so does any
+    secret value of this machine's environment or of env_vars that turns up in another field.
+
+    >>> describe_runtime_env({"working_dir": "/w", "env_vars": {"HF_TOKEN": "hf_abc123", "N": "1"}})
+    ['working_dir "/w"', 'env_vars {"HF_TOKEN": "***", "N": "1"}']
+    """
+    shown = redact_mapping(runtime_env, job_secrets(runtime_env))
+    return [f"{key} {json.dumps(value, default=str)}" for key, value in shown.items()]
+
+
+def job_secrets(runtime_env: dict) -> list[str]:
+    """The secret values of the job's env_vars and of this machine's environment, longest first."""
+    values = set(secret_values(runtime_env.get("env_vars") or {})) | set(secret_values())
+    return sorted(values, key=lambda v: (-len(v), v))
+
+
 def entrypoint(command: list[str]) -> str:
     """`posttrain ARGS...`, quoted for the shell the job runs it in."""
     if command and command[0] == "posttrain":
@@ -96,8 +116,9 @@ def connect(address: str):
             raise ConfigError("submitting jobs needs Ray's job client: pip install 'posttrain[ray]'") from e
         why = "" if isinstance(e, ConnectionError) else f" ({str(e).splitlines()[0]})"  # it repeats the address
         raise ConfigError(f"cannot reach the Ray Jobs API at {address}{why}; check the address and the dashboard "
-                          "port (8265), and that the head was started with "
-                          "`ray start --head --dashboard-host=0.0.0.0`") from e
+                          "port (8265). The dashboard listens on the head's loopback by default: reach it "
+                          "through a tunnel (`ssh -N -L 8265:127.0.0.1:8265 HEAD`, or `kubectl port-forward "
+                          "svc/CLUSTER-head-svc 8265`) and pass --address http://127.0.0.1:8265") from e
 
 
 def job_info(client, address: str, job_id: str):
@@ -115,7 +136,7 @@ def describe(job_id: str, info) -> str:
     repeats the log tail, which was just shown."""
     message = (info.message or "").strip().splitlines()
     message = message[0].partition(", last available logs")[0].rstrip(":") if message else ""
-    return f"job {job_id} {info.status}" + (f" ({message})" if message else "")
+    return f"job {job_id} {info.status}" + (f" ({redact_text(message)})" if message else "")
 
 
 def exit_status(info) -> int:
@@ -143,7 +164,7 @@ def follow(client, address: str, job_id: str) -> int:
     """Stream the job's logs until it ends; Ctrl-C stops following, not the job."""
     async def pump():
         async for chunk in client.tail_job_logs(job_id):
-            sys.stdout.write(chunk)
+            sys.stdout.write(redact_text(chunk))  # best effort: a secret cut across two chunks passes
             sys.stdout.flush()
 
     broken: list[BaseException] = []
@@ -166,9 +187,9 @@ def follow(client, address: str, job_id: str) -> int:
         info = wait_until_done(client, address, job_id)
     except KeyboardInterrupt:
         again = shlex.join(["posttrain", "submit", "--address", address])
-        print(f"\nposttrain: stopped following job {job_id}; it keeps running on the cluster\n"
-              f"posttrain:   follow it again: {again} --logs {job_id} --follow\n"
-              f"posttrain:   stop it:         {again} --stop {job_id}", file=sys.stderr)
+        print(redact_text(f"\nposttrain: stopped following job {job_id}; it keeps running on the cluster\n"
+                          f"posttrain:   follow it again: {again} --logs {job_id} --follow\n"
+                          f"posttrain:   stop it:         {again} --stop {job_id}"), file=sys.stderr)
         return 130
     print(f"posttrain: {describe(job_id, info)}", file=sys.stderr)
     return exit_status(info)
@@ -178,11 +199,17 @@ def submit(address: str, command: list[str], runtime_env: dict, wait: bool = Tru
     """Submit `posttrain COMMAND` and, unless told not to wait, follow it to its end."""
     line = entrypoint(command)
     client = connect(address)
+    # what the job gets, for the record: the real values go to the cluster, the log shows `***`
+    secrets, shown_address = job_secrets(runtime_env), redact_text(address)
+    print(f"posttrain: submitting `{redact_text(line, secrets)}` to {shown_address}", file=sys.stderr)
+    for field in describe_runtime_env(runtime_env):
+        print(f"posttrain:   runtime_env {field}", file=sys.stderr)
     try:
         job_id = client.submit_job(entrypoint=line, runtime_env=runtime_env)
     except (RuntimeError, ValueError, TypeError) as e:  # refused by the server or by runtime_env checks
-        raise ConfigError(f"the cluster at {address} refused the job: {str(e).splitlines()[0]}") from e
-    print(f"posttrain: submitted job {job_id} to {address}", file=sys.stderr)
+        why = redact_text(str(e).splitlines()[0] if str(e) else type(e).__name__, secrets)  # it may quote env_vars
+        raise ConfigError(f"the cluster at {shown_address} refused the job: {why}") from e
+    print(f"posttrain: submitted job {job_id} to {shown_address}", file=sys.stderr)
     if not wait:
         print(job_id)  # on stdout alone, for ID=$(posttrain submit --no-wait ...)
         return 0
@@ -201,7 +228,7 @@ def show_logs(address: str, job_id: str, follow_logs: bool = False) -> int:
     job_info(client, address, job_id)  # an unknown id fails here, not inside the websocket
     if follow_logs:
         return follow(client, address, job_id)
-    sys.stdout.write(client.get_job_logs(job_id))
+    sys.stdout.write(redact_text(client.get_job_logs(job_id)))
     return 0
 
 
@@ -222,5 +249,5 @@ def list_jobs(address: str) -> int:
     """Every job the cluster knows, oldest first: id, status, entrypoint."""
     jobs = sorted(connect(address).list_jobs(), key=lambda j: j.start_time or 0)
     for j in jobs:
-        print(f"{j.submission_id or j.job_id}  {j.status}  {j.entrypoint}")
+        print(redact_text(f"{j.submission_id or j.job_id}  {j.status}  {j.entrypoint}"))
     return 0

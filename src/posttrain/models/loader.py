@@ -40,7 +40,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     try:
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many kinds here
-        raise ModelError(f"cannot load the tokenizer from '{p}': {_one_line(e)}") from e
+        raise ModelError(f"cannot load the tokenizer from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -58,7 +58,7 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
             str(p), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
         )
     except Exception as e:
-        raise ModelError(f"cannot load the model from '{p}': {_one_line(e)}") from e
+        raise ModelError(f"cannot load the model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
     return model.to(device)
 
 
@@ -90,10 +90,18 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
             raise ModelError(f"the model in '{p}' has no token-classification variant in transformers, which the "
                              "critic's value head needs; point critic.model.path at a model that has one "
                              "(Llama, Qwen2, Mistral, ...)") from e
-        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}") from e
+        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
     except Exception as e:
-        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}") from e
+        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
     return model.to(device)
+
+
+def _remote_code_hint(e: Exception) -> str:
+    """The fix when transformers refused to run a model directory's own Python code."""
+    if "custom code" not in str(e) and "trust_remote_code" not in str(e):
+        return ""
+    return ("; the directory ships its own Python code (auto_map in its config), which posttrain runs only with "
+            "model.trust_remote_code=true: set it only for a model whose code you have read and trust")
 
 
 def _one_line(e: Exception) -> str:

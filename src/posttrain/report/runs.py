@@ -16,6 +16,7 @@ import yaml
 
 from posttrain.config import flatten
 from posttrain.errors import PosttrainError
+from posttrain.redact import redact_mapping, redact_text
 
 RUN_DIR_CONTENTS = "config.yaml and metrics.jsonl, often samples.jsonl and checkpoints/"
 
@@ -32,8 +33,8 @@ class Run:
     path: Path
     steps: list[dict]  # one merged record per step, ascending: {"step": N, metric: value | None}
     bad_metric_lines: int = 0
-    config_text: str | None = None  # config.yaml verbatim; None when absent
-    config: dict = field(default_factory=dict)  # parsed; {} when absent or unreadable
+    config_text: str | None = None  # config.yaml verbatim but for credentials (read_config); None when absent
+    config: dict = field(default_factory=dict)  # parsed and redacted; {} when absent or unreadable
     samples: list[dict] = field(default_factory=list)
     bad_sample_lines: int = 0
     samples_present: bool = False
@@ -116,17 +117,28 @@ def load_run(path, name: str | None = None) -> Run:
               updated=metrics.stat().st_mtime)
     config = path / "config.yaml"
     if config.is_file():
-        run.config_text = config.read_text(encoding="utf-8", errors="replace")
-        try:
-            parsed = yaml.safe_load(run.config_text)
-        except yaml.YAMLError:
-            parsed = None
-        run.config = parsed if isinstance(parsed, dict) else {}
+        run.config_text, run.config = read_config(config)
     samples = path / "samples.jsonl"
     if samples.is_file():
         run.samples_present = True
         run.samples, run.bad_sample_lines = read_jsonl(samples)
     return run
+
+
+def read_config(path: Path) -> tuple[str, dict]:
+    """config.yaml -> (its text, parsed; {} when not a mapping), credentials redacted: a run
+    directory written before posttrain redacted its config, or by hand, may hold some."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return redact_text(text), {}
+    redacted = redact_mapping(parsed)
+    if redacted != parsed:  # re-written, not patched: YAML may have folded a secret across lines
+        text = yaml.safe_dump(redacted, sort_keys=False, allow_unicode=True)
+    return text, redacted
 
 
 def unique_names(paths) -> list[str]:

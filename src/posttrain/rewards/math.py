@@ -21,10 +21,10 @@ scores +1 / -1. The ground truth may itself be written as `\\boxed{x}` or
 
 Time limit: math-verify (0.8, 0.9) times its parse and verify calls with
 `signal.alarm`, which would cancel the per-call SIGALRM timer that
-`rewards.scoring.score_batch` sets around every reward call, and which raises
+`rewards.scoring.score_one` sets around every reward call, and which raises
 outside the main thread. Both are switched off here (`parsing_timeout=None`,
 `timeout_seconds=None`), so no signal is touched and the reward works in
-any thread; the limit is `reward.timeout_s`, enforced by score_batch (its
+any thread; the limit is `reward.timeout_s`, enforced by score_one (its
 `_Timeout` is a BaseException, which math-verify's `except Exception` lets
 through). Cheap caps come first: an answer or ground truth longer than
 MAX_ANSWER_CHARS scores 0 without being parsed, and the brace scan stops
@@ -37,7 +37,7 @@ import logging
 import re
 
 MAX_ANSWER_CHARS = 1000
-# its one-off "Timeout is disabled ..." warning: on purpose, the limit is score_batch's
+# its one-off "Timeout is disabled ..." warning: on purpose, the limit is score_one's
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _ANSWER_LINE = re.compile(r"(?i)\banswer\s*:\s*([^\n]+)")

@@ -12,8 +12,11 @@ Accepted returns: a float, an int, a bool, or verl's dict with a "score" key
 The time limit is a SIGALRM timer (signal.setitimer), so it applies only in
 the main thread on platforms that have it (Linux, macOS); elsewhere calls
 run without a limit. It interrupts Python code, not a call stuck inside C
-code. Calls run one after another in this process; running them in worker
-processes (parallel, and with a hard limit) is a later step.
+code. `score_batch` calls the function in this process, one call after
+another; a run scores in worker processes instead (`rewards.pool.RewardPool`),
+each call with this soft limit inside its worker and a hard one (the worker
+killed) around it, so a hang in C code or a crash costs one sample. Both
+paths share `score_one` (one call -> an Outcome) and `tally` (-> ScoreResult).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from dataclasses import dataclass, field
 
 MAX_MESSAGES = 5
 
+# what became of one call: (score, kind, message); kind is one of these, message "" when OK
+OK, ERROR, TIMEOUT, CRASH = "ok", "error", "timeout", "crash"
+Outcome = tuple[float, str, str]
+
 
 class _Timeout(BaseException):
     """Raised by the alarm. A BaseException, so a reward function's own
@@ -39,7 +46,8 @@ class ScoreResult:
     scores: list[float]  # one per response, 0.0 where the call failed
     num_errors: int = 0  # calls that raised or returned something not a finite number
     num_timeouts: int = 0  # calls stopped at timeout_s
-    errors_by_source: dict[str, int] = field(default_factory=dict)  # data_source -> errors + timeouts
+    num_crashes: int = 0  # calls whose worker process died (segfault, os._exit, killed): see rewards.pool
+    errors_by_source: dict[str, int] = field(default_factory=dict)  # data_source -> errors + timeouts + crashes
     messages: list[str] = field(default_factory=list)  # the first few distinct failures, one line each
 
 
@@ -87,31 +95,59 @@ def _call_with_limit(fn, args, timeout_s: float | None):
                 signal.setitimer(signal.ITIMER_REAL, left, prev_interval)
 
 
-def _summary(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """ValueError("bad\\nmore") -> "ValueError: bad": a message fit for one log line."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
-def score_batch(fn, data_sources, solution_strs, ground_truths, extra_infos, timeout_s: float = 10.0) -> ScoreResult:
-    """Call fn(data_source, solution_str, ground_truth, extra_info) for each
-    response (verl's reward signature) and collect the scores. The four lists
-    are parallel (one entry per response)."""
+def failure(kind: str, source, detail: str) -> Outcome:
+    """The Outcome of a failed call, its message one line naming the data source.
+
+        failure(ERROR, "gsm8k", "raised ValueError: x")
+        # -> (0.0, "error", "reward for data_source 'gsm8k' raised ValueError: x")
+    """
+    return 0.0, kind, f"reward for data_source '{source}' {detail}"
+
+
+def score_one(fn, call: tuple, timeout_s: float | None) -> Outcome:
+    """fn(*call) for call = (data_source, solution_str, ground_truth, extra_info), as an Outcome:
+    (score, OK, "") or (0.0, ERROR / TIMEOUT, message)."""
+    try:
+        return as_score(_call_with_limit(fn, call, timeout_s)), OK, ""
+    except _Timeout:
+        return failure(TIMEOUT, call[0], f"ran past {timeout_s} s")
+    except Exception as e:  # noqa: BLE001  a reward bug costs that sample's score, not the run
+        return failure(ERROR, call[0], f"raised {one_line(e)}")
+
+
+def parallel_calls(data_sources, solution_strs, ground_truths, extra_infos) -> list[tuple]:
+    """The four parallel lists (one entry per response) as one call tuple per response, or ValueError."""
     n = len(solution_strs)
     if not len(data_sources) == len(ground_truths) == len(extra_infos) == n:
         raise ValueError(f"score_batch needs parallel lists, got {len(data_sources)} data_sources, {n} responses, "
                          f"{len(ground_truths)} ground truths, {len(extra_infos)} extra_infos")
-    scores, failures, timeouts, messages = [], Counter(), 0, []
-    for source, text, truth, extra in zip(data_sources, solution_strs, ground_truths, extra_infos):
-        try:
-            scores.append(as_score(_call_with_limit(fn, (source, text, truth, extra), timeout_s)))
+    return list(zip(data_sources, solution_strs, ground_truths, extra_infos))
+
+
+def tally(data_sources, outcomes: list[Outcome]) -> ScoreResult:
+    """One Outcome per response -> the ScoreResult: failures counted by kind
+    and by data source, the first MAX_MESSAGES distinct messages kept."""
+    kinds, failures, messages = Counter(), Counter(), []
+    for source, (_, kind, msg) in zip(data_sources, outcomes):
+        if kind == OK:
             continue
-        except _Timeout:
-            timeouts += 1
-            msg = f"reward for data_source '{source}' ran past {timeout_s} s"
-        except Exception as e:  # noqa: BLE001  a reward bug costs that sample's score, not the run
-            msg = f"reward for data_source '{source}' raised {_summary(e)}"
+        kinds[kind] += 1
         failures[source] += 1
-        scores.append(0.0)
         if len(messages) < MAX_MESSAGES and msg not in messages:
             messages.append(msg)
-    return ScoreResult(scores, sum(failures.values()) - timeouts, timeouts, dict(failures), messages)
+    return ScoreResult([score for score, _, _ in outcomes], num_errors=kinds[ERROR], num_timeouts=kinds[TIMEOUT],
+                       num_crashes=kinds[CRASH], errors_by_source=dict(failures), messages=messages)
+
+
+def score_batch(fn, data_sources, solution_strs, ground_truths, extra_infos, timeout_s: float = 10.0) -> ScoreResult:
+    """Call fn(data_source, solution_str, ground_truth, extra_info) for each
+    response (verl's reward signature), in this process, and collect the
+    scores. The four lists are parallel (one entry per response)."""
+    calls = parallel_calls(data_sources, solution_strs, ground_truths, extra_infos)
+    return tally(data_sources, [score_one(fn, call, timeout_s) for call in calls])

@@ -133,15 +133,21 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     over `batch` in mini-batches of `mini_batch_size` rows (divided over
     `world_size` workers), `loss_fn(micro_batch) -> (loss, metrics)` summed
     over micro-batches with weights that make the sum the mini-batch's loss,
-    gradients clipped to `grad_clip`, a non-finite norm skips the step.
+    gradients clipped to `grad_clip`.
 
-    -> the micro-batches' metrics (averaged), <prefix>/grad_norm, <prefix>/nonfinite_updates, <prefix>/lr.
+    A mini-batch whose loss or gradient norm is not finite takes no optimizer
+    step (its gradients are dropped, the weights and the optimizer state stay
+    as they were); with several workers they all agree to skip.
+
+    -> the micro-batches' metrics (averaged), <prefix>/loss (the mini-batches'
+    whole loss, NaN when one was not finite), <prefix>/grad_norm (over the
+    steps taken), <prefix>/nonfinite_updates (the steps skipped), <prefix>/lr.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
-    grad_norms, skipped = [], 0
+    grad_norms, losses, skipped = [], [], 0
     minis = batch.split(mini_batch_size // world_size)
     micro_per_epoch = sum(-(-len(m) // micro_batch_size) for m in minis)
     bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
@@ -150,27 +156,46 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
         for k, mini in enumerate(minis):
             optimizer.zero_grad(set_to_none=True)
             total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, loss_agg_mode)
+            mini_loss = 0.0
             for mb in mini.split(micro_batch_size):
                 w = loss_units(mb.response_mask, loss_agg_mode) / total * world_size if total > 0 else 0.0
                 loss, m = loss_fn(mb)
-                (loss * w).backward()
+                (loss * w).backward()  # a NaN loss makes NaN gradients: the norm below catches both
+                mini_loss += float(loss.detach()) * w  # x world_size: the group averages over workers
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + v * mb.response_mask.shape[0]
                     weights[key] = weights.get(key, 0.0) + mb.response_mask.shape[0]
                 bar.update(1)
             grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip)))
-            if math.isfinite(grad_norm):
+            if all_finite(mini_loss, grad_norm, world_size, params[0].device):
                 optimizer.step()
                 grad_norms.append(grad_norm)
             else:
                 skipped += 1
+            losses.append(mini_loss)
             optimizer.zero_grad(set_to_none=True)
     bar.close()
     metrics = {k: sums[k] / weights[k] for k in sums}
+    metrics[f"{prefix}/loss"] = sum(losses) / len(losses) if losses else 0.0
     metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{prefix}/nonfinite_updates"] = float(skipped)
     metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
+
+
+def all_finite(loss: float, grad_norm: float, world_size: int = 1, device=None) -> bool:
+    """Whether this update may step: loss and gradient norm finite here and,
+    with several workers, on every worker (a worker whose own loss was inf
+    while the summed gradients stayed finite must not step alone)."""
+    ok = math.isfinite(loss) and math.isfinite(grad_norm)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            flag = torch.tensor([0.0 if ok else 1.0], device=device)  # NCCL reduces device tensors only
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            ok = flag.item() == 0.0
+    return ok
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:
