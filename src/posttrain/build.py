@@ -235,7 +235,6 @@ def build_run(cfg):
     from posttrain.data.dataset import PromptSampler
     from posttrain.loop import Run
     from posttrain.models import load_tokenizer
-    from posttrain.nonfinite import NonfiniteGuard
     from posttrain.redact import redact_mapping
     from posttrain.sinks import check_sinks
 
@@ -294,7 +293,7 @@ def build_run(cfg):
         cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, rewards=rewards,
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
-        resumed_from=resume_from, flops=flops, peak_flops=peak, guard=NonfiniteGuard(tr.max_nonfinite_steps),
+        resumed_from=resume_from, flops=flops, peak_flops=peak,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)

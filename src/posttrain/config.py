@@ -23,6 +23,7 @@ from posttrain import algorithm_presets
 from posttrain import config_aliases as aliases
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, POLICY_LOSSES
 from posttrain.errors import ConfigError
+from posttrain.text import invalid_text
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # metrics.jsonl is always written; sinks.py: the rest
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
@@ -344,24 +345,12 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
             # OmegaConf checks a list's element types but lets a nested list or dict through
             raise ConfigError(f"config key '{ours}' ({origin}) expects a list of plain values, got "
                               f"{_short(value)}; write it as [a, b]")
-        if _bad_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
+        if invalid_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
             raise ConfigError(f"config key '{ours}' ({origin}) holds text that is not valid unicode; re-type the value")
         out[ours] = value
     return out
 
 
-def _bad_text(value, depth: int = 0) -> bool:
-    """Whether `value` holds a string that UTF-8 cannot encode (a lone surrogate such as '\\ud800')."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if depth < 20 and isinstance(value, (list, tuple, dict)):  # depth: a YAML alias can make a list that holds itself
-        items = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
-        return any(_bad_text(k, depth + 1) or _bad_text(v, depth + 1) for k, v in items)
-    return False
 
 
 def _short(value, limit: int = 80) -> str:

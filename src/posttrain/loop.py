@@ -17,13 +17,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import (
-    NEEDS_CRITIC,
-    apply_kl_penalty,
-    compute_advantages,
-    overlong_penalty,
-    varied_groups,
-)
+from posttrain.algorithms import NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, varied_groups
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
 from posttrain.errors import NonfiniteError, Preempted
@@ -59,9 +53,13 @@ class Run:
     stop_signal: int | None = None
     flops: object = None  # flops.ModelFlops of the policy (None: its config lacks a field MFU needs)
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
-    guard: NonfiniteGuard = field(default_factory=lambda: NonfiniteGuard(10))  # build_run: trainer.max_nonfinite_steps
+    guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
     reward_messages_shown: set = field(default_factory=set)
     warned: set = field(default_factory=set)  # warnings printed once per run
+
+    def __post_init__(self):
+        if self.guard is None:
+            self.guard = NonfiniteGuard(self.cfg.trainer.max_nonfinite_steps)
 
     @property
     def has_ref(self) -> bool:
@@ -334,8 +332,7 @@ def train(run: Run) -> dict[str, float]:
                     f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
     finally:
         restore_stop_handlers(previous)
-        if run.rewards is not None:
-            run.rewards.close()  # first: a failure below must not leave reward workers behind
+        run.rewards.close()  # first: a failure below must not leave reward workers behind
         logger.close()
         run.writer.close()
         run.actor.shutdown()

@@ -14,6 +14,7 @@ from posttrain.checkpoint.state import restore_rng
 from posttrain.config import flatten
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.redact import matches_redacted, redact_mapping
+from posttrain.text import one_line
 
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.
@@ -117,9 +118,6 @@ _UNREADABLE = ("; it is not a file posttrain wrote, or it was changed since: res
                "(`posttrain checkpoints RUN_DIR`) or start afresh with trainer.resume_mode=disable")
 
 
-def _why(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
 def load_pt(path: Path):
@@ -127,14 +125,14 @@ def load_pt(path: Path):
     try:
         return torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001  UnpicklingError, RuntimeError, EOFError, ... all mean "not ours"
-        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+        raise CheckpointError(f"cannot read {path} ({one_line(e)}){_UNREADABLE}") from e
 
 
 def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+        raise CheckpointError(f"cannot read {path} ({one_line(e)}){_UNREADABLE}") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a mapping{_UNREADABLE}")
     return data
@@ -144,7 +142,7 @@ def read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())  # safe_load: a `!!python/...` tag is an error, not a call
     except (OSError, yaml.YAMLError) as e:
-        raise CheckpointError(f"cannot read {path} ({_why(e)}){_UNREADABLE}") from e
+        raise CheckpointError(f"cannot read {path} ({one_line(e)}){_UNREADABLE}") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a mapping{_UNREADABLE}")
     return data

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posttrain.errors import DataError
+from posttrain.text import invalid_text
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _FIX = (
@@ -53,7 +54,7 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not all(isinstance(k, str) for k in row):
             raise DataError(f"row {i} for '{path}' is not a dict of named columns; pass dicts with string keys")
-        bad = _invalid_text(row, "")
+        bad = invalid_text(row, "")
         if bad:  # pyarrow would say only "surrogates not allowed", without the row
             raise DataError(f"row {i} for '{path}': {bad}; fix the text (e.g. decode it with errors='replace')")
     try:
@@ -245,7 +246,7 @@ def check_row(row, prompt_key: str = "prompt") -> str | None:
     extra_info = row.get("extra_info")
     if extra_info is not None and not isinstance(extra_info, dict):
         return f"extra_info is {_kind(extra_info)}, not a dict"
-    return _invalid_text({k: row.get(k) for k in ("data_source", prompt_key, "reward_model", "extra_info")}, "")
+    return invalid_text({k: row.get(k) for k in ("data_source", prompt_key, "reward_model", "extra_info")}, "")
 
 
 def _check_prompt(prompt, key: str) -> str | None:
@@ -267,30 +268,6 @@ def _check_prompt(prompt, key: str) -> str | None:
     return None
 
 
-def _invalid_text(value, where: str, depth: int = 0) -> str | None:
-    """Where `value` holds a string that is not valid unicode (a lone
-    surrogate, which UTF-8 cannot encode), e.g. "prompt[0].content holds ..."."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{where or 'a value'} holds text that is not valid unicode (a lone surrogate)"
-        return None
-    if depth > 50:  # deeper than any real row; and a structure that holds itself must not recurse forever
-        return None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            k_text = str(k) if str(k).isprintable() else repr(k)  # the reason stays one line
-            name = f"{where}.{k_text}" if where else k_text
-            found = _invalid_text(k, f"a key of {where or 'the row'}", depth + 1) or _invalid_text(v, name, depth + 1)
-            if found:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for j, v in enumerate(value):
-            found = _invalid_text(v, f"{where}[{j}]", depth + 1)
-            if found:
-                return found
-    return None
 
 
 def _kind(value) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from posttrain.errors import ModelError
+from posttrain.text import one_line
 
 _FIX = ("point actor_rollout_ref.model.path (model.path) at a Hugging Face model directory, "
         "or make one with `posttrain tiny-model --output DIR`")
@@ -40,7 +41,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     try:
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many kinds here
-        raise ModelError(f"cannot load the tokenizer from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
+        raise ModelError(f"cannot load the tokenizer from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -58,7 +59,7 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
             str(p), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
         )
     except Exception as e:
-        raise ModelError(f"cannot load the model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
+        raise ModelError(f"cannot load the model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     return model.to(device)
 
 
@@ -90,9 +91,9 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
             raise ModelError(f"the model in '{p}' has no token-classification variant in transformers, which the "
                              "critic's value head needs; point critic.model.path at a model that has one "
                              "(Llama, Qwen2, Mistral, ...)") from e
-        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
+        raise ModelError(f"cannot load a value model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     except Exception as e:
-        raise ModelError(f"cannot load a value model from '{p}': {_one_line(e)}{_remote_code_hint(e)}") from e
+        raise ModelError(f"cannot load a value model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     return model.to(device)
 
 
@@ -104,9 +105,6 @@ def _remote_code_hint(e: Exception) -> str:
             "model.trust_remote_code=true: set it only for a model whose code you have read and trust")
 
 
-def _one_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def eos_token_ids(tokenizer, model) -> list[int]:

@@ -1,7 +1,7 @@
 """One self-contained HTML page: plotly.js inlined once in <head>, every
 figure a div that uses it, CSS inline; nothing is fetched when it is viewed.
 Every text that comes from a run (names, config, prompts, responses) is escaped;
-the config is shown with credentials redacted (posttrain.redact).
+the config is shown with credentials redacted (runs.read_config).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from html import escape
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from posttrain.redact import redact_text
 from posttrain.report.plots import figures
 from posttrain.report.runs import MISSING, Run, differing_config
 
@@ -145,8 +144,7 @@ def samples_section(run: Run) -> str:
 def config_section(run: Run) -> str:
     if run.config_text is None:
         return '<h2>Config</h2>\n<p class="meta">This run directory has no config.yaml.</p>'
-    # load_run redacted it already; again here for a Run built some other way
-    return f'<h2>Config</h2>\n<pre class="config">{escape(redact_text(run.config_text))}</pre>'
+    return f'<h2>Config</h2>\n<pre class="config">{escape(run.config_text)}</pre>'
 
 
 def render_report(run: Run) -> str:

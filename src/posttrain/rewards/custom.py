@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from posttrain.errors import RewardError
+from posttrain.text import one_line
 
 DEFAULT_FUNCTION = "compute_score"
 _FIX = "fix reward.custom_fn=FILE.py:FUNCTION"
@@ -33,9 +34,6 @@ def parse_spec(spec: str) -> tuple[Path, str]:
     return Path(spec), DEFAULT_FUNCTION
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 def load_reward_fn(spec: str) -> Callable:
@@ -56,7 +54,7 @@ def load_reward_fn(spec: str) -> Callable:
         module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         sys.modules.pop(module_name, None)
-        raise RewardError(f"reward file '{path}' failed to import ({_one_line(e)}); fix the file") from e
+        raise RewardError(f"reward file '{path}' failed to import ({one_line(e)}); fix the file") from e
     if not hasattr(module, name):
         defined = sorted(n for n, v in vars(module).items()
                          if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module_name)

@@ -38,8 +38,8 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from posttrain.errors import RewardError
-from posttrain.rewards.scoring import (CRASH, OK, TIMEOUT, ScoreResult, failure, one_line, parallel_calls,
-                                       score_one, tally)
+from posttrain.rewards.scoring import CRASH, OK, TIMEOUT, ScoreResult, failure, parallel_calls, score_one, tally
+from posttrain.text import one_line
 
 START_METHOD = "spawn"  # see the module docstring
 GRACE_S = 0.5  # past timeout_s, for the worker's own alarm to stop the call before it is killed

@@ -29,6 +29,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from posttrain.text import one_line
+
 MAX_MESSAGES = 5
 
 # what became of one call: (score, kind, message); kind is one of these, message "" when OK
@@ -95,10 +97,6 @@ def _call_with_limit(fn, args, timeout_s: float | None):
                 signal.setitimer(signal.ITIMER_REAL, left, prev_interval)
 
 
-def one_line(e: BaseException) -> str:
-    """ValueError("bad\\nmore") -> "ValueError: bad": a message fit for one log line."""
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 def failure(kind: str, source, detail: str) -> Outcome:
