@@ -129,7 +129,8 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
         ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size, temperature=r.temperature, rollout=r.name,
-        rollout_micro_batch_size=r.micro_batch_size, tensor_parallel_size=r.tensor_model_parallel_size,
+        rollout_micro_batch_size=r.micro_batch_size, rollout_shared_prefill=r.shared_prefill,
+        rollout_remove_padding=r.remove_padding, rollout_early_stop=r.early_stop, tensor_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         mixed_precision="bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None,
@@ -143,7 +144,8 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
         mini_batch_size=c.ppo_mini_batch_size * cfg.rollout.n, micro_batch_size=c.ppo_micro_batch_size,
         forward_micro_batch_size=c.forward_micro_batch_size, ppo_epochs=c.ppo_epochs,
         cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
-        loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip)
+        loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip,
+        remove_padding=cfg.model.use_remove_padding)
     return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
                       betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
                                                                       total_steps),
@@ -222,7 +224,7 @@ def update_settings(cfg) -> UpdateSettings:
         loss_agg_mode=a.loss_agg_mode, loss_mode=a.policy_loss.loss_mode,
         loss_scale_factor=float(a.loss_scale_factor or cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=cfg.rollout.temperature,
-        grad_clip=a.grad_clip,
+        grad_clip=a.grad_clip, remove_padding=cfg.model.use_remove_padding, share_prompt=cfg.model.share_prompt,
     )
 
 

@@ -51,7 +51,10 @@ class ModelConfig:
     dtype: str = "float32"
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = False
+    # log-prob, value and training passes: micro-batches of alike lengths, all-padding columns dropped
+    use_remove_padding: bool = True
+    # log-prob and training passes: a prompt's tokens run once per micro-batch, its KV shared by its samples
+    share_prompt: bool = True
 
 
 @dataclass
@@ -73,6 +76,9 @@ class RolloutConfig:
     do_sample: bool = True
     ignore_eos: bool = False
     micro_batch_size: Optional[int] = None  # sequences per generation pass; None: all
+    shared_prefill: bool = True  # hf: a prompt is prefilled once, its KV cache shared by its n samples
+    remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
+    early_stop: bool = True  # hf: stop decoding once every sequence has ended
     log_prob_micro_batch_size: int = 64
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
@@ -106,6 +112,9 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    # an update that is exactly on-policy (ppo_epochs=1, one mini-batch, no KL in the reward) takes its old
+    # log-probs from its own forward instead of a separate pass: the same loss and gradient, one pass fewer
+    reuse_on_policy_log_probs: bool = True
     strategy: str = "fsdp2"
     param_offload: bool = False
     optimizer_offload: bool = False

@@ -66,6 +66,16 @@ class Run:
         return self.cfg.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
     @property
+    def on_policy_update(self) -> bool:
+        """Whether the actor's update sees only the weights that sampled (one
+        epoch, one mini-batch) and nothing needs old log-probs before it (no KL
+        in the reward): its forward's own log-probs, detached, are the old ones
+        (actor.reuse_on_policy_log_probs; see training.actor.micro_loss)."""
+        a = self.cfg.actor
+        return (a.reuse_on_policy_log_probs and a.ppo_epochs == 1 and not self.cfg.algorithm.use_kl_in_reward
+                and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size)
+
+    @property
     def has_critic(self) -> bool:
         return self.cfg.algorithm.adv_estimator in NEEDS_CRITIC
 
@@ -76,9 +86,11 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     cfg, m = run.cfg, {}
     # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ)
     batch = rollout_and_score(run, items, m)
-    # 3. log-probs of the sampled tokens under the policy (old) and the reference; the critic's values
-    with timed(m, "old_log_prob"):
-        batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
+    # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
+    #    own forward's) and the reference; the critic's values
+    if not run.on_policy_update:
+        with timed(m, "old_log_prob"):
+            batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
     if run.has_ref:
         with timed(m, "ref"):
             batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")

@@ -26,7 +26,7 @@ import torch
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, update_policy
 from posttrain.training.critic import CriticSettings
-from posttrain.training.logprobs import compute_log_probs
+from posttrain.training.logprobs import PassOptions, compute_log_probs
 
 
 @dataclass
@@ -63,6 +63,9 @@ class WorkerSpec:
     temperature: float = 1.0
     rollout: str = "hf"
     rollout_micro_batch_size: int | None = None
+    rollout_shared_prefill: bool = True  # the hf engine's fast paths (rollout/hf.py)
+    rollout_remove_padding: bool = True
+    rollout_early_stop: bool = True
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
@@ -176,7 +179,8 @@ class Worker:
 
         return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
                                micro_batch_size=s.rollout_micro_batch_size, seed=s.seed + self.rank,
-                               progress=not self.distributed)
+                               progress=not self.distributed, shared_prefill=s.rollout_shared_prefill,
+                               remove_padding=s.rollout_remove_padding, early_stop=s.rollout_early_stop)
 
     # ------------------------------------------------------------ verbs
 
@@ -193,7 +197,8 @@ class Worker:
         """-> log-probs [N, R] of batch.responses under the policy or the reference."""
         model = self.policy if which == "policy" else self.ref
         size = self.spec.log_prob_micro_batch_size if which == "policy" else self.spec.ref_log_prob_micro_batch_size
-        return compute_log_probs(model, batch, size, self.spec.temperature)[0]
+        options = PassOptions(self.spec.update.remove_padding, self.spec.update.share_prompt)
+        return compute_log_probs(model, batch, size, self.spec.temperature, options=options)[0]
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,
@@ -208,7 +213,8 @@ class Worker:
         """-> the critic's values [N, R] of batch's response positions."""
         from posttrain.training.critic import compute_values
 
-        return compute_values(self.critic, batch, self.spec.critic.update.forward_micro_batch_size)
+        c = self.spec.critic.update
+        return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding)
 
     def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One clipped value-loss update of the critic over `batch` (needs

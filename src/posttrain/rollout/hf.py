@@ -1,8 +1,20 @@
 """Rollout with a Hugging Face transformers model: the reference engine.
 
 It samples from the very module the trainer updates (colocated, no weight
-copy), with a KV cache, in chunks of `micro_batch_size` sequences, and stops
-as soon as every sequence in a chunk has ended.
+copy), with a KV cache, in chunks of about `micro_batch_size` sequences
+(whole groups of a prompt's n samples). Three things save work without
+changing what is sampled (each can be switched off for debugging):
+
+- shared_prefill: a chunk's distinct prompts are run once and their
+  key/value cache repeated for their n samples;
+- remove_padding: a sequence that has ended leaves the decoding batch, and
+  chunks are formed of prompts of alike length;
+- early_stop: decoding stops once every sequence of a chunk has ended.
+
+Sampling inverts each step's CDF with a uniform number drawn for that
+sequence and step before decoding starts, so a seed fixes the samples
+whatever the chunking, the order of the chunks, and whether any of the three
+is on: they can be checked against each other exactly.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.kv import reserve
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -29,13 +42,18 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """logits [N, V] -> next token ids [N]."""
+def sample_next(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None) -> torch.Tensor:
+    """logits [N, V], uniform [N] in [0, 1) -> next token ids [N]: the token
+    whose CDF interval holds the uniform number (exact sampling; None: greedy)."""
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    probs = torch.softmax(logits, dim=-1)  # [N, V]
+    cdf = probs.cumsum(dim=-1)
+    token = torch.searchsorted(cdf, (uniform[:, None] * cdf[:, -1:]).contiguous(), right=True).squeeze(-1)
+    # rounding can put the point past the last token with mass: take that one then
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+    return torch.minimum(token, last)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,12 +83,16 @@ class HFRolloutEngine:
         micro_batch_size: int | None = None,
         seed: int = 0,
         progress: bool = True,
+        shared_prefill: bool = True,
+        remove_padding: bool = True,
+        early_stop: bool = True,
     ):
         self.model = model  # the trainer's module, or a copy kept up to date with load_weights
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.pad_token_id = pad_token_id
         self.micro_batch_size = micro_batch_size
         self.progress = progress
+        self.shared_prefill, self.remove_padding, self.early_stop = shared_prefill, remove_padding, early_stop
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -97,68 +119,92 @@ class HFRolloutEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
-        expanded = [p for p in prompts for _ in range(params.n)]  # prompt-major
-        prompt_len = max(len(p) for p in expanded)
-        prompt_ids, prompt_mask = left_pad(expanded, self.pad_token_id, prompt_len)
-        chunk = self.micro_batch_size or len(expanded)
+        n = params.n
+        expanded = [p for p in prompts for _ in range(n)]  # prompt-major
+        prompt_ids, prompt_mask = left_pad(expanded, self.pad_token_id, max(len(p) for p in expanded))
+        per_chunk = max(1, (self.micro_batch_size or len(expanded)) // n)  # whole groups of n samples
+        order = list(range(len(prompts)))
+        if self.remove_padding and per_chunk < len(prompts):  # alike lengths together: less prompt padding
+            order.sort(key=lambda i: -len(prompts[i]))
+        # [N, max_new_tokens]: sequence i's step-t draw, whichever chunk runs it and when
+        uniforms = None if params.greedy else torch.rand((len(expanded), params.max_new_tokens),
+                                                         generator=self.generator, device=self.device)
         was_training = self.model.training
         self.model.eval()
-        responses, masks, log_probs = [], [], []
+        parts = []  # (rows of the chunk in the output, responses, masks, log-probs)
         bar = tqdm(total=len(expanded), desc="gen", unit="seq", leave=False, disable=None if self.progress else True)
         try:
-            for start in range(0, len(expanded), chunk):
-                ids = prompt_ids[start:start + chunk].to(self.device)
-                mask = prompt_mask[start:start + chunk].to(self.device)
-                r, m, lp = self._generate_chunk(ids, mask, params)
-                responses.append(r.cpu())
-                masks.append(m.cpu())
-                log_probs.append(lp.cpu() if lp is not None else None)
-                bar.update(ids.shape[0])
+            for start in range(0, len(order), per_chunk):
+                chunk = order[start:start + per_chunk]
+                group = [prompts[i] for i in chunk]
+                ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
+                rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
+                u = uniforms[rows.to(self.device)] if uniforms is not None else None
+                r, m, lp = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
+                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None))
+                bar.update(len(chunk) * n)
         finally:
             bar.close()
             self.model.train(was_training)
-        width = max(r.shape[1] for r in responses)
-        response_ids = torch.cat([_right_pad(r, width, self.pad_token_id) for r in responses])
-        response_mask = torch.cat([_right_pad(m, width, 0) for m in masks])
-        lp = torch.cat([_right_pad(x, width, 0.0) for x in log_probs]) if params.logprobs else None
-        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, lp)
+        width = max(r.shape[1] for _, r, _, _ in parts)
+        response_ids = torch.full((len(expanded), width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((len(expanded), width), dtype=torch.long)
+        log_probs = torch.zeros((len(expanded), width)) if params.logprobs else None
+        for rows, r, m, lp in parts:
+            response_ids[rows, :r.shape[1]] = r
+            response_mask[rows, :m.shape[1]] = m
+            if log_probs is not None:
+                log_probs[rows, :lp.shape[1]] = lp
+        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs)
 
-    def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
-        """ids, mask: [n, P] left-padded -> response ids, mask: [n, R]."""
-        n = ids.shape[0]
-        eos = torch.tensor(self.eos_token_ids, device=ids.device)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, P]; pads get 0, ignored by the mask
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1, :]
-        next_pos = position_ids[:, -1:] + 1  # [n, 1]
-        finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
-        tokens, alive, log_probs = [], [], []
+    def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, n: int, params: SamplingParams,
+                        uniforms: torch.Tensor | None):
+        """ids, mask: [p, P] distinct prompts, left-padded; uniforms [p*n,
+        max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
+        None): [p*n, R], the n samples of a prompt adjacent."""
+        rows, device = ids.shape[0] * n, ids.device
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, P]; pads get 0, ignored by the mask
+        if not self.shared_prefill:
+            ids, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (ids, mask, position_ids))
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                         logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+        repeats = n if self.shared_prefill else 1  # [p, ...] -> [p*n, ...]: the prompt ran once for its n samples
+        cache = reserve(out.past_key_values, params.max_new_tokens, repeats)  # decoding writes in place
+        if repeats > 1:
+            logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
+        next_pos = position_ids[:, -1:] + 1  # [rows, 1]
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
+        log_probs = torch.zeros((rows, params.max_new_tokens), device=device) if params.logprobs else None
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        running = torch.arange(rows, device=device)  # the rows the model still runs (logits, cache) for
+        length = 0
         for step in range(params.max_new_tokens):
-            tok = sample_next(logits, params, self.generator)
-            tok = torch.where(finished, torch.full_like(tok, self.pad_token_id), tok)
-            if params.logprobs:
+            length = step + 1
+            if len(running) == 0:  # early_stop=False and every row has ended: only padding is left to add
+                continue
+            live = ~finished[running]  # [len(running)]: rows that had not ended before this token
+            tok = sample_next(logits, params, None if uniforms is None else uniforms[running, step])
+            tok = torch.where(live, tok, torch.full_like(tok, self.pad_token_id))
+            tokens[running, step], alive[running, step] = tok, live.long()
+            if log_probs is not None:
                 scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
-                log_probs.append(torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * ~finished)
-            alive.append(~finished)
-            tokens.append(tok)
+                log_probs[running, step] = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * live
             if not params.ignore_eos:
-                finished = finished | torch.isin(tok, eos)
-            if bool(finished.all()) or step == params.max_new_tokens - 1:
+                finished[running] |= live & torch.isin(tok, eos)
+            if step == params.max_new_tokens - 1 or (self.early_stop and bool(finished.all())):
                 break
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=mask.device)], dim=1)
-            out = self.model(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                past_key_values=cache, use_cache=True,
-            )
+            if self.remove_padding and bool(finished[running].any()):  # ended rows leave the batch
+                keep = torch.nonzero(~finished[running]).squeeze(-1)
+                running, tok, mask, next_pos = running[keep], tok[keep], mask[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+                if len(running) == 0:
+                    continue
+            mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=device)], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+                             past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1, :]
             next_pos = next_pos + 1
-        response = torch.stack(tokens, dim=1)  # [n, R]
-        response_mask = torch.stack(alive, dim=1).long()  # [n, R]
-        return response, response_mask, (torch.stack(log_probs, dim=1) if params.logprobs else None)
-
-
-def _right_pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    if t.shape[1] == width:
-        return t
-    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
-    return torch.cat([t, pad], dim=1)
+        return tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, entropy_from_logits, get_policy_loss
-from posttrain.training.logprobs import response_logits, token_log_probs
+from posttrain.training.logprobs import can_share_prompt, micro_batches, response_logits, token_log_probs
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class UpdateSettings:
     kl_loss_type: str = "low_var_kl"
     temperature: float = 1.0
     grad_clip: float = 1.0
+    remove_padding: bool = True  # model.use_remove_padding: length-ordered, trimmed micro-batches
+    share_prompt: bool = True  # model.share_prompt: each distinct prompt's tokens run once per micro-batch
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas) -> torch.optim.Optimizer:
@@ -67,15 +70,21 @@ def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mod
 
 
 def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro-batch (with grad) and its detached metrics."""
+    """Loss of one micro-batch (with grad) and its detached metrics.
+
+    Without old_log_probs (an update that is exactly on-policy: one epoch, one
+    mini-batch, so the weights are still those that sampled) the old log-probs
+    are this forward's own, detached: the ratio is 1 and its gradient that of
+    the log-prob, as with a separate no-grad pass over the same weights."""
     logits = response_logits(
         model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
-        mb.response_length, s.temperature,
+        mb.response_length, s.temperature, s.share_prompt and can_share_prompt(model),
     )  # [n, R, V]
     mask = mb.response_mask.to(device)
     log_prob = token_log_probs(logits, mb.responses.to(device))  # [n, R]
+    old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
     pol = get_policy_loss(s.loss_mode)(
-        mb.old_log_probs.to(device), log_prob, mb.advantages.to(device), mask,
+        old_log_prob, log_prob, mb.advantages.to(device), mask,
         clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
         clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
     )
@@ -112,8 +121,9 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     mini-batch, gradients accumulated over its micro-batches. A mini-batch
     whose gradient norm is not finite is skipped (no weight change).
 
-    batch needs responses, response_mask, old_log_probs, advantages (and
-    ref_log_probs with use_kl_loss). Returns metrics averaged over micro-batches.
+    batch needs responses, response_mask, advantages, old_log_probs (None
+    when the update is on-policy, see `micro_loss`) and ref_log_probs with
+    use_kl_loss. Returns metrics averaged over micro-batches.
 
     Data parallel (world_size > 1, a sharded model): `batch` holds this
     worker's rows of every mini-batch (mini_batch_size / world_size each) and
@@ -121,35 +131,39 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     gradients, averaged over workers by FSDP, equal the single-process ones.
     """
     device = next(model.parameters()).device
+    if s.loss_scale_factor is None:  # Dr. GRPO's default divisor is the padded length: the batch's, not a trimmed one's
+        s = dataclasses.replace(s, loss_scale_factor=float(batch.response_length))
     return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
-                       prefix="actor")
+                       prefix="actor", remove_padding=s.remove_padding)
 
 
 def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_batch_size: int, epochs: int,
                 loss_agg_mode: str, grad_clip: float, mini_totals: list[float] | None = None, world_size: int = 1,
-                prefix: str = "actor") -> dict[str, float]:
+                prefix: str = "actor", remove_padding: bool = False) -> dict[str, float]:
     """The update loop shared by the actor and the critic: `epochs` passes
     over `batch` in mini-batches of `mini_batch_size` rows (divided over
     `world_size` workers), `loss_fn(micro_batch) -> (loss, metrics)` summed
     over micro-batches with weights that make the sum the mini-batch's loss,
-    gradients clipped to `grad_clip`.
+    gradients clipped to `grad_clip`. With remove_padding a mini-batch's rows
+    are length-ordered and its micro-batches trimmed (`logprobs.micro_batches`):
+    the same sum, no compute on padding.
 
     A mini-batch whose loss or gradient norm is not finite takes no optimizer
     step (its gradients are dropped, the weights and the optimizer state stay
     as they were); with several workers they all agree to skip.
 
-    -> the micro-batches' metrics (averaged), <prefix>/loss (the mini-batches'
+    -> the micro-batches' metrics (averaged with the loss's weights), <prefix>/loss (the mini-batches'
     whole loss, NaN when one was not finite), <prefix>/grad_norm (over the
     steps taken), <prefix>/nonfinite_updates (the steps skipped), <prefix>/lr.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    grad_norms, losses, skipped = [], [], 0
+    grad_norms, losses, skipped, counted = [], [], 0, 0
     minis = batch.split(mini_batch_size // world_size)
     micro_per_epoch = sum(-(-len(m) // micro_batch_size) for m in minis)
+    micros = [[mb for _, mb in micro_batches(mini, micro_batch_size, remove_padding)] for mini in minis]
     bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
                disable=None if world_size == 1 else True)
     for _ in range(epochs):
@@ -157,14 +171,16 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
             optimizer.zero_grad(set_to_none=True)
             total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, loss_agg_mode)
             mini_loss = 0.0
-            for mb in mini.split(micro_batch_size):
+            counted += total > 0
+            for mb in micros[k]:
                 w = loss_units(mb.response_mask, loss_agg_mode) / total * world_size if total > 0 else 0.0
                 loss, m = loss_fn(mb)
                 (loss * w).backward()  # a NaN loss makes NaN gradients: the norm below catches both
                 mini_loss += float(loss.detach()) * w  # x world_size: the group averages over workers
                 for key, v in m.items():
-                    sums[key] = sums.get(key, 0.0) + v * mb.response_mask.shape[0]
-                    weights[key] = weights.get(key, 0.0) + mb.response_mask.shape[0]
+                    # weighted as the loss is: a mini-batch's weights add up to world_size over the workers,
+                    # so sums / counted, averaged over them, is its own value however it is cut up
+                    sums[key] = sums.get(key, 0.0) + v * w
                 bar.update(1)
             grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip)))
             if all_finite(mini_loss, grad_norm, world_size, params[0].device):
@@ -175,7 +191,7 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
             losses.append(mini_loss)
             optimizer.zero_grad(set_to_none=True)
     bar.close()
-    metrics = {k: sums[k] / weights[k] for k in sums}
+    metrics = {k: v / counted if counted else 0.0 for k, v in sums.items()}  # 0: no valid token at all
     metrics[f"{prefix}/loss"] = sum(losses) / len(losses) if losses else 0.0
     metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{prefix}/nonfinite_updates"] = float(skipped)

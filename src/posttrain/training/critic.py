@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
 from posttrain.training.actor import run_updates
+from posttrain.training.logprobs import micro_batches
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class CriticSettings:
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: float | None = None
     grad_clip: float = 1.0
+    remove_padding: bool = True  # model.use_remove_padding: length-ordered, trimmed micro-batches
 
 
 def response_values(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
@@ -34,20 +37,20 @@ def response_values(model, input_ids, attention_mask, position_ids, response_len
 
 
 @torch.no_grad()
-def compute_values(model, batch, micro_batch_size: int) -> torch.Tensor:
+def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = True) -> torch.Tensor:
     """Values [N, R] of `batch` in micro-batches, no grad, zero outside the response mask."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    values = []
+    values = torch.zeros(batch.responses.shape, dtype=torch.float32)
     try:
-        for mb in batch.split(micro_batch_size):
+        for rows, mb in micro_batches(batch, micro_batch_size, remove_padding):
             v = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                                 mb.position_ids.to(device), mb.response_length)
-            values.append(v.cpu() * mb.response_mask)
+            values[rows, :mb.response_length] = v.cpu() * mb.response_mask
     finally:
         model.train(was_training)
-    return torch.cat(values)
+    return values
 
 
 def critic_micro_loss(model, mb, s: CriticSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
@@ -70,6 +73,8 @@ def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[
     """`ppo_epochs` passes of the clipped value loss over `batch` in
     mini-batches (see `actor.run_updates`); -> critic/* metrics."""
     device = next(model.parameters()).device
+    if s.loss_scale_factor is None:  # the padded length of the batch, not of a trimmed micro-batch
+        s = dataclasses.replace(s, loss_scale_factor=float(batch.response_length))
     return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device),
                        s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,
-                       mini_totals, world_size, prefix="critic")
+                       mini_totals, world_size, prefix="critic", remove_padding=s.remove_padding)

@@ -1,28 +1,144 @@
-"""Per-token log-probabilities (and entropy) of responses under a model."""
+"""Per-token log-probabilities (and entropy) of responses under a model, and
+the forward pass that the log-prob, value and training passes share.
+
+Two ways the passes avoid work that does not change their result (both on
+by default, each switched off by its flag for debugging):
+
+- `remove_padding` (model.use_remove_padding): rows are ordered by length
+  before they are cut into micro-batches, and a micro-batch drops the columns
+  that are padding in every row (left of the longest prompt, right of the
+  longest response), so no forward runs on them.
+- `share_prompt` (model.share_prompt): the n samples of a prompt share their
+  prompt tokens, so a micro-batch runs each distinct prompt once, gathers its
+  key/value cache for each of its samples and runs only the response tokens
+  on top. With gradients, the gather's backward sums what the samples send
+  back into the prompt, so the gradient is that of the full pass.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 
 from posttrain.algorithms.losses import entropy_from_logits
 
+FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R]
 
-def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float):
-    """Logits that predict each response token. -> [N, R, V] (float32).
 
-    Only the last R+1 positions are projected to the vocabulary
-    (`logits_to_keep`), which matters for 150k-token vocabularies. Logits are
-    divided by the sampling temperature so the log-probs are those of the
-    distribution the rollout sampled from.
+@dataclass(frozen=True)
+class PassOptions:
+    """How log-prob, value and training passes run (the results do not change)."""
+
+    remove_padding: bool = True
+    share_prompt: bool = True
+
+
+def trim_padding(mb):
+    """The micro-batch without the columns that are padding in every row: left
+    of its longest prompt and right of its longest response. Every [N, P+R]
+    and [N, R] tensor is cut alike; positions keep their values, so the
+    forward of what is left is that of the whole."""
+    width = mb.input_ids.shape[1]
+    prompt_width = width - mb.response_length
+    real = mb.attention_mask.bool()  # [N, P+R]
+    has_prompt = real[:, :prompt_width].any(0)
+    left = int(has_prompt.float().argmax()) if bool(has_prompt.any()) else prompt_width - 1
+    left = min(left, prompt_width - 1)  # a pass needs the last prompt position (it predicts the first token)
+    alive = mb.response_mask.bool().any(0) | real[:, prompt_width:].any(0)  # [R]
+    keep_r = int(torch.nonzero(alive).max()) + 1 if bool(alive.any()) else 1
+    if left == 0 and keep_r == mb.response_length:
+        return mb
+    cut = {}
+    for f in dataclasses.fields(mb):
+        value = getattr(mb, f.name)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            cut[f.name] = value[:, left:prompt_width + keep_r] if f.name in FULL_WIDTH else value[:, :keep_r]
+    return dataclasses.replace(mb, **cut)
+
+
+def length_order(batch) -> torch.Tensor:
+    """A row order that puts alike lengths side by side, samples of one prompt
+    together: by prompt length, then prompt (group), then response length. -> [N]"""
+    prompt_width = batch.input_ids.shape[1] - batch.response_length
+    prompt_len = batch.attention_mask[:, :prompt_width].sum(-1).tolist()
+    response_len = batch.response_mask.sum(-1).tolist()
+    group = batch.group.tolist()
+    order = sorted(range(len(batch)), key=lambda i: (-prompt_len[i], group[i], -response_len[i], i))
+    return torch.tensor(order, dtype=torch.long)
+
+
+def micro_batches(batch, size: int, remove_padding: bool):
+    """-> [(row indices into batch, micro-batch)]: consecutive chunks of `size`
+    rows, or with remove_padding chunks of length-ordered rows, trimmed."""
+    if not remove_padding:
+        return [(torch.arange(s, min(s + size, len(batch))), mb) for s, mb in zip(range(0, len(batch), size),
+                                                                                     batch.split(size))]
+    order = length_order(batch)
+    ordered = batch.select(order)
+    return [(order[s:s + size], trim_padding(mb)) for s, mb in zip(range(0, len(batch), size), ordered.split(size))]
+
+
+def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
+                      share_prompt: bool = False) -> torch.Tensor:
+    """The model's output (`.logits`: vocabulary logits, or a value head's
+    outputs) at the positions that predict each response token. -> [N, R, C]
+
+    Only those positions are projected (`logits_to_keep`), which matters for
+    150k-token vocabularies. With share_prompt, each distinct prompt of the
+    rows is run once and its key/value cache shared by its rows.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=response_length + 1,
-    )
-    logits = out.logits[:, -response_length - 1:-1, :].float()  # position t predicts token t+1
+    if share_prompt:
+        out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length)
+        if out is not None:
+            return out
+    # the last token predicts nothing we score, and no earlier position attends to it: it is left out
+    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+                use_cache=False, logits_to_keep=response_length)
+    return out.logits[:, -response_length:, :]  # position t predicts token t+1
+
+
+def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int):
+    """`forward_responses` with each distinct prompt run once; None when no
+    two rows share a prompt (the plain pass is as cheap)."""
+    prompt_width = input_ids.shape[1] - response_length
+    rows = input_ids.shape[0]
+    prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)  # [N, 2P]
+    # inverse [N]: row -> distinct prompt. Groups of adjacent rows, all of one size (how rollouts and
+    # length_order lay them out), are repeated as blocks, whose backward is a cheap sum; else rows are gathered
+    unique, inverse, counts = torch.unique_consecutive(prompt, dim=0, return_inverse=True, return_counts=True)
+    blocks = bool((counts == counts[0]).all())
+    if not blocks:
+        unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
+    if unique.shape[0] == rows or response_length == 0:
+        return None
+    # one row of each distinct prompt (which one does not matter: they hold the same tokens and positions)
+    first = torch.zeros(unique.shape[0], dtype=torch.long, device=input_ids.device)
+    first.scatter_(0, inverse, torch.arange(rows, device=input_ids.device))
+    head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
+                 position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
+    if blocks:
+        cache.batch_repeat_interleave(rows // unique.shape[0])
+    else:
+        cache.batch_select_indices(inverse)
+    first_token = head.logits[inverse, -1:, :]  # [N, 1, C]: the last prompt position predicts response token 0
+    if response_length == 1:
+        return first_token
+    # response position t predicts token t+1; the last response token predicts nothing we score: left out
+    tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
+                 position_ids=position_ids[:, prompt_width:-1], past_key_values=cache, use_cache=True,
+                 logits_to_keep=response_length - 1)
+    return torch.cat([first_token, tail.logits], dim=1)
+
+
+def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
+                    share_prompt: bool = False):
+    """Logits that predict each response token. -> [N, R, V] (float32), divided
+    by the sampling temperature so the log-probs are those of the distribution
+    the rollout sampled from."""
+    logits = forward_responses(model, input_ids, attention_mask, position_ids, response_length, share_prompt).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     return logits
@@ -33,25 +149,39 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def can_share_prompt(model) -> bool:
+    """Whether a pass may carry a key/value cache through `model`: not with
+    activation checkpointing, whose recomputation would append to it twice."""
+    if getattr(model, "_posttrain_ac", False):  # parallelize(activation_checkpointing=True)
+        return False
+    hf = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"  # transformers < 5 names it so
+    return not getattr(model, hf, False)
+
+
 @torch.no_grad()
-def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False):
+def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False,
+                      options: PassOptions = PassOptions()):
     """Log-probs of `batch.responses` under `model`, in micro-batches, no grad.
 
-    -> (log_probs [N, R], entropy [N, R] or None)
+    -> (log_probs [N, R], entropy [N, R] or None); 0 outside the responses'
+    columns a trimmed micro-batch left out.
     """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    log_probs, entropies = [], []
+    share = options.share_prompt and can_share_prompt(model)
+    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
+    entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
     try:
-        for mb in batch.split(micro_batch_size):
+        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding):
             logits = response_logits(
                 model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
-                mb.response_length, temperature,
-            )
-            log_probs.append(token_log_probs(logits, mb.responses.to(device)).cpu())
+                mb.response_length, temperature, share)
+            width = mb.response_length
+            log_probs[rows, :width] = token_log_probs(logits, mb.responses.to(device)).cpu()
             if with_entropy:
-                entropies.append(entropy_from_logits(logits).cpu())
+                entropies[rows, :width] = entropy_from_logits(logits).cpu()
     finally:
         model.train(was_training)
-    return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)
+    return log_probs, entropies

@@ -40,6 +40,7 @@ def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = 
         layers = decoder_layers(model)
         for i, layer in enumerate(layers):
             layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        model._posttrain_ac = True  # recomputed layers: no pass may carry a key/value cache through them
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype] if param_dtype else None, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)

@@ -1,0 +1,250 @@
+"""The fast paths change no result: each is checked against its switched-off twin.
+
+Generation is compared exactly (same seed, same tokens) in float64, where a
+batch of p prompts and one of p*n rows cannot round differently enough to
+move a sampled token across a CDF boundary. The log-prob and training passes
+change the order of float operations (a shared prompt's attention is split
+in two calls, micro-batches are reordered), so they are compared to 1e-5.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from posttrain.batch import RolloutBatch
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.hf import HFRolloutEngine, sample_next
+from posttrain.training.actor import UpdateSettings, update_policy
+from posttrain.training.logprobs import PassOptions, compute_log_probs, length_order, trim_padding
+
+# different lengths, so prompts are left-padded and chunks differ
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
+EOS = [3, 7, 9]  # common enough in a random 40-token model that rows end at different steps
+OFF = dict(shared_prefill=False, remove_padding=False, early_stop=False)
+
+
+@pytest.fixture
+def model64(random_qwen2):
+    return copy.deepcopy(random_qwen2).double()
+
+
+def generate(model, params, seed=5, micro_batch_size=None, **flags):
+    engine = HFRolloutEngine(model, EOS, pad_token_id=0, micro_batch_size=micro_batch_size, seed=seed,
+                             progress=False, **flags)
+    return engine.generate(PROMPTS, params)
+
+
+def same_samples(a, b) -> None:
+    """Equal responses, masks and prompts; a wider batch may only add padding."""
+    width = a.response_ids.shape[1]
+    assert b.response_ids.shape[1] >= width
+    assert torch.equal(a.response_ids, b.response_ids[:, :width])
+    assert torch.equal(a.response_mask, b.response_mask[:, :width])
+    assert not b.response_mask[:, width:].any()
+    assert torch.equal(a.prompt_ids, b.prompt_ids) and torch.equal(a.prompt_mask, b.prompt_mask)
+
+
+def test_inverse_cdf_sampling_by_hand():
+    # probabilities 0.1, 0.2, 0.7 (logits are their logs); CDF 0.1, 0.3, 1.0
+    logits = torch.tensor([[0.1, 0.2, 0.7]]).log().expand(4, 3)
+    params = SamplingParams(max_new_tokens=1)
+    got = sample_next(logits, params, torch.tensor([0.0, 0.15, 0.3, 0.9999999]))
+    assert got.tolist() == [0, 1, 2, 2]
+    # a token filtered out (top_k=2 drops the 0.1 one) is never drawn, even at u = 0
+    got = sample_next(logits, SamplingParams(max_new_tokens=1, top_k=2), torch.tensor([0.0, 0.1, 0.5, 0.99]))
+    assert got.tolist() == [1, 1, 2, 2]
+
+
+def test_inverse_cdf_sampling_matches_the_distribution():
+    probs = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    g = torch.Generator().manual_seed(0)
+    draws = sample_next(probs.log().expand(200_000, 4), SamplingParams(max_new_tokens=1),
+                        torch.rand(200_000, generator=g))
+    freq = torch.bincount(draws, minlength=4).double() / 200_000
+    torch.testing.assert_close(freq, probs.double(), atol=4e-3, rtol=0)  # ~4 standard errors
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 6])
+@pytest.mark.parametrize("flag", ["shared_prefill", "remove_padding", "early_stop"])
+def test_each_generation_fast_path_gives_the_same_samples(model64, flag, micro_batch_size):
+    params = SamplingParams(max_new_tokens=8, n=3, temperature=1.0, logprobs=True)
+    on = generate(model64, params, micro_batch_size=micro_batch_size)
+    off = generate(model64, params, micro_batch_size=micro_batch_size, **{flag: False})
+    same_samples(on, off)
+    torch.testing.assert_close(on.log_probs, off.log_probs[:, :on.log_probs.shape[1]], rtol=0, atol=1e-9)
+    lengths = on.response_mask.sum(-1)
+    assert lengths.min() < lengths.max() <= 8  # some rows ended early: skipping them was exercised
+
+
+def test_all_generation_fast_paths_off_gives_the_same_samples(model64):
+    params = SamplingParams(max_new_tokens=8, n=4, temperature=0.9, top_p=0.95)
+    same_samples(generate(model64, params, micro_batch_size=8), generate(model64, params, micro_batch_size=8, **OFF))
+    # and the same with EOS ignored (every row runs to the end)
+    params = SamplingParams(max_new_tokens=5, n=4, ignore_eos=True)
+    a, b = generate(model64, params), generate(model64, params, **OFF)
+    same_samples(a, b)
+    assert a.response_mask.all()
+
+
+def test_early_stop_off_decodes_to_the_limit(model64):
+    params = SamplingParams(max_new_tokens=30, n=2)
+    eos = list(range(1, 21))  # half the vocabulary: every row ends within a few tokens
+    on, off = (HFRolloutEngine(model64, eos, 0, seed=5, progress=False, early_stop=stop).generate(PROMPTS, params)
+               for stop in (True, False))
+    assert on.response_ids.shape[1] < 30 and off.response_ids.shape[1] == 30
+    same_samples(on, off)
+
+
+def make_batch(model, n=3, max_new=8, seed=1) -> RolloutBatch:
+    """A real rollout: prompts of different lengths, responses ended by EOS at different steps."""
+    params = SamplingParams(max_new_tokens=max_new, n=n)
+    out = HFRolloutEngine(model, EOS, pad_token_id=0, seed=seed, progress=False).generate(PROMPTS, params)
+    k = len(PROMPTS)
+    return RolloutBatch.from_rollout(out, n, ["a"] * k, ["x"] * k, [{}] * k, [""] * (k * n))
+
+
+def test_trim_padding_drops_only_all_padding_columns(random_qwen2):
+    b = make_batch(random_qwen2)
+    order = length_order(b)
+    assert sorted(order.tolist()) == list(range(len(b)))
+    group = b.group[order].tolist()
+    assert all(group.count(g) == 3 and group.index(g) + 2 == len(group) - group[::-1].index(g) - 1
+               for g in set(group))  # the samples of a prompt stay together
+    mb = b.select(order[-6:])  # the two shortest prompts
+    cut = trim_padding(mb)
+    prompt_width = cut.input_ids.shape[1] - cut.response_length
+    assert cut.attention_mask[:, 0].any() and cut.attention_mask[:, :prompt_width].sum() == \
+        mb.attention_mask[:, :mb.input_ids.shape[1] - mb.response_length].sum()
+    assert cut.response_mask[:, -1].any() and cut.response_mask.sum() == mb.response_mask.sum()
+    assert cut.responses.shape == cut.response_mask.shape and cut.input_ids.shape == cut.position_ids.shape
+
+
+@pytest.mark.parametrize("micro", [2, 3, 7, 64])
+def test_log_probs_are_the_same_with_and_without_the_fast_paths(random_qwen2, micro):
+    b = make_batch(random_qwen2)
+    plain, ent_plain = compute_log_probs(random_qwen2, b, micro, temperature=0.7, with_entropy=True,
+                                         options=PassOptions(remove_padding=False, share_prompt=False))
+    mask = b.response_mask.bool()
+    for options in (PassOptions(True, False), PassOptions(False, True), PassOptions(True, True)):
+        fast, ent = compute_log_probs(random_qwen2, b, micro, temperature=0.7, with_entropy=True, options=options)
+        torch.testing.assert_close(fast[mask], plain[mask], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ent[mask], ent_plain[mask], atol=1e-5, rtol=1e-5)
+
+
+def update(model, batch, **settings):
+    model = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    s = UpdateSettings(mini_batch_size=len(batch), micro_batch_size=4, use_kl_loss=True, kl_loss_coef=0.04,
+                       grad_clip=1e9, **settings)
+    metrics = update_policy(model, opt, batch, s)
+    step = torch.cat([(p0 - p.detach()).flatten() for p0, p in zip(before, model.parameters())])
+    return step, metrics
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_training_losses_and_gradients_are_the_same_with_and_without_the_fast_paths(random_qwen2, mode):
+    b = make_batch(random_qwen2)
+    b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4, options=PassOptions(False, False))
+    b.old_log_probs = b.old_log_probs + 0.05 * b.response_mask  # a little off-policy: clipping is exercised
+    b.ref_log_probs = b.old_log_probs - 0.1 * b.response_mask
+    b.advantages = torch.linspace(-1, 1, len(b))[:, None] * b.response_mask
+    plain, m_plain = update(random_qwen2, b, loss_agg_mode=mode, remove_padding=False, share_prompt=False)
+    assert plain.abs().sum() > 0
+    for rp, sp in ((True, False), (False, True), (True, True)):
+        fast, m = update(random_qwen2, b, loss_agg_mode=mode, remove_padding=rp, share_prompt=sp)
+        torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-4)
+        for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac"):
+            assert m[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
+
+
+def test_on_policy_update_without_old_log_probs_equals_one_with_them(random_qwen2):
+    """ppo_epochs=1 and one mini-batch: the update's own forward, detached,
+    gives the same loss and gradient as a separate no-grad pass."""
+    b = make_batch(random_qwen2)
+    b.advantages = torch.linspace(-1, 1, len(b))[:, None] * b.response_mask
+    b.ref_log_probs = compute_log_probs(random_qwen2, b, 4)[0] - 0.1 * b.response_mask
+    reused, m_reused = update(random_qwen2, b)
+    b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 8)
+    separate, m_separate = update(random_qwen2, b)
+    assert reused.abs().sum() > 0
+    torch.testing.assert_close(reused, separate, atol=1e-7, rtol=1e-5)
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        assert m_reused[key] == pytest.approx(m_separate[key], rel=1e-5, abs=1e-7), key
+    assert m_reused["actor/ppo_kl"] == 0.0 and m_reused["actor/pg_clipfrac"] == 0.0
+
+
+def one_step_run(tmp_path, model_dir, name, *overrides):
+    from posttrain.build import build_run, embedded_data_files
+    from posttrain.config import load_config
+    from posttrain.data.schema import read_rows, write_rows
+
+    write_rows(read_rows(str(embedded_data_files()[1]))[:4], tmp_path / "train.parquet")
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=4",
+        "data.max_prompt_length=64", "data.max_response_length=4", "actor.ppo_mini_batch_size=4",
+        "actor.ppo_micro_batch_size=3", "rollout.n=3", "actor.use_kl_loss=true", "reward.num_workers=0",
+        "trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / name}", "trainer.logger=[]", *overrides])
+    run = build_run(cfg)
+    passes = []
+    compute = run.actor.compute_log_probs
+    run.actor.compute_log_probs = lambda batch, which="policy": passes.append(which) or compute(batch, which)
+    return run, passes
+
+
+@pytest.mark.parametrize("overrides, separate_pass", [
+    ((), False),
+    (("actor.reuse_on_policy_log_probs=false",), True),
+    (("actor.ppo_epochs=2",), True),
+    (("actor.ppo_mini_batch_size=2",), True),  # two mini-batches: the second is off-policy
+    (("algorithm.use_kl_in_reward=true",), True),  # the reward's KL needs them before the update
+])
+def test_the_old_log_prob_pass_runs_only_when_the_update_is_off_policy(tmp_path, tiny_model_dir, overrides,
+                                                                       separate_pass):
+    from posttrain.loop import rl_step
+
+    run, passes = one_step_run(tmp_path, tiny_model_dir, "run", *overrides)
+    _, indices = run.sampler.next_batch()
+    m, batch = rl_step(run, [run.train_data[i] for i in indices])
+    run.rewards.close()
+    assert run.on_policy_update is not separate_pass
+    assert ("policy" in passes) is separate_pass and "ref" in passes
+    assert ("timing_s/old_log_prob" in m) is separate_pass
+    assert (batch.old_log_probs is None) is not separate_pass
+
+
+def test_a_step_reusing_its_log_probs_equals_one_with_a_separate_pass(tmp_path, tiny_model_dir):
+    """Same seed, same samples: the step's losses and the weights it leaves are those of the separate pass."""
+    from posttrain.loop import rl_step
+
+    results = []
+    for name, flag in (("reused", "true"), ("separate", "false")):
+        run, _ = one_step_run(tmp_path, tiny_model_dir, name, f"actor.reuse_on_policy_log_probs={flag}",
+                              "actor.lr=1e-3", "actor.entropy_coeff=0.01")  # a gradient even if all scores tie
+        _, indices = run.sampler.next_batch()
+        m, batch = rl_step(run, [run.train_data[i] for i in indices])
+        run.rewards.close()
+        results.append((m, batch, [p.detach().clone() for p in run.actor.policy.parameters()]))
+    (m1, b1, w1), (m2, b2, w2) = results
+    assert torch.equal(b1.responses, b2.responses) and m1["actor/grad_norm"] > 0
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(w1, w2):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+def test_reserved_cache_layer_writes_in_place_and_grows_when_full():
+    from posttrain.rollout.kv import ReservedLayer
+
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    layer = ReservedLayer(keys, values, room=1, repeats=2)  # rows 0, 0, 1, 1
+    assert torch.equal(layer.keys, keys.repeat_interleave(2, dim=0))
+    steps = [(torch.randn(4, 1, 1, 4), torch.randn(4, 1, 1, 4)) for _ in range(3)]  # the 2nd and 3rd outgrow it
+    for k, v in steps:
+        got_k, got_v = layer.update(k, v)
+    want_k = torch.cat([keys.repeat_interleave(2, dim=0)] + [k for k, _ in steps], dim=2)
+    want_v = torch.cat([values.repeat_interleave(2, dim=0)] + [v for _, v in steps], dim=2)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and layer.get_seq_length() == 6
+    layer.batch_select_indices(torch.tensor([3, 0]))
+    assert torch.equal(layer.keys, want_k[[3, 0]]) and torch.equal(layer.values, want_v[[3, 0]])
