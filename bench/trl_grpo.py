@@ -12,10 +12,11 @@ posttrain runs in this process (common.time_posttrain); TRL runs in a
 subprocess (bench/trl_side.py) with an interpreter that has trl: `--trl-python`,
 or bench/.venv-trl, which is built on first use on top of this interpreter's
 packages (the same torch, transformers and posttrain) with trl==1.16.0 added.
-The first step of each side is warm-up; the table reports the median of the
-rest.
+The sides take turns, `--rounds` fresh runs each (default 2), so that a
+machine that is slower for a while weighs on both alike; the first step of
+every run is warm-up, and the table reports the median of all the others.
 
-    .venv/bin/python bench/trl_grpo.py [--steps 6] [--prompts 16] [--n 8] [--response-length 16]
+    .venv/bin/python bench/trl_grpo.py [--steps 6] [--rounds 2] [--prompts 16] [--n 8] [--response-length 16]
                                        [--only posttrain|trl] [--json PATH] [--trl-python PATH]
 """
 
@@ -25,6 +26,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -118,9 +120,16 @@ def time_trl(python: str, model_dir: Path, rows: list[dict], args, tmp: Path, ch
     return json.loads((tmp / "trl_result.json").read_text())
 
 
+def merged(runs: list[dict]) -> dict:
+    """Several runs of one side (one per round) as one result: `measured_s`
+    holds every run's steps after its warm-up step."""
+    return {**runs[-1], "step_s": [r["step_s"] for r in runs],
+            "measured_s": [s for r in runs for s in (r["step_s"][1:] or r["step_s"])]}
+
+
 def summary(result: dict, completions: int) -> dict:
-    measured = result["step_s"][1:] or result["step_s"]
-    median = common.median_after_warmup(result["step_s"])
+    measured = result["measured_s"]
+    median = statistics.median(measured)
     return {"step_s": result["step_s"], "median_s": median, "min_s": min(measured), "max_s": max(measured),
             "completions_per_s": completions / median, "response_length": result["response_length"]}
 
@@ -132,6 +141,9 @@ def main() -> None:
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--steps", type=int, default=6, help="steps per side; the first is warm-up")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of one run per side, alternating, so that a machine slower for a while weighs on "
+                        "both sides alike; the medians are over every measured step of every round")
     p.add_argument("--only", choices=["posttrain", "trl"])
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--trl-python", help="an interpreter that has trl (default: bench/.venv-trl, built when needed)")
@@ -146,29 +158,31 @@ def main() -> None:
     completions = args.prompts * args.n
     python = trl_python(args.trl_python) if args.only != "posttrain" else None
 
-    results: dict = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model_dir = common.make_model(tmp / "model")
         rows = common.make_prompts(args.prompts * args.steps)
         data_file = common.write_prompts(rows, tmp / "train.parquet")
-        if args.only != "trl":
-            common.log(f"posttrain: {args.steps} steps of {args.prompts} prompts x {args.n}, "
-                       f"{args.response_length} tokens")
-            results["posttrain"] = common.time_posttrain(model_dir, data_file, args.prompts, args.n,
-                                                         args.response_length, args.steps)
-        if args.only != "posttrain":
-            if args.trl_checkpointing in ("off", "both"):
-                results["trl"] = time_trl(python, model_dir, rows, args, tmp, checkpointing=False)
-            if args.trl_checkpointing in ("on", "both"):
-                results["trl_default"] = time_trl(python, model_dir, rows, args, tmp, checkpointing=True)
+        runs: dict[str, list] = {}
+        for round_ in range(1, args.rounds + 1):
+            if args.only != "trl":
+                common.log(f"round {round_}: posttrain: {args.steps} steps of {args.prompts} prompts x {args.n}, "
+                           f"{args.response_length} tokens")
+                runs.setdefault("posttrain", []).append(common.time_posttrain(
+                    model_dir, data_file, args.prompts, args.n, args.response_length, args.steps))
+            if args.only != "posttrain":
+                if args.trl_checkpointing in ("off", "both"):
+                    runs.setdefault("trl", []).append(time_trl(python, model_dir, rows, args, tmp, False))
+                if args.trl_checkpointing in ("on", "both"):
+                    runs.setdefault("trl_default", []).append(time_trl(python, model_dir, rows, args, tmp, True))
+        results = {side: merged(r) for side, r in runs.items()}
 
     out: dict = {"settings": {"prompts": args.prompts, "n": args.n, "response_length": args.response_length,
-                              "steps": args.steps, "threads": args.threads, "lr": LR, "beta": BETA,
-                              "temperature": TEMPERATURE, "dtype": "float32"}}
+                              "steps": args.steps, "rounds": args.rounds, "threads": args.threads, "lr": LR,
+                              "beta": BETA, "temperature": TEMPERATURE, "dtype": "float32"}}
     print(f"{args.prompts} prompts x {args.n} samples per step, {args.response_length}-token responses (EOS off), "
-          f"KL beta {BETA}, 1 update per step, lr {LR}, float32, {args.threads} threads; "
-          f"median of steps 2..{args.steps}")
+          f"KL beta {BETA}, 1 update per step, lr {LR}, float32, {args.threads} threads; median of steps "
+          f"2..{args.steps} of {args.rounds} alternating run(s) per side")
     rows_out = []
     if "posttrain" in results:
         out["posttrain"] = {"versions": common.versions(), **summary(results["posttrain"], completions),
