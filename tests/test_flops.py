@@ -23,10 +23,12 @@ def test_hand_count_of_a_small_config():
     # a 10-token sequence: forward 2*80128*10 + 4*128*10*10 = 1,602,560 + 51,200; backward twice that
     assert f.forward(10, 10) == 1_653_760
     assert f.training(torch.tensor([10])) == 3 * 1_653_760
-    # rollout of 3 tokens after a 5-token prompt: prefill 2N*5 + 4*128*25, then 2 tokens fed back with 6 and 7 keys
-    expected = (2 * 80128 * 5 + 4 * 128 * 25) + (2 * 80128 + 4 * 128 * 6) + (2 * 80128 + 4 * 128 * 7)
+    # rollout of 3 tokens after a 5-token prompt: prefill 2N*5 + 4*128*25 less the LM head on the 4 positions
+    # before the last (only the last predicts), then 2 tokens fed back with 6 and 7 keys
+    prefill = 2 * 80128 * 5 - 2 * 6400 * 4 + 4 * 128 * 25
+    expected = prefill + (2 * 80128 + 4 * 128 * 6) + (2 * 80128 + 4 * 128 * 7)
     assert f.rollout(torch.tensor([5]), torch.tensor([3])) == expected
-    assert f.rollout(torch.tensor([5]), torch.tensor([0])) == 2 * 80128 * 5 + 4 * 128 * 25  # nothing generated
+    assert f.rollout(torch.tensor([5]), torch.tensor([0])) == prefill  # nothing generated
 
 
 def test_head_dim_moe_and_multimodal_configs():

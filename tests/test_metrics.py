@@ -65,6 +65,12 @@ def test_throughput_and_mfu_of_a_step():
     assert out["perf/flops/actor"] == 2 * train
     assert out["perf/mfu/actor"] == pytest.approx(2 * train / (1.0 * 1e7 * 2))
     assert out["perf/mfu/rollout"] == pytest.approx(1e6 / (0.5 * 1e7 * 2))
+    # model.share_prompt: each group's prompt once (groups 0, 0, 1, 1), responses without their last token
+    # attending to prompt + response. Prompts 2, 2, 1, 1 with responses 3, 1, 0, 2 real tokens -> run 2, 0, 0, 1
+    shared = perf_metrics(m, batch, flops, peak_flops=1e7, ppo_epochs=1, devices=1, share_prompt=True)
+    prompts = sum(2000 * p + 40 * p * p for p in (2, 1))
+    responses = sum(2000 * r + 40 * r * (p + r) for p, r in ((2, 2), (2, 0), (1, 0), (1, 1)))
+    assert shared["perf/flops/actor"] == 3 * (prompts + responses)
     warmup = perf_metrics({"timing_s/step": 2.0}, batch, flops, peak_flops=None, ppo_epochs=1, devices=1)
     assert set(warmup) == {"perf/total_num_tokens", "perf/throughput"}  # no peak, no update: no MFU
 
@@ -105,8 +111,10 @@ def test_a_run_piped_to_a_file_logs_everything_plainly(tmp_path, trained_tiny_mo
     assert re.search(r"^step 3/3 \| score", text, re.M) and "done: validation score" in text
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2, 3]
-    for phase in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step"):
+    for phase in ("gen", "reward", "ref", "adv", "update_actor", "update_weights", "step"):
         assert all(x[f"timing_s/{phase}"] > 0 for x in lines[1:]), phase
+    # one epoch, one mini-batch: the update takes its old log-probs from its own forward, no separate pass
+    assert not any("timing_s/old_log_prob" in x for x in lines)
     assert "timing_s/testing" in lines[2] and "timing_s/save_checkpoint" in lines[2]
     assert lines[2]["timing_s/step"] > lines[2]["timing_s/testing"] + lines[2]["timing_s/update_actor"]
     for x in lines[1:]:

@@ -67,6 +67,7 @@ class ModelFlops:
 
     matmul_params: int  # N above: weights a token multiplies through
     attn_width: int  # L * nh * hd: the attention FLOPs per key are 4x this
+    head_params: int = 0  # h * vocab: the LM head's share of matmul_params
 
     @classmethod
     def from_config(cls, c: dict) -> "ModelFlops":
@@ -83,7 +84,8 @@ class ModelFlops:
             mlp += h * (c.get("num_experts") or c.get("n_routed_experts") or 0)  # the router
         else:
             mlp = 3 * h * c["intermediate_size"]
-        return cls(matmul_params=layers * (attn + mlp) + h * c["vocab_size"], attn_width=layers * nh * hd)
+        return cls(matmul_params=layers * (attn + mlp) + h * c["vocab_size"], attn_width=layers * nh * hd,
+                   head_params=h * c["vocab_size"])
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ModelFlops":
@@ -99,14 +101,33 @@ class ModelFlops:
         s = seq_lengths.double()
         return 3.0 * float((2.0 * self.matmul_params * s + 4.0 * self.attn_width * s * s).sum())
 
-    def rollout(self, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor) -> float:
-        """Prefill of each prompt [B] plus its response tokens [B] decoded with a KV cache."""
+    def training_shared(self, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor,
+                        group: torch.Tensor) -> float:
+        """Forward + backward as model.share_prompt runs them: each group's
+        prompt once (lengths [B], group ids [B]), then each response with its
+        last token left out (it predicts nothing scored), attending to its
+        prompt and itself. (A group split between micro-batches runs its
+        prompt once per part: not counted.)"""
+        p, r = prompt_lengths.double(), (response_lengths.double() - 1).clamp(min=0)
+        ids = group.tolist()
+        pg = p[[ids.index(g) for g in dict.fromkeys(ids)]]  # one prompt per group
+        prompts = 2.0 * self.matmul_params * pg + 4.0 * self.attn_width * pg * pg
+        responses = 2.0 * self.matmul_params * r + 4.0 * self.attn_width * r * (p + r)
+        return 3.0 * float(prompts.sum() + responses.sum())
+
+    def rollout(self, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, samples_per_prefill: int = 1
+                ) -> float:
+        """Prefill of each prompt [B] plus its response tokens [B] decoded with a
+        KV cache; a prefill projects only its last position onto the vocabulary,
+        and runs once for `samples_per_prefill` rows (a prompt's n samples when
+        they share it: rollout.shared_prefill, vLLM)."""
         p, r = prompt_lengths.double(), response_lengths.double()
         fed = (r - 1).clamp(min=0)  # the last sampled token is never fed back
-        prefill = 2.0 * self.matmul_params * p + 4.0 * self.attn_width * p * p
+        prefill = (2.0 * (self.matmul_params - self.head_params) * p + 2.0 * self.head_params
+                   + 4.0 * self.attn_width * p * p)
         # sum_{j=1..fed} (p + j) keys
         decode = 2.0 * self.matmul_params * fed + 4.0 * self.attn_width * (fed * p + fed * (fed + 1) / 2)
-        return float((prefill + decode).sum())
+        return float((prefill / samples_per_prefill + decode).sum())
 
 
 def mfu(flops: float, seconds: float, peak_flops: float | None, devices: int = 1) -> float | None:

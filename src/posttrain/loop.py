@@ -135,7 +135,9 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     with timed(m, "gen"):
         out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
     if run.flops is not None:  # every round of dynamic sampling counts toward perf/mfu/rollout
-        flops = run.flops.rollout(out.prompt_mask.sum(-1), out.response_mask.sum(-1))
+        r = run.cfg.rollout
+        shared = run.sampling.n if r.shared_prefill or r.name == "vllm" else 1  # a prompt's samples share its prefill
+        flops = run.flops.rollout(out.prompt_mask.sum(-1), out.response_mask.sum(-1), shared)
         m["perf/flops/rollout"] = m.get("perf/flops/rollout", 0.0) + flops
     batch = RolloutBatch.from_rollout(
         out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
@@ -328,8 +330,9 @@ def train(run: Run) -> dict[str, float]:
                 stopping = run.stop_signal is not None or run.guard.exhausted
                 if stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
                     save(run, metrics)
+            share = run.cfg.model.share_prompt and not run.cfg.model.enable_gradient_checkpointing
             metrics.update(perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs,
-                                        getattr(run.actor, "world_size", 1)))
+                                        getattr(run.actor, "world_size", 1), share))
             metrics.update(run.actor.memory())
             if tr.log_samples_freq > 0 and (run.global_step % tr.log_samples_freq == 0 or run.global_step == 1):
                 logger.log_samples(sample_rows(batch, run.tokenizer, tr.log_samples_prompts), run.global_step)

@@ -60,9 +60,11 @@ def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
     return m
 
 
-def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: int, devices: int) -> dict:
+def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: int, devices: int,
+                 share_prompt: bool = False) -> dict:
     """Tokens, throughput and MFU of a finished step (`m` holds its timings
-    and perf/flops/rollout). FLOPs count real tokens only (see flops.py)."""
+    and perf/flops/rollout). FLOPs count real tokens only, each group's prompt
+    once in the update with share_prompt (see flops.py)."""
     from posttrain.flops import mfu
 
     tokens = float(batch.attention_mask.sum())
@@ -72,7 +74,13 @@ def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: in
     if "perf/flops/rollout" in m:
         out["perf/mfu/rollout"] = mfu(m["perf/flops/rollout"], m.get("timing_s/gen", 0.0), peak_flops, devices)
     if "timing_s/update_actor" in m:  # not during the critic's warm-up
-        out["perf/flops/actor"] = ppo_epochs * flops.training(batch.attention_mask.sum(-1))
+        if share_prompt:
+            prompt_width = batch.input_ids.shape[1] - batch.response_length
+            per_epoch = flops.training_shared(batch.attention_mask[:, :prompt_width].sum(-1),
+                                              batch.attention_mask[:, prompt_width:].sum(-1), batch.group)
+        else:
+            per_epoch = flops.training(batch.attention_mask.sum(-1))
+        out["perf/flops/actor"] = ppo_epochs * per_epoch
         out["perf/mfu/actor"] = mfu(out["perf/flops/actor"], m["timing_s/update_actor"], peak_flops, devices)
     return {k: v for k, v in out.items() if v is not None}
 
