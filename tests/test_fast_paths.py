@@ -248,3 +248,8 @@ def test_reserved_cache_layer_writes_in_place_and_grows_when_full():
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and layer.get_seq_length() == 6
     layer.batch_select_indices(torch.tensor([3, 0]))
     assert torch.equal(layer.keys, want_k[[3, 0]]) and torch.equal(layer.values, want_v[[3, 0]])
+    layer.crop(-2)  # back to 4 positions; the next token goes after them
+    k, v = torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4)
+    got_k, got_v = layer.update(k, v)
+    assert torch.equal(got_k, torch.cat([want_k[[3, 0], :, :4], k], dim=2)) and layer.get_seq_length() == 5
+    assert torch.equal(got_v, torch.cat([want_v[[3, 0], :, :4], v], dim=2))

@@ -80,6 +80,11 @@ class RolloutBatch:
     def response_length(self) -> int:
         return self.responses.shape[1]
 
+    @property
+    def prompt_width(self) -> int:
+        """P: the padded prompt part of input_ids."""
+        return self.input_ids.shape[1] - self.response_length
+
     def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
         """Rows `index` of every tensor and list (for mini- and micro-batches)."""
         index = torch.as_tensor(index, dtype=torch.long)
@@ -103,7 +108,7 @@ class RolloutBatch:
         """Rows of several batches as one, re-padded to the widest prompt (left)
         and response (right); group ids are renumbered 0.. in order of first
         appearance, with each part's groups distinct from the others'."""
-        p_width = max(b.input_ids.shape[1] - b.response_length for b in parts)
+        p_width = max(b.prompt_width for b in parts)
         r_width = max(b.response_length for b in parts)
 
         def pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
@@ -115,7 +120,7 @@ class RolloutBatch:
             values = [getattr(b, f.name) for b in parts]
             if f.name in ("input_ids", "attention_mask"):
                 value = 0 if f.name == "attention_mask" else pad_token_id
-                cut = [v.shape[1] - b.response_length for v, b in zip(values, parts)]
+                cut = [b.prompt_width for b in parts]
                 prompts = [pad(v[:, :c], p_width, value, True) for v, c in zip(values, cut)]
                 responses = [pad(v[:, c:], r_width, value, False) for v, c in zip(values, cut)]
                 out[f.name] = torch.cat([torch.cat(prompts), torch.cat(responses)], dim=1)

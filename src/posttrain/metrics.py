@@ -54,8 +54,8 @@ def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
     lengths = batch.response_mask.sum(-1)
     _stats("response_length", lengths, m)
     m["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
-    prompt_width = batch.input_ids.shape[1] - batch.responses.shape[1]  # not attention - response: an empty
-    prompt_lengths = batch.attention_mask[:, :prompt_width].sum(-1)     # response's EOS is attended, unmasked
+    # not attention - response: an empty response's EOS is attended, unmasked
+    prompt_lengths = batch.attention_mask[:, :batch.prompt_width].sum(-1)
     _stats("prompt_length", prompt_lengths, m)
     return m
 
@@ -75,9 +75,9 @@ def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: in
         out["perf/mfu/rollout"] = mfu(m["perf/flops/rollout"], m.get("timing_s/gen", 0.0), peak_flops, devices)
     if "timing_s/update_actor" in m:  # not during the critic's warm-up
         if share_prompt:
-            prompt_width = batch.input_ids.shape[1] - batch.response_length
-            per_epoch = flops.training_shared(batch.attention_mask[:, :prompt_width].sum(-1),
-                                              batch.attention_mask[:, prompt_width:].sum(-1), batch.group)
+            p = batch.prompt_width
+            per_epoch = flops.training_shared(batch.attention_mask[:, :p].sum(-1), batch.attention_mask[:, p:].sum(-1),
+                                              batch.group)
         else:
             per_epoch = flops.training(batch.attention_mask.sum(-1))
         out["perf/flops/actor"] = ppo_epochs * per_epoch

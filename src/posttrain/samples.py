@@ -15,7 +15,7 @@ import torch
 
 def prompt_texts(batch, tokenizer, rows: list[int]) -> list[str]:
     """The prompts of `rows` as the model saw them (template included, special tokens and padding left out)."""
-    width = batch.input_ids.shape[1] - batch.response_length
+    width = batch.prompt_width
     prompts = batch.input_ids[rows, :width]  # [k, P] left-padded
     masks = batch.attention_mask[rows, :width].bool()
     return [tokenizer.decode(p[m].tolist(), skip_special_tokens=True) for p, m in zip(prompts, masks)]

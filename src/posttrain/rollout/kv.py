@@ -54,7 +54,12 @@ class ReservedLayer(DynamicLayer):
         self._views()
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a reserved decoding cache is not cropped")
+        """Drop the last -tokens_to_remove positions (transformers' convention:
+        a negative count; the buffer keeps its room)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
+        self._len = max(0, self._len + tokens_to_remove)
+        self._views()
 
 
 def reserve(cache, room: int, repeats: int = 1):

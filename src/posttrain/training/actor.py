@@ -131,11 +131,19 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     gradients, averaged over workers by FSDP, equal the single-process ones.
     """
     device = next(model.parameters()).device
-    if s.loss_scale_factor is None:  # Dr. GRPO's default divisor is the padded length: the batch's, not a trimmed one's
-        s = dataclasses.replace(s, loss_scale_factor=float(batch.response_length))
+    s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
                        prefix="actor", remove_padding=s.remove_padding)
+
+
+def pinned_loss_scale(settings, batch):
+    """`settings` (UpdateSettings or CriticSettings) with seq-mean-token-sum-norm's
+    divisor fixed: its default is the padded response length, which must be
+    the batch's, not that of a trimmed micro-batch."""
+    if settings.loss_scale_factor is not None:
+        return settings
+    return dataclasses.replace(settings, loss_scale_factor=float(batch.response_length))
 
 
 def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_batch_size: int, epochs: int,

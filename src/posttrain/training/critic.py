@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
-from posttrain.training.actor import run_updates
+from posttrain.training.actor import pinned_loss_scale, run_updates
 from posttrain.training.logprobs import micro_batches
 
 
@@ -73,8 +72,7 @@ def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[
     """`ppo_epochs` passes of the clipped value loss over `batch` in
     mini-batches (see `actor.run_updates`); -> critic/* metrics."""
     device = next(model.parameters()).device
-    if s.loss_scale_factor is None:  # the padded length of the batch, not of a trimmed micro-batch
-        s = dataclasses.replace(s, loss_scale_factor=float(batch.response_length))
+    s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device),
                        s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,
                        mini_totals, world_size, prefix="critic", remove_padding=s.remove_padding)

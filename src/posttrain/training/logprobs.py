@@ -40,8 +40,7 @@ def trim_padding(mb):
     of its longest prompt and right of its longest response. Every [N, P+R]
     and [N, R] tensor is cut alike; positions keep their values, so the
     forward of what is left is that of the whole."""
-    width = mb.input_ids.shape[1]
-    prompt_width = width - mb.response_length
+    prompt_width = mb.prompt_width
     real = mb.attention_mask.bool()  # [N, P+R]
     has_prompt = real[:, :prompt_width].any(0)
     left = int(has_prompt.float().argmax()) if bool(has_prompt.any()) else prompt_width - 1
@@ -61,8 +60,7 @@ def trim_padding(mb):
 def length_order(batch) -> torch.Tensor:
     """A row order that puts alike lengths side by side, samples of one prompt
     together: by prompt length, then prompt (group), then response length. -> [N]"""
-    prompt_width = batch.input_ids.shape[1] - batch.response_length
-    prompt_len = batch.attention_mask[:, :prompt_width].sum(-1).tolist()
+    prompt_len = batch.attention_mask[:, :batch.prompt_width].sum(-1).tolist()
     response_len = batch.response_mask.sum(-1).tolist()
     group = batch.group.tolist()
     order = sorted(range(len(batch)), key=lambda i: (-prompt_len[i], group[i], -response_len[i], i))
