@@ -49,12 +49,20 @@ def trained_tiny_model_dir():
     return ensure_tiny_model()
 
 
-def _free_port() -> int:
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now (all held open while choosing, so none repeats)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -74,28 +82,42 @@ def ray_cluster(tmp_path_factory):
     pytest.importorskip("ray")
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="ptray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    port, dash = _free_port(), _free_port()
     env = dict(os.environ)
     # jobs submitted to the cluster run their entrypoint with this PATH: find this venv's `posttrain`
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
-    # --block: the cluster lives as long as this child, so stopping it stops
-    # only this cluster (`ray stop` would stop every cluster of the user).
-    # Every port chosen free, so that two test sessions on one machine do not collide.
-    ports = {flag: _free_port() for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
-                                             "dashboard-agent-grpc-port", "metrics-export-port",
-                                             "runtime-env-agent-port", "node-manager-port", "object-manager-port")}
-    head = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}", *(f"--{flag}={p}" for flag, p in ports.items())],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        _wait_for_dashboard(f"http://127.0.0.1:{dash}", head)
-    except BaseException:
-        os.killpg(head.pid, 9)
-        raise
+    log_path = Path(temp_dir) / "ray-start.log"
+    # A port chosen free can be taken by someone else before Ray binds it: a start
+    # that fails is tried again with new ports; the last failure shows Ray's output.
+    for attempt in range(3):
+        # Every port chosen free, so that two test sessions on one machine do not collide.
+        port, dash, *others = _free_ports(9)
+        ports = dict(zip(("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                          "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
+                          "object-manager-port"), others))
+        # --block: the cluster lives as long as this child, so stopping it stops
+        # only this cluster (`ray stop` would stop every cluster of the user).
+        with open(log_path, "w") as log:
+            head = subprocess.Popen(
+                [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8", "--disable-usage-stats",
+                 "--object-store-memory=300000000",  # the tests move little; leaves /dev/shm and RAM alone
+                 f"--temp-dir={temp_dir}", *(f"--{flag}={p}" for flag, p in ports.items())],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        try:
+            _wait_for_dashboard(f"http://127.0.0.1:{dash}", head)
+            break
+        except RuntimeError as e:
+            _stop_group(head)
+            if attempt == 2:
+                output = log_path.read_text(errors="replace")[-4000:]
+                shutil.rmtree(temp_dir, ignore_errors=True)
+                raise RuntimeError(f"{e}\n--- output of `ray start` (third try) ---\n{output}") from e
+        except BaseException:
+            _stop_group(head)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
     # A driver connecting to it must say its own address is loopback too
     # (`ray.init(address=..., _node_ip_address="127.0.0.1")`), or it waits forever
     # for a raylet on the machine's routable address.
@@ -114,8 +136,19 @@ def ray_cluster(tmp_path_factory):
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+            _stop_group(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop_group(head) -> None:
+    """Kill the `ray start` child and everything it started (its own session)."""
+    import signal
+
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone, with its group
+    head.wait()
 
 
 def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
