@@ -30,6 +30,7 @@ FLAGS = {
     "rollout.early_stop": "decoding stops when all have ended",
     "model.use_remove_padding": "no compute on padding in passes",
     "model.share_prompt": "prompt run once in log-prob/training passes",
+    "model.small_attention": "small CPU attentions as grouped matmuls",
     "actor.reuse_on_policy_log_probs": "no separate old log-prob pass",
 }
 

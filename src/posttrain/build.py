@@ -124,6 +124,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
     return WorkerSpec(critic=critic,
         model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+        small_attention=cfg.model.small_attention,
         need_ref=a.use_kl_loss or cfg.algorithm.use_kl_in_reward, device=device, lr=a.lr,
         weight_decay=a.weight_decay, betas=tuple(a.betas),
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),

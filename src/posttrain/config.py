@@ -55,6 +55,8 @@ class ModelConfig:
     use_remove_padding: bool = True
     # log-prob and training passes: a prompt's tokens run once per micro-batch, its KV shared by its samples
     share_prompt: bool = True
+    # small attentions on the CPU as grouped matmuls instead of torch's fused SDPA kernel (models/attention.py)
+    small_attention: bool = True
 
 
 @dataclass

@@ -52,6 +52,7 @@ class WorkerSpec:
     dtype: str = "float32"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    small_attention: bool = True  # models/attention.py
     need_ref: bool = False
     device: str = "cpu"  # cpu | cuda
     lr: float = 1e-6
@@ -105,7 +106,8 @@ class Worker:
         if self.world_size > 1:
             self._init_process_group(init_method, device)
         torch.manual_seed(s.seed)
-        kwargs = dict(dtype=s.dtype, trust_remote_code=s.trust_remote_code, device=device)
+        kwargs = dict(dtype=s.dtype, trust_remote_code=s.trust_remote_code, device=device,
+                      small_attention=s.small_attention)
         self.tokenizer = load_tokenizer(s.model_dir, trust_remote_code=s.trust_remote_code)
         self.policy = load_model(s.policy_dir or s.model_dir, **kwargs)
         eos = eos_token_ids(self.tokenizer, self.policy)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from posttrain.errors import ModelError
+from posttrain.models.attention import use_grouped_attention
 from posttrain.text import one_line
 
 _FIX = ("point actor_rollout_ref.model.path (model.path) at a Hugging Face model directory, "
@@ -47,8 +48,10 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu"):
-    """AutoModelForCausalLM from safetensors weights only."""
+def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu",
+               small_attention: bool = True):
+    """AutoModelForCausalLM from safetensors weights only. small_attention: small
+    CPU attentions as grouped matmuls (models/attention.py)."""
     from transformers import AutoModelForCausalLM
 
     p = check_model_dir(path)
@@ -60,10 +63,13 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
         )
     except Exception as e:
         raise ModelError(f"cannot load the model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
+    if small_attention:
+        use_grouped_attention(model)
     return model.to(device)
 
 
-def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu"):
+def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device="cpu",
+                     small_attention: bool = True):
     """A value model: the causal LM's body with a scalar head on every position
     (AutoModelForTokenClassification with one label; the head starts from
     scratch unless `path` is a saved critic). -> model whose `.logits` are [B, L, 1]."""
@@ -94,6 +100,8 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
         raise ModelError(f"cannot load a value model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     except Exception as e:
         raise ModelError(f"cannot load a value model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
+    if small_attention:
+        use_grouped_attention(model)
     return model.to(device)
 
 
