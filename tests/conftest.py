@@ -86,6 +86,13 @@ def ray_cluster(tmp_path_factory):
     # jobs submitted to the cluster run their entrypoint with this PATH: find this venv's `posttrain`
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
+    # Nothing off loopback: with usage stats off, Ray's dashboard still asks cloud metadata servers
+    # (169.254.169.254) which cloud it is on unless ~/ray_bootstrap_config.yaml exists, and reports
+    # "disabled" to usage-stats.ray.io; a home of its own with that file, and a closed local port.
+    home = Path(temp_dir) / "home"
+    home.mkdir()
+    (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+    env.update(HOME=str(home), RAY_USAGE_STATS_REPORT_URL=f"http://127.0.0.1:{_free_ports(1)[0]}/")
     log_path = Path(temp_dir) / "ray-start.log"
     # A port chosen free can be taken by someone else before Ray binds it: a start
     # that fails is tried again with new ports; the last failure shows Ray's output.

@@ -186,6 +186,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from posttrain import __version__
     from posttrain.data.preprocess import register as register_preprocessors
+    from posttrain.deploy import register as register_deploy
 
     p = _Parser(prog="posttrain", description="RL post-training of language models.")
     p.add_argument("--version", action="version", version=f"posttrain {__version__}")
@@ -260,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--list", action="store_true", help="list the cluster's jobs")
     sm.add_argument("--follow", action="store_true", help="with --logs: stream until the job ends")
     sm.set_defaults(func=cmd_submit)
+
+    dp = sub.add_parser("deploy", help="render a KubeRay manifest or a Slurm script that runs posttrain on a cluster")
+    register_deploy(dp.add_subparsers(dest="target", required=True))
 
     tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory")
     tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")

@@ -1,0 +1,83 @@
+"""What `posttrain deploy kuberay` and `posttrain deploy slurm` both check: the posttrain
+command a cluster will run (after `--`), and `--env KEY=VALUE` items.
+
+A command is checked with posttrain's own parser and config loader, so that a typo
+fails when the manifest or script is rendered, not after the cluster has started or
+the job has waited in the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+
+from posttrain.errors import ConfigError
+
+NOT_ON_CLUSTER = ("deploy", "submit")  # they start work elsewhere, they do none
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+EXAMPLE = "e.g. -- train CONFIG.yaml key=value"
+
+
+def check_command(words: list[str] | tuple[str, ...], cluster: tuple[int, int] | None = None,
+                  resize: str = "") -> list[str]:
+    """The words after `--` (a leading `posttrain` allowed) -> the posttrain arguments.
+
+    cluster: (nodes, GPUs per node) the command will find; a `train` command asking
+    for more (trainer.nnodes x trainer.n_gpus_per_node) is an error that names `resize`,
+    the flags that change the cluster."""
+    from posttrain.cli import build_parser
+
+    words = list(words)
+    if words[:1] == ["posttrain"]:
+        words = words[1:]
+    if not words:
+        raise ConfigError(f"no command after --: give the posttrain command to run, {EXAMPLE}")
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            parsed = build_parser().parse_args(words)
+    except SystemExit as e:
+        lines = [line for line in said.getvalue().splitlines() if "error:" in line]
+        why = lines[-1].split("error:", 1)[1].strip() if lines else (
+            "not a posttrain command" if e.code else "it would only print help and exit")
+        raise ConfigError(f"the command after -- ({shlex.join(words)}): {why}; give a posttrain command, "
+                          f"{EXAMPLE}") from None
+    # the sub-command is the first word that is not an option (posttrain's own options take no value)
+    sub = next(w for w in words if not w.startswith("-"))
+    if sub in NOT_ON_CLUSTER:
+        raise ConfigError(f"the command after -- is `posttrain {sub}`, which does no work on the cluster; give "
+                          f"the command that does, {EXAMPLE}")
+    if sub == "train":
+        _check_train(parsed.args, words, cluster, resize)
+    return words
+
+
+def _check_train(args: list[str], words: list[str], cluster, resize: str) -> None:
+    """Unknown config keys, and a trainer.nnodes x n_gpus_per_node the cluster cannot hold."""
+    from posttrain.cli import split_train_args
+    from posttrain.config import canonicalize, parse_override
+
+    try:
+        flat = canonicalize(dict(parse_override(a) for a in split_train_args(args)[1]), "after --")
+    except ConfigError as e:
+        raise ConfigError(f"the command after -- ({shlex.join(words)}): {e}") from None
+    nodes, gpus = flat.get("trainer.nnodes", 1), flat.get("trainer.n_gpus_per_node", 1)
+    if cluster is None or not cluster[1] or not (isinstance(nodes, int) and isinstance(gpus, int)):
+        return  # a config file may set them; CPU workers are not counted in GPUs
+    if nodes > cluster[0] or gpus > cluster[1]:
+        raise ConfigError(f"-- train trainer.nnodes={nodes} trainer.n_gpus_per_node={gpus} needs more than the "
+                          f"{cluster[0]} nodes x {cluster[1]} GPUs rendered; change {resize}, or the command")
+
+
+def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`--env KEY=VALUE` items -> {KEY: VALUE}, the last of a key winning."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise ConfigError(f"--env {item}: expected KEY=VALUE with KEY an environment variable name (letters, "
+                              "digits and _, not starting with a digit), e.g. --env NCCL_DEBUG=INFO")
+        env[key] = value
+    return env
