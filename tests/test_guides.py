@@ -1,0 +1,175 @@
+"""The deployment guides (docs/*.md) say what posttrain does today.
+
+Every `posttrain` command in a guide's shell blocks is parsed by the real
+CLI; every `train` command's config keys and values load; every `deploy`
+command renders; the names later commands use (files, the RayCluster and
+its head service, the sbatch script) are those the deploy commands render;
+every option the prose mentions in backticks exists.
+"""
+
+import re
+import shlex
+import string
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posttrain.cli import build_parser, main
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+GUIDES = {"deploy-gke.md": ("deploy kuberay", "submit"), "deploy-slurm.md": ("deploy slurm",)}
+# values for what the guides compute rather than export
+COMPUTED = {"PROJECT_NUMBER": "123456789012", "HF_TOKEN": "hf_example", "WANDB_API_KEY": "wandb_example"}
+
+
+def shell_lines(text: str) -> list[str]:
+    """The commands of the ```bash blocks, continuation lines joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    return lines
+
+
+def variables(lines: list[str]) -> dict:
+    """NAME -> value of the guide's `export NAME=value` lines (expanded in order)."""
+    env = dict(COMPUTED)
+    for line in lines:
+        m = re.fullmatch(r"export (\w+)=(\S+)", line)
+        if m and "$(" not in m.group(2):
+            env[m.group(1)] = string.Template(m.group(2)).safe_substitute(env)
+    return env
+
+
+def commands(name: str) -> list[list[str]]:
+    """Each shell command of a guide as words, variables expanded."""
+    lines = shell_lines((DOCS / name).read_text())
+    env = variables(lines)
+    out = []
+    for line in lines:
+        words = shlex.split(string.Template(line).safe_substitute(env), comments=True)
+        if words and words[-1] == "&":
+            words = words[:-1]
+        if words:
+            out.append(words)
+    return out
+
+
+def posttrain_commands(name: str) -> list[list[str]]:
+    return [words[1:] for words in commands(name) if words[0] == "posttrain"]
+
+
+def the_command_after_dashes(argv: list[str]) -> list[str] | None:
+    """`submit ... -- train ...` / `deploy X ... -- train ...` -> ['train', ...]."""
+    if argv[0] == "train":
+        return argv
+    if "--" in argv:
+        rest = argv[argv.index("--") + 1:]
+        return rest[1:] if rest[:1] == ["posttrain"] else rest
+    return None
+
+
+@pytest.mark.parametrize("guide", sorted(GUIDES))
+def test_every_posttrain_command_parses(guide):
+    found = posttrain_commands(guide)
+    assert found, f"{guide} has no posttrain command"
+    for argv in found:
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as e:
+            pytest.fail(f"{guide}: `posttrain {shlex.join(argv)}` does not parse (exit {e.code})")
+
+
+@pytest.mark.parametrize("guide", sorted(GUIDES))
+def test_every_train_command_loads_its_config(guide):
+    from posttrain.config import load_config
+
+    trains = [c for c in map(the_command_after_dashes, posttrain_commands(guide)) if c and c[0] == "train"]
+    assert trains, f"{guide} trains nothing"
+    for argv in trains:
+        assert not any(a.endswith((".yaml", ".yml")) for a in argv[1:]), "a guide's train command is self-contained"
+        cfg = load_config(None, argv[1:])
+        assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node >= 1
+
+
+def render_deploys(guide: str, tmp_path: Path) -> dict[str, str]:
+    """Run each `posttrain deploy ... -o FILE` of the guide; -> FILE -> what it wrote."""
+    out = {}
+    for argv in posttrain_commands(guide):
+        if argv[0] != "deploy":
+            continue
+        flag = "-o" if "-o" in argv else "--output"
+        assert flag in argv, f"{guide}: `posttrain {shlex.join(argv)}` writes no file the guide then uses"
+        i = argv.index(flag) + 1
+        target = tmp_path / argv[i]
+        assert main(argv[:i] + [str(target)] + argv[i + 1:]) == 0, shlex.join(argv)
+        out[argv[i]] = target.read_text()
+    return out
+
+
+def test_the_gke_guide_uses_what_it_renders(tmp_path, capsys):
+    rendered = render_deploys("deploy-gke.md", tmp_path)
+    manifests = {f: yaml.safe_load(text) for f, text in rendered.items()}
+    clusters = {m["metadata"]["name"] for m in manifests.values() if m["kind"] == "RayCluster"}
+    jobs = {m["metadata"]["name"] for m in manifests.values() if m["kind"] == "RayJob"}
+    assert clusters and jobs
+    for words in commands("deploy-gke.md"):
+        line = shlex.join(words)
+        if words[:2] in (["kubectl", "apply"], ["kubectl", "delete"]) and "-f" in words:
+            assert words[words.index("-f") + 1] in rendered, line
+        for svc in re.findall(r"svc/([\w-]+)", line):  # KubeRay names the head service NAME-head-svc
+            assert svc in {f"{c}-head-svc" for c in clusters}, line
+        for cluster in re.findall(r"ray\.io/cluster=([\w-]+)", line) + re.findall(r"get raycluster ([\w-]+)", line):
+            assert cluster in clusters, line
+        for job in re.findall(r"get rayjob ([\w-]+)", line) + re.findall(r"job/([\w-]+)", line):
+            assert job in jobs, line  # KubeRay's submitter Job is named after the RayJob
+        if words[:2] == ["posttrain", "submit"] and "--address" in words:
+            assert words[words.index("--address") + 1] == "http://127.0.0.1:8265", line  # the port-forward's
+    # the data, model and run paths the jobs read are on the storage the manifests mount
+    job = next(m for m in manifests.values() if m["kind"] == "RayJob")
+    mounts = {m["mountPath"] for c in job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+              for m in c.get("volumeMounts", [])}
+    for path in re.findall(r"=(/\w+)/", job["spec"]["entrypoint"]):
+        assert path in mounts, path
+
+
+def test_the_slurm_guide_uses_what_it_renders(tmp_path):
+    rendered = render_deploys("deploy-slurm.md", tmp_path)
+    assert rendered
+    for words in commands("deploy-slurm.md"):
+        if words[0] == "sbatch":
+            assert words[-1] in rendered, shlex.join(words)
+    for name, text in rendered.items():
+        script = tmp_path / name
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, name
+
+
+def options_of(command: list[str]) -> set[str]:
+    """The long options of `posttrain COMMAND...` (['deploy', 'kuberay'], ['submit', '--list'])."""
+    parser = build_parser()
+    for word in command:
+        sub = next((a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"), None)
+        if sub is None or word not in sub.choices:
+            break
+        parser = sub.choices[word]
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+
+
+@pytest.mark.parametrize("guide", sorted(GUIDES))
+def test_options_the_prose_names_exist(guide):
+    """`--flag` alone is an option of the guide's commands; `posttrain X ... --flag` one of X's;
+    another program's (`docker run --network host`) is not posttrain's to check."""
+    prose = re.sub(r"```.*?```", "", (DOCS / guide).read_text(), flags=re.S)
+    default = set().union(*(options_of(c.split()) for c in GUIDES[guide]))
+    unknown = set()
+    for span in re.findall(r"`([^`]+)`", prose):
+        words = span.split()
+        if words[0] == "posttrain":
+            known = options_of(words[1:])
+        elif re.match(r"--[a-z]", words[0]):
+            known = default
+        else:
+            continue
+        unknown |= {w.split("=")[0] for w in words if re.match(r"--[a-z]", w)} - known
+    assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
