@@ -1,5 +1,6 @@
-"""What `posttrain deploy kuberay` and `posttrain deploy slurm` both check: the posttrain
-command a cluster will run (after `--`), and `--env KEY=VALUE` items.
+"""What `posttrain deploy kuberay` and `posttrain deploy slurm` share: the checks of the
+posttrain command a cluster will run (after `--`) and of `--env KEY=VALUE` items, and
+writing what they render.
 
 A command is checked with posttrain's own parser and config loader, so that a typo
 fails when the manifest or script is rendered, not after the cluster has started or
@@ -12,6 +13,8 @@ import contextlib
 import io
 import re
 import shlex
+import sys
+from pathlib import Path
 
 from posttrain.errors import ConfigError
 
@@ -81,3 +84,17 @@ def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
                               "digits and _, not starting with a digit), e.g. --env NCCL_DEBUG=INFO")
         env[key] = value
     return env
+
+
+def write_output(text: str, path: str | None, wrote: str, executable: bool = False) -> None:
+    """`text` to stdout, or to `path` (--output) and then `wrote` to stderr."""
+    if not path:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text)
+        if executable:
+            Path(path).chmod(0o755)
+    except OSError as e:
+        raise ConfigError(f"--output {path}: cannot write it ({e.strerror}); choose a writable path") from e
+    print(f"posttrain: {wrote}", file=sys.stderr)

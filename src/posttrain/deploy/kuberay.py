@@ -15,12 +15,11 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from posttrain.deploy import gke
-from posttrain.deploy.command import check_command, parse_env
+from posttrain.deploy.command import check_command, parse_env, write_output
 from posttrain.errors import ConfigError
 
 RAY_VERSION = "2.60.0"  # spec.rayVersion by default: the Ray that docker/Dockerfile.gpu and .cpu pin (a test ties them)
@@ -344,14 +343,7 @@ def cmd_kuberay(args, parser) -> int:
     text = to_yaml(manifest(lay), header(lay, command_line(args, parser)))
     for note in notes(lay):
         print(f"posttrain: note: {note}", file=sys.stderr)
-    if not args.output:
-        sys.stdout.write(text)
-        return 0
-    try:
-        Path(args.output).write_text(text)
-    except OSError as e:
-        raise ConfigError(f"--output {args.output}: cannot write it ({e.strerror}); pick a writable path") from e
-    print(f"posttrain: wrote {'RayJob' if lay.job else 'RayCluster'} {lay.name} to {args.output}", file=sys.stderr)
+    write_output(text, args.output, f"wrote {'RayJob' if lay.job else 'RayCluster'} {lay.name} to {args.output}")
     return 0
 
 

@@ -18,11 +18,9 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, fields
-from pathlib import Path
 
-from posttrain.deploy.command import check_command, parse_env
+from posttrain.deploy.command import check_command, parse_env, write_output
 from posttrain.errors import ConfigError
 
 RUNTIMES = ("pyxis", "docker")
@@ -391,14 +389,5 @@ def cmd_slurm(args) -> int:
     job = SlurmJob(**{name: tuple(v) if isinstance(v, list) else v for name, v in given.items()})
     script = render_script(job)
     check_syntax(script)
-    if not args.output:
-        sys.stdout.write(script)
-        return 0
-    out = Path(args.output)
-    try:
-        out.write_text(script)
-        out.chmod(0o755)
-    except OSError as e:
-        raise ConfigError(f"--output {out}: cannot write it ({e.strerror}); choose another path") from e
-    print(f"posttrain: wrote {out}; submit it with: sbatch {out}", file=sys.stderr)
+    write_output(script, args.output, f"wrote {args.output}; submit it with: sbatch {args.output}", executable=True)
     return 0
