@@ -299,8 +299,9 @@ def header(lay: Layout, command: str) -> list[str]:
                     "       posttrain submit --address http://127.0.0.1:8265 -- train CONFIG.yaml key=value ..."]
 
 
-def command_line(args, parser) -> str:
-    """The flags given (those that differ from their defaults), as the command that renders this again."""
+def command_line(args, parser, env: dict[str, str]) -> str:
+    """The flags given (those that differ from their defaults), as the command that renders this again;
+    the values of `env` (the parsed --env) that are credentials show as ***."""
     from posttrain.redact import redact_text, secret_values
 
     words = ["posttrain", "deploy", "kuberay"]
@@ -315,7 +316,7 @@ def command_line(args, parser) -> str:
             words += [w for v in (value if isinstance(value, list) else [value]) for w in (flag, str(v))]
     if args.job_command:
         words += ["--", *args.job_command]
-    secrets = secret_values(parse_env(args.env))  # the manifest holds them; its comment need not
+    secrets = secret_values(env)  # the manifest holds them; its comment need not
     return shlex.join(redact_text(word, secrets) for word in words)
 
 
@@ -340,7 +341,7 @@ def notes(lay: Layout) -> list[str]:
 
 def cmd_kuberay(args, parser) -> int:
     lay = layout(args)
-    text = to_yaml(manifest(lay), header(lay, command_line(args, parser)))
+    text = to_yaml(manifest(lay), header(lay, command_line(args, parser, lay.env)))
     for note in notes(lay):
         print(f"posttrain: note: {note}", file=sys.stderr)
     write_output(text, args.output, f"wrote {'RayJob' if lay.job else 'RayCluster'} {lay.name} to {args.output}")

@@ -169,7 +169,7 @@ def settings(job: SlurmJob, command: list[str], runtime: str | None) -> str:
 
 
 def node_env(job: SlurmJob) -> str:
-    body = [f"export {key}={dquote(value)}" for key, _, value in (e.partition("=") for e in job.env)]
+    body = [f"export {key}={dquote(value)}" for key, value in parse_env(job.env).items()]
     body += list(job.setup)
     lines = ["# What every step runs first on its node (inside the container, when there is one):",
              "# the --env variables, then the --setup lines.",
