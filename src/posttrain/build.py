@@ -18,7 +18,6 @@ import torch
 
 from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.errors import CheckpointError, ConfigError
-from posttrain.models.loader import eos_token_ids  # noqa: F401  (re-exported for the CLI)
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
 from posttrain.training.critic import CriticSettings

@@ -1,4 +1,5 @@
-"""`posttrain train | preprocess | eval | export | checkpoints | report | compare | submit | tiny-model`.
+"""`posttrain train | preprocess | eval | export | checkpoints | report | compare | submit | deploy | tiny-model`:
+the top of the package (nothing in it imports this module).
 
 Errors a user can fix print one line and exit 2; `--debug` (or
 POSTTRAIN_DEBUG=1) shows the traceback instead.
@@ -10,7 +11,9 @@ import argparse
 import os
 import sys
 
+from posttrain.arguments import add_work_commands, root_parser, split_train_args
 from posttrain.errors import ConfigError, PosttrainError, Preempted
+from posttrain.quiet import quiet_libraries
 from posttrain.redact import redact_text
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again to resume
@@ -33,21 +36,6 @@ def cmd_train(args) -> int:
     return 0
 
 
-def split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """[CONFIG.yaml] [key=value ...] -> (config path or None, overrides)."""
-    config_path, overrides = None, []
-    for i, arg in enumerate(args):
-        if "=" in arg:
-            overrides.append(arg)
-        elif i == 0 and arg.endswith((".yaml", ".yml")):
-            config_path = arg
-        else:
-            raise ConfigError(
-                f"unexpected argument '{arg}'; pass a config file first (CONFIG.yaml) and then key=value overrides"
-            )
-    return config_path, overrides
-
-
 def format_summary(s: dict) -> str:
     parts = []
     if "val_before" in s and "val_after" in s:
@@ -65,11 +53,12 @@ def format_summary(s: dict) -> str:
 def cmd_eval(args) -> int:
     import torch
 
-    from posttrain.build import eos_token_ids, make_reward_pool, pick_device
+    from posttrain.build import make_reward_pool, pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
     from posttrain.loop import validate
     from posttrain.models import load_model, load_tokenizer
+    from posttrain.models.loader import eos_token_ids
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
 
@@ -175,73 +164,17 @@ def cmd_submit(args) -> int:
     return jobs.submit(address, args.command, runtime_env, wait=not args.no_wait)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors quote the arguments (`--env HF_TOKEN=...`): printed redacted. Subcommands'
-    parsers are of the same class."""
-
-    def error(self, message: str):
-        super().error(redact_text(message))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from posttrain import __version__
-    from posttrain.data.preprocess import register as register_preprocessors
+    """The whole command line: the commands that do work (arguments.py), each given its
+    handler here, then `submit` and `deploy`, which start work elsewhere."""
     from posttrain.deploy import register as register_deploy
 
-    p = _Parser(prog="posttrain", description="RL post-training of language models.")
-    p.add_argument("--version", action="version", version=f"posttrain {__version__}")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="run RL training (no arguments: the embedded tiny default on the CPU)",
-                       description="posttrain train [CONFIG.yaml] [key=value ...]. verl keys are accepted "
-                                   "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config.")
-    t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
-    t.add_argument("--help-config", action="store_true", help="list every config key, its type and default")
-    t.set_defaults(func=cmd_train)
-
-    pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
-    register_preprocessors(pre.add_subparsers(dest="dataset", required=True))
-
-    e = sub.add_parser("eval", help="score a model on a parquet dataset, per data_source")
-    e.add_argument("--model", required=True, help="a Hugging Face model directory")
-    e.add_argument("--data", required=True, nargs="+", help="parquet file(s) in posttrain/verl row format")
-    e.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
-    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    e.add_argument("--top-p", type=float, default=1.0)
-    e.add_argument("--max-prompt-length", type=int, default=1024)
-    e.add_argument("--max-response-length", type=int, default=512)
-    e.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
-    e.add_argument("--batch-size", type=int, default=64, help="prompts per generation batch")
-    e.add_argument("--reward-fn", default=None, help="FILE.py:FUNCTION (default: built-in rewards by data_source)")
-    e.add_argument("--reward-timeout", type=float, default=10.0, help="seconds per reward call (default 10)")
-    e.add_argument("--reward-workers", type=int, default=None,
-                   help="reward processes (default min(8, CPUs); 0: score in this process)")
-    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    e.add_argument("--trust-remote-code", action="store_true")
-    e.add_argument("--seed", type=int, default=0)
-    e.set_defaults(func=cmd_eval)
-
-    ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
-    ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")
-    ex.add_argument("--output", required=True, help="directory to write (must be new or empty)")
-    ex.set_defaults(func=cmd_export)
-
-    ck = sub.add_parser("checkpoints", help="list a run's checkpoints: step, size, validity, metrics")
-    ck.add_argument("run_dir")
-    ck.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
-    ck.set_defaults(func=cmd_checkpoints)
-
-    rp = sub.add_parser("report", help="a run's metrics, samples and config as one self-contained HTML file")
-    rp.add_argument("run_dir", help="a run directory (trainer.run_dir): it may still be running")
-    rp.add_argument("--output", metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
-    rp.set_defaults(func=cmd_report)
-
-    cp = sub.add_parser("compare", help="several runs' metrics overlaid, and their config differences, in one HTML file")
-    cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories")
-    cp.add_argument("--output", metavar="FILE.html", help="where to write (default ./compare.html)")
-    cp.set_defaults(func=cmd_compare)
+    parser, sub = root_parser()
+    commands = add_work_commands(sub)
+    for name, handler in (("train", cmd_train), ("eval", cmd_eval), ("export", cmd_export),
+                          ("checkpoints", cmd_checkpoints), ("report", cmd_report), ("compare", cmd_compare),
+                          ("tiny-model", cmd_tiny_model)):
+        commands[name].set_defaults(func=handler)
 
     sm = sub.add_parser("submit", help="run a posttrain command as a job on a Ray cluster and follow its logs",
                         description="posttrain submit --address http://HEAD:8265 [options] -- train [CONFIG.yaml] "
@@ -264,24 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dp = sub.add_parser("deploy", help="render a KubeRay manifest or a Slurm script that runs posttrain on a cluster")
     register_deploy(dp.add_subparsers(dest="target", required=True))
-
-    tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory")
-    tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")
-    tm.add_argument("--seed", type=int, default=0)
-    tm.set_defaults(func=cmd_tiny_model)
-    return p
-
-
-def quiet_libraries() -> None:
-    """posttrain shows its own progress; silence the libraries' bars and notices."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    return parser
 
 
 def redact_warnings() -> None:

@@ -91,11 +91,10 @@ class Worker:
     def setup(self, init_method: str | None = None) -> dict:
         """Join the process group (world_size > 1), load and shard the models,
         make the optimizer and the rollout engine. -> where this worker runs."""
-        from posttrain.build import eos_token_ids
         from posttrain.models import load_model, load_tokenizer
+        from posttrain.models.loader import eos_token_ids
+        from posttrain.quiet import quiet_libraries
         from posttrain.training.parallelize import parallelize
-
-        from posttrain.cli import quiet_libraries
 
         s = self.spec
         os.environ.update(s.env)

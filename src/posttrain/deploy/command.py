@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from posttrain.arguments import split_train_args, work_parser
 from posttrain.errors import ConfigError
 
 NOT_ON_CLUSTER = ("deploy", "submit")  # they start work elsewhere, they do none
@@ -30,28 +31,26 @@ def check_command(words: list[str] | tuple[str, ...], cluster: tuple[int, int] |
     cluster: (nodes, GPUs per node) the command will find; a `train` command asking
     for more (trainer.nnodes x trainer.n_gpus_per_node) is an error that names `resize`,
     the flags that change the cluster."""
-    from posttrain.cli import build_parser
-
     words = list(words)
     if words[:1] == ["posttrain"]:
         words = words[1:]
     if not words:
         raise ConfigError(f"no command after --: give the posttrain command to run, {EXAMPLE}")
+    # the sub-command is the first word that is not an option (posttrain's own options take no value)
+    sub = next((w for w in words if not w.startswith("-")), None)
+    if sub in NOT_ON_CLUSTER:
+        raise ConfigError(f"the command after -- is `posttrain {sub}`, which does no work on the cluster; give "
+                          f"the command that does, {EXAMPLE}")
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-            parsed = build_parser().parse_args(words)
+            parsed = work_parser().parse_args(words)
     except SystemExit as e:
         lines = [line for line in said.getvalue().splitlines() if "error:" in line]
         why = lines[-1].split("error:", 1)[1].strip() if lines else (
             "not a posttrain command" if e.code else "it would only print help and exit")
         raise ConfigError(f"the command after -- ({shlex.join(words)}): {why}; give a posttrain command, "
                           f"{EXAMPLE}") from None
-    # the sub-command is the first word that is not an option (posttrain's own options take no value)
-    sub = next(w for w in words if not w.startswith("-"))
-    if sub in NOT_ON_CLUSTER:
-        raise ConfigError(f"the command after -- is `posttrain {sub}`, which does no work on the cluster; give "
-                          f"the command that does, {EXAMPLE}")
     if sub == "train":
         _check_train(parsed.args, words, cluster, resize)
     return words
@@ -59,7 +58,6 @@ def check_command(words: list[str] | tuple[str, ...], cluster: tuple[int, int] |
 
 def _check_train(args: list[str], words: list[str], cluster, resize: str) -> None:
     """Unknown config keys, and a trainer.nnodes x n_gpus_per_node the cluster cannot hold."""
-    from posttrain.cli import split_train_args
     from posttrain.config import canonicalize, parse_override
 
     try:

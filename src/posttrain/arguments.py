@@ -1,0 +1,114 @@
+"""posttrain's command line, for the commands that do work: `train`, `preprocess`,
+`eval`, `export`, `checkpoints`, `report`, `compare` and `tiny-model`.
+
+These are the commands a cluster may be asked to run, so the checks of a command
+given to `posttrain deploy` (deploy/command.py) parse with `work_parser()`, and
+cli.py, on top, builds the whole parser from the same pieces: it gives each
+command its handler and adds `submit` and `deploy`, which start work elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from posttrain.errors import ConfigError
+from posttrain.redact import redact_text
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors quote the arguments (`--env HF_TOKEN=...`): printed redacted. Subcommands'
+    parsers are of the same class."""
+
+    def error(self, message: str):
+        super().error(redact_text(message))
+
+
+def root_parser() -> tuple[Parser, argparse._SubParsersAction]:
+    """`posttrain [--version] [--debug] COMMAND` -> (the parser, its sub-commands)."""
+    from posttrain import __version__
+
+    p = Parser(prog="posttrain", description="RL post-training of language models.")
+    p.add_argument("--version", action="version", version=f"posttrain {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return p, p.add_subparsers(dest="command", required=True)
+
+
+def work_parser() -> Parser:
+    """A parser of the commands that do work (what a cluster may be given to run)."""
+    parser, sub = root_parser()
+    add_work_commands(sub)
+    return parser
+
+
+def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
+    """Add the commands that do work to `sub`. -> {name: its parser} (the caller sets handlers)."""
+    from posttrain.data.preprocess import register as register_preprocessors
+
+    t = sub.add_parser("train", help="run RL training (no arguments: the embedded tiny default on the CPU)",
+                       description="posttrain train [CONFIG.yaml] [key=value ...]. verl keys are accepted "
+                                   "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config.")
+    t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    t.add_argument("--help-config", action="store_true", help="list every config key, its type and default")
+
+    pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
+    register_preprocessors(pre.add_subparsers(dest="dataset", required=True))
+
+    e = sub.add_parser("eval", help="score a model on a parquet dataset, per data_source")
+    e.add_argument("--model", required=True, help="a Hugging Face model directory")
+    e.add_argument("--data", required=True, nargs="+", help="parquet file(s) in posttrain/verl row format")
+    e.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--max-prompt-length", type=int, default=1024)
+    e.add_argument("--max-response-length", type=int, default=512)
+    e.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
+    e.add_argument("--batch-size", type=int, default=64, help="prompts per generation batch")
+    e.add_argument("--reward-fn", default=None, help="FILE.py:FUNCTION (default: built-in rewards by data_source)")
+    e.add_argument("--reward-timeout", type=float, default=10.0, help="seconds per reward call (default 10)")
+    e.add_argument("--reward-workers", type=int, default=None,
+                   help="reward processes (default min(8, CPUs); 0: score in this process)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    e.add_argument("--trust-remote-code", action="store_true")
+    e.add_argument("--seed", type=int, default=0)
+
+    ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
+    ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")
+    ex.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+
+    ck = sub.add_parser("checkpoints", help="list a run's checkpoints: step, size, validity, metrics")
+    ck.add_argument("run_dir")
+    ck.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
+
+    rp = sub.add_parser("report", help="a run's metrics, samples and config as one self-contained HTML file")
+    rp.add_argument("run_dir", help="a run directory (trainer.run_dir): it may still be running")
+    rp.add_argument("--output", metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
+
+    cp = sub.add_parser("compare", help="several runs' metrics overlaid, and their config differences, in one HTML file")
+    cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories")
+    cp.add_argument("--output", metavar="FILE.html", help="where to write (default ./compare.html)")
+
+    tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory (shipped with posttrain)",
+                        description="Copy the embedded tiny model (its weights ship inside posttrain) to --output; "
+                                    "with --rebuild, build it anew with posttrain's own build code instead.")
+    tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+    tm.add_argument("--rebuild", action="store_true",
+                    help="build the model from scratch (about 100 s) instead of copying the shipped one, and say "
+                         "whether the result is the shipped model's bytes")
+    tm.add_argument("--seed", type=int, default=0, help="the build's seed (with --rebuild; the shipped model is 0)")
+    return {name: parser for name, parser in sub.choices.items()}
+
+
+def split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG.yaml] [key=value ...] -> (config path or None, overrides)."""
+    config_path, overrides = None, []
+    for i, arg in enumerate(args):
+        if "=" in arg:
+            overrides.append(arg)
+        elif i == 0 and arg.endswith((".yaml", ".yml")):
+            config_path = arg
+        else:
+            raise ConfigError(
+                f"unexpected argument '{arg}'; pass a config file first (CONFIG.yaml) and then key=value overrides"
+            )
+    return config_path, overrides
