@@ -333,14 +333,14 @@ def _copy_context(image: str, ctx: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_cpu_image_build_steps_then_one_training_step(tmp_path, trained_tiny_model_dir):
+def test_cpu_image_build_steps_then_one_training_step(tmp_path):
     """docker/Dockerfile.cpu's install steps, run as its RUN lines run them, in a fresh
     virtual environment on a copy of what the image copies; then its CMD, shortened
     to one step. Differences from a real build, for the machine this runs on: torch
     comes from pip's configured index (TORCH_INDEX empty, as the Makefile allows)
     rather than download.pytorch.org, pip keeps its cache (the image sets
-    PIP_NO_CACHE_DIR), and POSTTRAIN_CACHE is this session's cache, whose tiny model
-    is already built (the image builds its own in a RUN that this then finds done)."""
+    PIP_NO_CACHE_DIR). POSTTRAIN_CACHE starts empty, as in the image: the embedded
+    model comes from the installed package (a wheel, not this checkout)."""
     image = "cpu"
     steps = instructions(image)
     ctx, home, venv = tmp_path / "context", tmp_path / "home", tmp_path / "venv"
@@ -356,7 +356,7 @@ def test_cpu_image_build_steps_then_one_training_step(tmp_path, trained_tiny_mod
         "VIRTUAL_ENV": str(venv),
         "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "TORCH_INDEX": "",
-        "POSTTRAIN_CACHE": str(trained_tiny_model_dir.parents[1]),
+        "POSTTRAIN_CACHE": str(tmp_path / "cache"),
         "HOME": os.environ.get("HOME", str(home)),  # pip's cache lives under the real home
     })
 
@@ -402,4 +402,5 @@ def test_cpu_image_build_steps_then_one_training_step(tmp_path, trained_tiny_mod
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1]
     assert "critic/score/mean" in lines[0] and "actor/pg_loss" in lines[0]
+    assert not (tmp_path / "cache" / "models").exists()  # the shipped model, not one built on the spot
     print("test_docker: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))

@@ -1,4 +1,5 @@
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -77,8 +78,67 @@ def test_ensure_reuses_the_cache(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # built aside, renamed into place
 
 
+# The shipped weights, recorded here as well as in tiny.EMBEDDED_DIGEST: replacing them is a
+# deliberate change of both, with the README's sample output run anew.
+SHIPPED_WEIGHTS_SHA256 = "19893b85c28171073712ba209d5439027514594d65814b20a7e25ed05dcb0ed2"
+
+
+def test_the_shipped_model_is_the_recorded_bytes(monkeypatch):
+    import hashlib
+
+    import posttrain.models.tiny as tiny
+
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda *a, **k: pytest.fail("the default must not be built"))
+    path = ensure_tiny_model()
+    assert path == tiny.EMBEDDED_DIR
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == SHIPPED_WEIGHTS_SHA256
+    assert tiny.directory_digest(path) == tiny.EMBEDDED_DIGEST
+    meta = json.loads((path / "posttrain_tiny.json").read_text())
+    assert (meta["version"], meta["seed"], meta["spec"]) == (tiny.VERSION, 0, asdict(TinySpec()))
+    assert 0.3 <= meta["dev_accuracy"] <= 0.75 and 0.15 <= meta["test_accuracy"] <= 0.75  # competent, imperfect
+    model = load_model(path)
+    assert sum(p.numel() for p in model.parameters()) == meta["parameters"]
+
+
+def test_a_changed_shipped_file_is_refused_with_the_fix(tmp_path, monkeypatch):
+    import shutil
+
+    import posttrain.models.tiny as tiny
+
+    copy = tmp_path / "embedded"
+    shutil.copytree(tiny.EMBEDDED_DIR, copy)
+    monkeypatch.setattr(tiny, "EMBEDDED_DIR", copy)
+    assert ensure_tiny_model() == copy
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="not the ones posttrain shipped.*reinstall posttrain.*--rebuild"):
+        ensure_tiny_model()
+    shutil.rmtree(copy)
+    with pytest.raises(ModelError, match="directory .* is missing; reinstall posttrain"):
+        ensure_tiny_model()
+
+
+def test_tiny_model_copies_the_shipped_model(tmp_path, capsys):
+    import posttrain.models.tiny as tiny
+    from posttrain.cli import main
+
+    assert main(["tiny-model", "--output", str(tmp_path / "m")]) == 0
+    assert tiny.directory_digest(tmp_path / "m") == tiny.EMBEDDED_DIGEST
+    assert main(["tiny-model", "--output", str(tmp_path / "m")]) == 2
+    assert "is not empty" in capsys.readouterr().err
+
+
 @pytest.mark.slow
-def test_default_model_starts_competent_but_imperfect(trained_tiny_model_dir):
-    meta = json.loads((trained_tiny_model_dir / "posttrain_tiny.json").read_text())
+def test_rebuild_makes_a_competent_but_imperfect_model(tmp_path, capsys):
+    """`posttrain tiny-model --rebuild`: the build code still makes what was shipped, up to
+    this CPU's rounding (about 100 s)."""
+    from posttrain.cli import main
+
+    assert main(["tiny-model", "--rebuild", "--output", str(tmp_path / "m")]) == 0
+    said = capsys.readouterr().out
+    assert "the shipped model" in said and "Its digest: " in said
+    meta = json.loads((tmp_path / "m" / "posttrain_tiny.json").read_text())
     assert 0.3 <= meta["dev_accuracy"] <= 0.75
     assert 0.15 <= meta["test_accuracy"] <= 0.75
+    assert load_model(tmp_path / "m").config.hidden_size == TinySpec().hidden_size

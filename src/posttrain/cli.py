@@ -87,17 +87,26 @@ def cmd_eval(args) -> int:
 
 
 def cmd_tiny_model(args) -> int:
+    """Copy the embedded model (shipped, or built for another --seed), or with --rebuild build it afresh."""
+    import hashlib
     import shutil
     from pathlib import Path
 
-    from posttrain.models import ensure_tiny_model
+    from posttrain.models import tiny
 
-    src = ensure_tiny_model(seed=args.seed)
     out = Path(args.output)
     if out.exists() and any(out.iterdir()):
         raise PosttrainError(f"output directory '{out}' is not empty; choose a new --output")
-    shutil.copytree(src, out, dirs_exist_ok=True)
-    print(f"wrote the embedded tiny model to {out}; use it with actor_rollout_ref.model.path={out}")
+    if not args.rebuild:
+        shutil.copytree(tiny.ensure_tiny_model(seed=args.seed), out, dirs_exist_ok=True)
+        print(f"wrote the embedded tiny model to {out}; use it with actor_rollout_ref.model.path={out}")
+        return 0
+    meta = tiny.build_tiny_model(out, seed=args.seed)
+    weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, tiny.EMBEDDED_DIR)]
+    same = "the same weights as" if weights[0] == weights[1] else "other weights than"
+    print(f"built the tiny model into {out} in {meta['seconds']:.0f} s: {meta['sft_steps']} warm-up steps, dev accuracy "
+          f"{meta['dev_accuracy']:.3f}, test accuracy {meta['test_accuracy']:.3f}; {same} the shipped model "
+          f"(seed 0; rounding differs between CPUs). Its digest: {tiny.directory_digest(out)}")
     return 0
 
 

@@ -1,5 +1,13 @@
 """The embedded tiny model: a small Qwen2 that starts competent but imperfect
-at two-number addition, built locally (no download) and cached.
+at two-number addition. Its weights ship inside the package (embedded/, 3.3 MB),
+so that every machine trains the same bytes: a model rebuilt on each machine
+differs from machine to machine (CPU kernels round differently, and the warm-up
+below stops on an accuracy that rounding moves), and so would every result.
+
+`posttrain tiny-model --rebuild --output DIR` runs this module's build code and
+says whether it reproduced the shipped bytes; to replace the shipped model,
+rebuild into embedded/ and set EMBEDDED_DIGEST to the digest it prints. Another
+seed or spec is built on first use and cached.
 
 Built from scratch with a seeded initialisation, then trained supervised on
 the arith task's *train* pairs until its greedy accuracy on a dev slice of
@@ -23,9 +31,13 @@ from pathlib import Path
 import torch
 
 from posttrain.data import arith
+from posttrain.errors import ModelError
 from posttrain.models.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB_SIZE, write_tokenizer
 
 VERSION = "tiny-qwen2-v2"
+EMBEDDED_DIR = Path(__file__).with_name("embedded")
+# directory_digest(EMBEDDED_DIR): the shipped model's bytes, every file of it
+EMBEDDED_DIGEST = "4a09583d34fe4752b0f8949c3a42c9acf47b7a92cb3480676d335f361f2bf9c8"
 
 
 @dataclass(frozen=True)
@@ -143,9 +155,33 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = Tin
     return meta
 
 
+def directory_digest(path: str | Path) -> str:
+    """sha256 over a directory's files: each file's name and the sha256 of its bytes, in name order."""
+    outer = hashlib.sha256()
+    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
+        outer.update(f"{f.name}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    return outer.hexdigest()
+
+
+def embedded_model() -> Path:
+    """The shipped model's directory, checked against EMBEDDED_DIGEST (a few milliseconds)."""
+    fix = ("reinstall posttrain, or build one with `posttrain tiny-model --rebuild --output DIR` and train with "
+           "model.path=DIR")
+    if not EMBEDDED_DIR.is_dir():
+        raise ModelError(f"the embedded tiny model's directory {EMBEDDED_DIR} is missing; {fix}")
+    found = directory_digest(EMBEDDED_DIR)
+    if found != EMBEDDED_DIGEST:
+        raise ModelError(f"the embedded tiny model's files in {EMBEDDED_DIR} are not the ones posttrain shipped "
+                         f"(digest {found[:16]}, expected {EMBEDDED_DIGEST[:16]}); {fix}")
+    return EMBEDDED_DIR
+
+
 def ensure_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, spec: TinySpec = TinySpec(),
                       progress: bool = True) -> Path:
-    """The cached model directory, built on first use (atomically, one builder at a time)."""
+    """The embedded model's directory: the shipped one for seed 0 and the default spec;
+    any other is built on first use into the cache (atomically, one builder at a time)."""
+    if seed == 0 and spec == TinySpec():
+        return embedded_model()
     root = Path(cache_dir) if cache_dir else cache_root() / "models"
     final = root / f"{VERSION}-seed{seed}-{spec.digest()}"
     if (final / "posttrain_tiny.json").exists():
