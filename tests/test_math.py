@@ -77,13 +77,14 @@ def test_last_boxed_matches_nested_braces():
     assert last_boxed("$\\boxed 42$") == "42" and last_boxed("\\fbox{7}") == "7"
 
 
+@pytest.mark.timeout(60)
 def test_pathological_responses_are_cheap():
-    start = time.monotonic()
+    """Linear scans: well under a second here. A quadratic scan of these inputs takes many
+    minutes, so the timeout catches one without timing a busy machine's every hiccup."""
     assert compute_score("\\boxed{" * 200_000, "1") == 0.0  # many unclosed boxes: one bounded scan
     assert compute_score("x" * 1_000_000 + "\\boxed{" + "9" * 100_000 + "}", "1") == 0.0
     assert compute_score_answer_line("Answer: " + "9" * 100_000, "1") == 0.0
     assert compute_score_dapo("Answer: " + "9" * 100_000, "1") == -1.0
-    assert time.monotonic() - start < 2
     assert extract_answer("\\boxed{" + "1" * (MAX_ANSWER_CHARS + 50) + "}").__len__() > MAX_ANSWER_CHARS
 
 
@@ -131,10 +132,8 @@ def test_a_slow_comparison_is_cut_off_by_the_reward_time_limit(monkeypatch):
 
     monkeypatch.setattr(math_reward, "is_equivalent", slow)
     source = "HuggingFaceH4/MATH-500"
-    start = time.monotonic()
     result = score_batch(dispatch, [source] * 3, ["\\boxed{slow}", "\\boxed{7}", "\\boxed{8}"], ["7"] * 3,
                          [{}] * 3, timeout_s=0.5)
-    assert time.monotonic() - start < 10
     assert result.scores == [0.0, 1.0, 0.0] and result.num_timeouts == 1 and result.num_errors == 0
     assert result.errors_by_source == {source: 1} and calls == ["slow", "7", "8"]
 

@@ -11,6 +11,7 @@ import re
 import shutil
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -96,8 +97,8 @@ def wandb_records(path):
             pos += 32768 - pos % 32768
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
-            break
+        if kind == 0 or pos + 7 + length > len(data):
+            break  # the end, or a record still being written
         payload += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
@@ -107,8 +108,21 @@ def wandb_records(path):
             payload = b""
 
 
-def wandb_history(run_dir):
-    """{step: {key: value}} of every offline run saved under run_dir/wandb, oldest first."""
+def wandb_history(run_dir, last_step=None, wait_s=30.0):
+    """[(step, {key: value})] of every offline run saved under run_dir/wandb, oldest first.
+
+    last_step: read again (up to wait_s) until the newest record is that step: wandb-core,
+    a process of its own, can still be writing the file when `finish()` returns (seen
+    rarely with wandb 0.31); what it writes then is what `wandb sync` uploads."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        history = _wandb_history(run_dir)
+        if last_step is None or (history and history[-1][0] == last_step) or time.monotonic() > deadline:
+            return history
+        time.sleep(0.2)
+
+
+def _wandb_history(run_dir):
     history = []
     def started(path):  # offline-run-<time>-<id>[-N]: a run started in the same second gets -N, sorted after
         parts = Path(path).parent.name.split("-")
@@ -159,7 +173,7 @@ def test_wandb_offline_history_samples_and_resume(wandb_env, monkeypatch, capsys
     assert capsys.readouterr().err == ""  # silent: no wandb banner, summary or sync hint
 
     run_id = (run_dir / "wandb" / "run_id").read_text()
-    [(s1, h1), (s2, h2)] = wandb_history(run_dir)
+    [(s1, h1), (s2, h2)] = wandb_history(run_dir, last_step=2)
     assert (s1, h1["_step"], h1["critic/score/mean"], h1["timing_s/gen"], h1["response_length/mean"]) \
         == (1, 1, 0.25, 1.5, 3)
     assert "actor/kl_loss" not in h1  # None is not sent
@@ -181,7 +195,7 @@ def test_wandb_offline_history_samples_and_resume(wandb_env, monkeypatch, capsys
     runs = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
     # wandb adds "-1" to the second directory's name when both started within the same second
     assert len(runs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", r) for r in runs), runs
-    assert [step for step, _ in wandb_history(run_dir)][-1] == 3
+    assert [step for step, _ in wandb_history(run_dir, last_step=3)][-1] == 3
 
 
 def test_wandb_mode_needs_a_key_to_go_online(tmp_path, monkeypatch):
@@ -361,7 +375,7 @@ def test_a_short_run_reaches_every_logger_with_its_steps(wandb_env, monkeypatch,
     for key, points in jsonl.items():
         assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in acc.Scalars(key)] == points, key
 
-    history = dict(wandb_history(run_dir))
+    history = dict(wandb_history(run_dir, last_step=3))
     assert sorted(history) == [0, 1, 2, 3]
     for key, points in jsonl.items():
         assert [(s, history[s][key]) for s in sorted(history) if key in history[s]] == \
