@@ -54,9 +54,10 @@ def test_a_critic_model_that_cannot_load_is_a_one_line_error(tmp_path, tiny_mode
         load_value_model(d)
 
 
-def test_critic_updates_fit_the_returns(tiny_model_dir):
-    torch.manual_seed(0)
-    model = load_value_model(tiny_model_dir)
+def critic_fit(model_dir, seed: int = 0) -> tuple[list[float], float]:
+    """30 value-loss updates on one fixed batch. -> (the losses, the largest |value - return| after)."""
+    torch.manual_seed(seed)  # the value head's initialisation
+    model = load_value_model(model_dir)
     batch = small_batch()
     batch.returns = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.5, 0.5, 0.5]]) * batch.response_mask
     opt = make_optimizer(model, 3e-3, 0.0, (0.9, 0.999))
@@ -67,9 +68,18 @@ def test_critic_updates_fit_the_returns(tiny_model_dir):
         m = update_critic(model, opt, batch, s)
         losses.append(m["critic/vf_loss"])
     assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(m)
-    assert losses[-1] < 0.1 * losses[0]
-    values = compute_values(model, batch, 3)
-    assert (values - batch.returns).abs().max() < 0.3
+    return losses, (compute_values(model, batch, 3) - batch.returns).abs().max().item()
+
+
+def test_critic_updates_fit_the_returns(tiny_model_dir):
+    """The value loss falls below 2% of its start and every value lands within 0.2 of its return.
+
+    Spread (bench/learning_spread.py critic_fit: head seeds 0-4 x 2 builds of the model, 2 threads):
+    the last loss is 0.0002..0.003 of the first, the largest error 0.027..0.070. Both thresholds sit
+    well above the worst (7x, and 0.13). A critic whose loss never reaches its weights stays at 1.0."""
+    losses, error = critic_fit(tiny_model_dir)
+    assert losses[-1] < 0.02 * losses[0]
+    assert error < 0.2
 
 
 @pytest.fixture

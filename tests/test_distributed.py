@@ -273,19 +273,27 @@ def test_a_collective_past_its_timeout_is_reported_as_such(cluster, tiny_model_d
     assert time.monotonic() - start < 60
 
 
+def two_worker_run(run_dir: Path, *extra: str) -> tuple[float, float]:
+    """The embedded default on 2 CPU workers, 40 steps. -> (validation before, after)."""
+    proc = subprocess.run(
+        [POSTTRAIN, "train", "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=40",
+         "trainer.test_freq=40", "data.val_max_samples=256", f"trainer.run_dir={run_dir}", *extra],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_two_workers_learn_the_default_task(cluster, tmp_path, trained_tiny_model_dir):
-    """The embedded default on 2 CPU workers (FSDP2 over gloo): validation rises."""
+    """The embedded default on 2 CPU workers (FSDP2 over gloo): validation rises by >= 0.15 in 40 steps.
+
+    Spread of the gain (bench/learning_spread.py two_workers, trainer.seed 0-4, 2 threads): 0.242..0.301.
+    The threshold sits 0.09 under the lowest, more than the whole spread (0.06)."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [POSTTRAIN, "train", "trainer.n_gpus_per_node=2", "trainer.device=cpu", f"trainer.ray_address={cluster['address']}",
-         "trainer.total_training_steps=40", "trainer.test_freq=40", "data.val_max_samples=256",
-         f"trainer.run_dir={run_dir}"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
-    assert after - before >= 0.1, (before, after)
+    before, after = two_worker_run(run_dir, f"trainer.ray_address={cluster['address']}")
+    assert after - before >= 0.15, (before, after)
     assert (run_dir / "checkpoints" / "global_step_40" / "actor_dcp" / ".metadata").exists()
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,16 +28,30 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def default_run(cwd: Path, *extra: str) -> tuple[float, float, list[dict], str]:
+    """`posttrain train [extra]` in `cwd` -> (validation before, after, metrics lines, stdout)."""
+    proc = posttrain(["train", *extra], cwd)
+    run_dir = next((cwd / "runs" / "posttrain").iterdir())
+    lines = metrics(run_dir)
+    return lines[0]["val/score/mean"], lines[-1]["val/score/mean"], lines, proc.stdout
+
+
 @pytest.mark.slow
 def test_default_run_learns(tmp_path, trained_tiny_model_dir):
-    """`posttrain train` with no arguments: held-out score rises by >= 0.15."""
-    proc = posttrain(["train"], tmp_path)
-    run_dir = next((tmp_path / "runs" / "posttrain").iterdir())
-    lines = metrics(run_dir)
-    before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
+    """`posttrain train` with no arguments: the held-out score rises by >= 0.2.
+
+    Spread of the gain (bench/learning_spread.py default, trainer.seed 0-4): 0.309..0.340 with 2
+    threads, 0.307..0.352 with 1 thread (another rounding). The threshold sits 0.107 under the
+    lowest, more than twice the whole spread (0.045)."""
+    before, after, lines, stdout = default_run(tmp_path)
     assert lines[0]["step"] == 0 and lines[-1]["step"] == 100
-    assert after - before >= 0.15, (before, after)
-    assert f"{before:.3f} -> {after:.3f}" in proc.stdout
+    assert after - before >= 0.2, (before, after)
+    assert f"{before:.3f} -> {after:.3f}" in stdout
+    # the README's sample output is the shipped model's: its first validation, greedy, is the same here up to
+    # rounding (0.01 is 5 of the 512 held-out answers)
+    shown = re.search(r"step 0/100 \| validation score (\d\.\d+)", (REPO / "README.md").read_text())
+    assert shown and abs(float(shown.group(1)) - before) <= 0.01, (shown and shown.group(0), before)
+    run_dir = next((tmp_path / "runs" / "posttrain").iterdir())
     assert (run_dir / "config.yaml").exists()
     assert (run_dir / "checkpoints" / "global_step_100" / "actor" / "model.safetensors").exists()
 

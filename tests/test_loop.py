@@ -11,28 +11,39 @@ from posttrain.data.schema import read_rows, write_rows
 from posttrain.loop import train
 
 
-def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tiny_model_dir):
-    """A few GRPO steps on 16 prompts: every parameter moves and the greedy
-    score on those prompts rises (at the embedded preset's lr 1e-4: 3e-4 first
-    drops the score and recovers or not depending on the seed)."""
+def short_run(tmp_path, model_dir, *extra):
+    """12 GRPO steps on 16 prompts, validated on the same prompts. -> (summary, step metrics, names of the
+    parameters that did not move)."""
     rows = read_rows(str(default_test_parquet()))[:16]
     write_rows(rows, tmp_path / "train.parquet")
     cfg = load_config(None, [
-        f"model.path={trained_tiny_model_dir}",
+        f"model.path={model_dir}",
         f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'train.parquet'}",
         "data.train_batch_size=16", "data.max_prompt_length=64", "data.max_response_length=6",
         "actor.ppo_mini_batch_size=16", "actor.ppo_micro_batch_size=128", "actor.lr=1e-4", "actor.weight_decay=0",
         "rollout.n=8", "trainer.total_training_steps=12", "trainer.test_freq=12", f"trainer.run_dir={tmp_path / 'run'}",
-        "trainer.logger=[]",
+        "trainer.logger=[]", *extra,
     ])
     run = build_run(cfg)
     before = {n: p.detach().clone() for n, p in run.actor.policy.named_parameters()}
     summary = train(run)
-    moved = [n for n, p in run.actor.policy.named_parameters() if not torch.equal(before[n], p.detach())]
-    assert moved == list(before), f"parameters that did not move: {set(before) - set(moved)}"
-    assert summary["val_after"] > summary["val_before"]
+    still = [n for n, p in run.actor.policy.named_parameters() if torch.equal(before[n], p.detach())]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [x for x in lines if "critic/score/mean" in x]
+    return summary, [x for x in lines if "critic/score/mean" in x], still
+
+
+def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tiny_model_dir):
+    """A few GRPO steps on 16 prompts: every parameter moves and the greedy
+    score on those prompts rises (at the embedded preset's lr 1e-4: 3e-4 first
+    drops the score and recovers or not depending on the seed).
+
+    Spread (bench/learning_spread.py loop, trainer.seed 0-4, 2 threads and 1 alike): the validation
+    gain 0.250..0.375 (a prompt is 0.0625), the training score's rise from the first 3 steps to the
+    last 3 0.094..0.180. Thresholds: a gain of 2 prompts (0.125), and any rise (0.094 under the
+    lowest, more than the whole spread)."""
+    summary, steps, still = short_run(tmp_path, trained_tiny_model_dir)
+    assert still == [], f"parameters that did not move: {still}"
+    assert summary["val_after"] - summary["val_before"] >= 0.125
     assert len(steps) == 12
     first, last = steps[:3], steps[-3:]
     assert sum(x["critic/score/mean"] for x in last) > sum(x["critic/score/mean"] for x in first)
