@@ -1,7 +1,5 @@
 """`python -m posttrain ...` is `posttrain ...`."""
 
-import sys
+from posttrain.cli import run
 
-from posttrain.cli import main
-
-sys.exit(main())
+run()
