@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -218,20 +217,17 @@ def test_ctrl_c_stops_following_and_stop_stops_the_job(ray_cluster, cluster_env,
             lines.append(proc.stderr.readline())
             assert lines[-1], "".join(lines)  # EOF before the job was submitted
         job_id = job_id_in(lines[-1])
-        # Read the rest of stderr as it comes: a pipe nobody reads fills up (64 KiB), and a child writing to a
-        # full pipe blocks, here in the middle of exiting after Ctrl-C.
-        rest: list[str] = []
-        drain = threading.Thread(target=lambda: rest.extend(proc.stderr), daemon=True)
-        drain.start()
         deadline = time.monotonic() + 120
         while not re.search(r"^step 1/", log.read_text(), re.M):  # training, with its SIGTERM handler in place
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        # The job trains for 100000 steps: returning at all shows that following stopped without waiting for it.
-        assert proc.wait(timeout=180) == 130, "".join(rest)[-3000:]
-        drain.join(timeout=30)
-        err = "".join(rest)
+        # The job trains for 100000 steps: returning at all shows that following stopped without waiting for
+        # it. How soon depends on the machine's load (the interpreter's exit after the message: about 1 s idle,
+        # 10 s beside 4 busy processes, over 30 s once beside a whole test run and a training sweep), so the
+        # limit only guards against a hang.
+        assert proc.wait(timeout=180) == 130
+        err = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,5 +1,7 @@
 """`python -m posttrain ...` is `posttrain ...`."""
 
-from posttrain.cli import run
+import sys
 
-run()
+from posttrain.cli import main
+
+sys.exit(main())

@@ -246,19 +246,5 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def run() -> None:
-    """The `posttrain` program (and `python -m posttrain`): main(), then exit with its status.
-
-    `submit` leaves without the interpreter's clean-up: it is a client that has nothing of its own to
-    close, and the Ray job client's native threads can hold that clean-up up for minutes (seen after
-    Ctrl-C while following a job's logs, on a busy machine)."""
-    code = main()
-    if next((a for a in sys.argv[1:] if not a.startswith("-")), None) == "submit":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    run()
+    sys.exit(main())
