@@ -30,10 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def mean(xs) -> float:
-    return sum(xs) / len(xs)
-
-
 def run_default(seed, tmp):
     from test_end_to_end import default_run
 
@@ -49,7 +45,8 @@ def run_loop(seed, tmp):
     summary, steps, still = short_run(tmp, ensure_tiny_model(), f"trainer.seed={seed}")
     scores = [x["critic/score/mean"] for x in steps]
     return {"val gain": summary["val_after"] - summary["val_before"],
-            "score rise (last 3 - first 3)": mean(scores[-3:]) - mean(scores[:3]), "params still": len(still)}
+            "score rise (last 3 - first 3)": statistics.fmean(scores[-3:]) - statistics.fmean(scores[:3]),
+            "params still": len(still)}
 
 
 def run_algorithms(seed, tmp):
@@ -64,8 +61,8 @@ def run_algorithms(seed, tmp):
         if name == "ppo":
             ev = [x["critic/vf_explained_var"] for x in steps]
             vf = [x["critic/vf_loss"] for x in steps]
-            out["ppo ev rise (last 4 - first 4)"] = mean(ev[-4:]) - mean(ev[:4])
-            out["ppo vf_loss last 4 / first 4"] = mean(vf[-4:]) / mean(vf[:4])
+            out["ppo ev rise (last 4 - first 4)"] = statistics.fmean(ev[-4:]) - statistics.fmean(ev[:4])
+            out["ppo vf_loss last 4 / first 4"] = statistics.fmean(vf[-4:]) / statistics.fmean(vf[:4])
     return out
 
 
