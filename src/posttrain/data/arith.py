@@ -5,6 +5,11 @@ One definition of the prompt and answer text, shared by the preprocessor
 
     >>> prompt_text(23, 45), answer_text(23, 45)
     ('23+45=', '68')
+    >>> prompt_text(7, 12, style="question")
+    'What is 7 + 12?'
+
+The "symbols" style is the tiny model's (its byte tokenizer was warmed up on
+it); "question" is how a chat model is asked, for real pretrained models.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import random
 DATA_SOURCE = "arith"
 
 
-def prompt_text(a: int, b: int) -> str:
-    return f"{a}+{b}="
+PROMPT_STYLES = {"symbols": "{a}+{b}=", "question": "What is {a} + {b}?"}
+
+
+def prompt_text(a: int, b: int, style: str = "symbols") -> str:
+    return PROMPT_STYLES[style].format(a=a, b=b)
 
 
 def answer_text(a: int, b: int) -> str:

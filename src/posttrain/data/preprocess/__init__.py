@@ -2,6 +2,7 @@
 
     posttrain preprocess gsm8k --input ../shared/data/gsm8k --output-dir data/gsm8k
     posttrain preprocess arith --output-dir data/arith --num-train 2000 --num-test 200
+    posttrain preprocess arith --output-dir data/add15 --min-value 1 --max-value 15 --style question
     posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
     posttrain preprocess math --input data/MATH --output-dir data/math
 
@@ -38,7 +39,7 @@ def _arith(args) -> int:
     from posttrain.data.preprocess import arith
 
     return _report(arith.run(args.output_dir, args.num_train, args.num_test, args.seed, args.min_value,
-                             args.max_value))
+                             args.max_value, args.style))
 
 
 def _countdown(args) -> int:
@@ -72,6 +73,9 @@ def register(subparsers) -> None:
     ar.add_argument("--seed", type=int, default=0, help="shuffles the pairs before the train/test split")
     ar.add_argument("--min-value", type=int, default=10, help="smallest operand (default 10)")
     ar.add_argument("--max-value", type=int, default=99, help="largest operand (default 99)")
+    ar.add_argument("--style", default="symbols", choices=["symbols", "question"],
+                    help="prompt wording: 23+45= (symbols, the tiny model's) or 'What is 23 + 45?' (question, "
+                         "for a chat model)")
     ar.set_defaults(func=_arith)
 
     c = subparsers.add_parser("countdown", help="Countdown: reach a target with given numbers (TinyZero's task)")
