@@ -18,6 +18,13 @@ every run is warm-up, and the table reports the median of all the others.
 
     .venv/bin/python bench/trl_grpo.py [--steps 6] [--rounds 2] [--prompts 16] [--n 8] [--response-length 16]
                                        [--only posttrain|trl] [--json PATH] [--trl-python PATH]
+                                       [--model DIR] [--micro-batch M]
+
+At real size, on SmolLM2-135M-Instruct (`posttrain fetch-model` prints its directory), one pass of 128
+sequences on both sides:
+
+    .venv/bin/python bench/trl_grpo.py --model $(.venv/bin/posttrain fetch-model) --steps 3 --rounds 1 \
+        --response-length 24 --micro-batch 128 --trl-checkpointing off
 """
 
 from __future__ import annotations
@@ -152,6 +159,10 @@ def main() -> None:
                         "(GRPOConfig's default), or both (default)")
     p.add_argument("--trl-batch", help="TRL's per-device batch x accumulation steps, e.g. 32x4; their product is "
                                        "prompts x n (default: prompts*n x 1, one pass)")
+    p.add_argument("--model", help="a Hugging Face model directory to train on both sides (default: the benchmark's "
+                                    "3M-parameter Qwen2, common.make_model)")
+    p.add_argument("--micro-batch", type=int, help="posttrain's sequences per forward/backward pass (log-probs and "
+                                                   "update; default 64); pair with --trl-batch for TRL's")
     args = p.parse_args()
     args.trl_batch = args.trl_batch or f"{args.prompts * args.n}x1"
     torch.set_num_threads(args.threads)
@@ -160,7 +171,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        model_dir = common.make_model(tmp / "model")
+        model_dir = Path(args.model) if args.model else common.make_model(tmp / "model")
+        extra = [f"actor.ppo_micro_batch_size={args.micro_batch}", f"rollout.log_prob_micro_batch_size={args.micro_batch}",
+                 f"ref.log_prob_micro_batch_size={args.micro_batch}"] if args.micro_batch else []
         rows = common.make_prompts(args.prompts * args.steps)
         data_file = common.write_prompts(rows, tmp / "train.parquet")
         runs: dict[str, list] = {}
@@ -169,7 +182,7 @@ def main() -> None:
                 common.log(f"round {round_}: posttrain: {args.steps} steps of {args.prompts} prompts x {args.n}, "
                            f"{args.response_length} tokens")
                 runs.setdefault("posttrain", []).append(common.time_posttrain(
-                    model_dir, data_file, args.prompts, args.n, args.response_length, args.steps))
+                    model_dir, data_file, args.prompts, args.n, args.response_length, args.steps, extra))
             if args.only != "posttrain":
                 if args.trl_checkpointing in ("off", "both"):
                     runs.setdefault("trl", []).append(time_trl(python, model_dir, rows, args, tmp, False))
@@ -177,7 +190,8 @@ def main() -> None:
                     runs.setdefault("trl_default", []).append(time_trl(python, model_dir, rows, args, tmp, True))
         results = {side: merged(r) for side, r in runs.items()}
 
-    out: dict = {"settings": {"prompts": args.prompts, "n": args.n, "response_length": args.response_length,
+    out: dict = {"settings": {"model": args.model or "common.make_model", "micro_batch": args.micro_batch,
+                              "prompts": args.prompts, "n": args.n, "response_length": args.response_length,
                               "steps": args.steps, "rounds": args.rounds, "threads": args.threads, "lr": LR,
                               "beta": BETA, "temperature": TEMPERATURE, "dtype": "float32"}}
     print(f"{args.prompts} prompts x {args.n} samples per step, {args.response_length}-token responses (EOS off), "
