@@ -20,11 +20,11 @@ every run is warm-up, and the table reports the median of all the others.
                                        [--only posttrain|trl] [--json PATH] [--trl-python PATH]
                                        [--model DIR] [--micro-batch M]
 
-At real size, on SmolLM2-135M-Instruct (`posttrain fetch-model` prints its directory), one pass of 128
-sequences on both sides:
+At real size, on SmolLM2-135M-Instruct (`posttrain fetch-model` prints its directory), two passes of 64
+sequences on both sides (TRL in one pass of 128 needed more than 16 GB and was killed on a 24 GB machine):
 
     .venv/bin/python bench/trl_grpo.py --model $(.venv/bin/posttrain fetch-model) --steps 3 --rounds 1 \
-        --response-length 24 --micro-batch 128 --trl-checkpointing off
+        --response-length 24 --micro-batch 64 --trl-batch 64x2 --trl-checkpointing off
 """
 
 from __future__ import annotations
@@ -178,16 +178,17 @@ def main() -> None:
         data_file = common.write_prompts(rows, tmp / "train.parquet")
         runs: dict[str, list] = {}
         for round_ in range(1, args.rounds + 1):
-            if args.only != "trl":
-                common.log(f"round {round_}: posttrain: {args.steps} steps of {args.prompts} prompts x {args.n}, "
-                           f"{args.response_length} tokens")
-                runs.setdefault("posttrain", []).append(common.time_posttrain(
-                    model_dir, data_file, args.prompts, args.n, args.response_length, args.steps, extra))
+            # TRL's subprocess first: this process's memory grows with posttrain's side and is not given back
             if args.only != "posttrain":
                 if args.trl_checkpointing in ("off", "both"):
                     runs.setdefault("trl", []).append(time_trl(python, model_dir, rows, args, tmp, False))
                 if args.trl_checkpointing in ("on", "both"):
                     runs.setdefault("trl_default", []).append(time_trl(python, model_dir, rows, args, tmp, True))
+            if args.only != "trl":
+                common.log(f"round {round_}: posttrain: {args.steps} steps of {args.prompts} prompts x {args.n}, "
+                           f"{args.response_length} tokens")
+                runs.setdefault("posttrain", []).append(common.time_posttrain(
+                    model_dir, data_file, args.prompts, args.n, args.response_length, args.steps, extra))
         results = {side: merged(r) for side, r in runs.items()}
 
     out: dict = {"settings": {"model": args.model or "common.make_model", "micro_batch": args.micro_batch,
