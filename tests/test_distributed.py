@@ -320,3 +320,31 @@ def test_without_an_address_a_private_local_cluster_is_started(tiny_model_dir, d
     assert len(seen) > 5 and exposed == set()  # the check saw Ray's processes (GCS, raylet, workers)
     assert "started a local Ray cluster" in proc.stderr and "worker 1: pid" in proc.stderr
     assert "done: validation score" in proc.stdout
+
+
+def test_a_local_cluster_that_does_not_start_is_a_clear_error(monkeypatch):
+    """Ray's own startup timeout (seen on a machine starved of CPU) becomes one line naming the fix,
+    and what Ray did start is shut down."""
+    from posttrain.distributed import cluster
+    from posttrain.errors import PosttrainError
+
+    calls = []
+
+    class StuckRay:
+        def is_initialized(self):
+            return False
+
+        def init(self, **kwargs):
+            calls.append("init")
+            raise Exception("The current node timed out during startup. This could happen because some of the "
+                            "raylet failed to startup or the GCS has become overloaded.")
+
+        def shutdown(self):
+            calls.append("shutdown")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster, "import_ray", lambda: StuckRay())
+    with pytest.raises(PosttrainError, match=r"could not start a local Ray cluster \(The current node timed out "
+                                             r"during startup\.[^)]*\);.*trainer\.n_gpus_per_node=1"):
+        cluster.connect(None, num_cpus=2)
+    assert calls == ["init", "shutdown"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, PosttrainError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -58,7 +58,14 @@ def connect(address: str | None, num_cpus: int | None = None) -> str:
         return f"Ray cluster at {address}"
     # A private cluster for this run ("local": never attach to another `ray start`
     # cluster of this machine), on loopback, without a dashboard.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+    except Exception as e:  # Ray raises a bare Exception when its processes do not come up in time
+        ray.shutdown()  # what did start is stopped, not left behind
+        raise PosttrainError(
+            f"could not start a local Ray cluster ({str(e).splitlines()[0]}); this happens when the machine is short "
+            "of CPU or memory: retry when it is less busy, or train in one process (trainer.n_gpus_per_node=1)"
+        ) from e
     print(f"posttrain: started a local Ray cluster ({num_cpus} CPUs)", file=sys.stderr)
     return "a local Ray cluster"
 
