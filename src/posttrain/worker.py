@@ -15,6 +15,7 @@ vLLM engine does the same with its own weights).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import dataclass, field
@@ -70,7 +71,9 @@ class WorkerSpec:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
-    mixed_precision: str | None = None  # compute dtype of sharded params on GPUs, e.g. "bfloat16"
+    # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's
+    # gathered parameters with several workers, and torch.autocast's in every pass (`Worker.autocast`)
+    mixed_precision: str | None = None
     seed: int = 0
     collective_timeout_s: float = 600.0
     threads: int | None = None  # torch threads in a worker process
@@ -190,7 +193,8 @@ class Worker:
         to sleep after, so training has the device memory to itself."""
         self._wake()
         try:
-            return self.engine.generate(prompts, params)
+            with self.autocast():
+                return self.engine.generate(prompts, params)
         finally:
             self._sleep()
 
@@ -199,14 +203,16 @@ class Worker:
         model = self.policy if which == "policy" else self.ref
         size = self.spec.log_prob_micro_batch_size if which == "policy" else self.spec.ref_log_prob_micro_batch_size
         options = PassOptions(self.spec.update.remove_padding, self.spec.update.share_prompt)
-        return compute_log_probs(model, batch, size, self.spec.temperature, options=options)[0]
+        with self.autocast():
+            return compute_log_probs(model, batch, size, self.spec.temperature, options=options)[0]
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,
         in order), then one LR-scheduler step. `mini_totals`: the whole
         mini-batches' loss denominators, when the rows are split over workers."""
-        metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
-                                mini_totals=mini_totals, world_size=self.world_size)
+        with self.autocast():
+            metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
+                                    mini_totals=mini_totals, world_size=self.world_size)
         self.scheduler.step()
         return metrics
 
@@ -215,17 +221,28 @@ class Worker:
         from posttrain.training.critic import compute_values
 
         c = self.spec.critic.update
-        return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding)
+        with self.autocast():
+            return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding)
 
     def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One clipped value-loss update of the critic over `batch` (needs
         values and returns), then one step of its LR scheduler."""
         from posttrain.training.critic import update_critic
 
-        metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
-                                mini_totals=mini_totals, world_size=self.world_size)
+        with self.autocast():
+            metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
+                                    mini_totals=mini_totals, world_size=self.world_size)
         self.critic_scheduler.step()
         return metrics
+
+    def autocast(self):
+        """Matrix work in `mixed_precision` (bf16) over float32 weights, as FSDP2's
+        mixed precision does for sharded parameters: in one process, and for the
+        rollout's full copy of the policy, this context is what gives bf16 compute."""
+        s = self.spec
+        if not s.mixed_precision or s.mixed_precision == s.dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(s.device).type, dtype=getattr(torch, s.mixed_precision))
 
     def memory(self) -> dict[str, float]:
         """Peak memory of this process so far: resident set (CPU) and, on a

@@ -1,0 +1,266 @@
+"""posttrain on a CUDA device: mixed precision, the HF engine, FSDP2 over NCCL,
+exact resume and the performance metrics.
+
+Tests that take a `device` run on the CPU too (the `cpu` case is part of the
+default suite); the `cuda` cases and the CUDA-only tests are marked `gpu` and
+skip where torch sees no CUDA device. `bash bench/gpu/run.sh` runs them all
+on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.batch import RolloutBatch
+from posttrain.rollout.base import SamplingParams
+from posttrain.training.actor import UpdateSettings
+from posttrain.worker import Worker, WorkerSpec
+
+NO_CUDA = not torch.cuda.is_available()
+needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(NO_CUDA, reason="no CUDA device")]
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+PROMPTS = [[5 + i, 6, 7 + i % 3, 9] for i in range(8)]  # byte-level token ids of the tiny model's vocabulary
+ROOT = Path(__file__).resolve().parents[1]
+
+# bf16 against float32 on the same batch. bf16 keeps 8 bits of mantissa (relative error up to 2**-8 per
+# rounding), so logits, and with them log-probs, move by about 1e-2; stated and checked:
+LOGP_MEAN_ABS = 0.03  # mean |log p_bf16 - log p_fp32| over response tokens
+LOGP_MAX_ABS = 0.3  # the largest single token's difference
+GRAD_NORM_REL = 0.08  # relative difference of the update's gradient norm
+UPDATE_COSINE = 0.9  # cosine similarity of the two updates (new - old weights, all parameters)
+
+
+def spec(model_dir, device: str, mixed_precision: str | None = None, **kw) -> WorkerSpec:
+    update = UpdateSettings(mini_batch_size=16, micro_batch_size=8, use_kl_loss=False)
+    return WorkerSpec(model_dir=str(model_dir), update=update, device=device, lr=1e-4, seed=0,
+                      mixed_precision=mixed_precision, **kw)
+
+
+def rollout_batch(worker: Worker, n: int = 2, tokens: int = 6) -> RolloutBatch:
+    out = worker.generate(PROMPTS, SamplingParams(max_new_tokens=tokens, n=n, temperature=1.0, ignore_eos=True))
+    rows = len(PROMPTS)
+    batch = RolloutBatch.from_rollout(out, n, ["arith"] * rows, ["0"] * rows, [{}] * rows, [""] * rows * n)
+    torch.manual_seed(1)
+    batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
+    return batch
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bf16_mixed_precision_step_matches_float32_within_the_stated_tolerance(trained_tiny_model_dir, device):
+    """The same batch through a float32 worker and a bf16-autocast worker (float32
+    weights and optimizer in both): log-probs, gradient norm and the update agree
+    within the tolerances above, and differ at all (the bf16 path really ran)."""
+    full, mixed = Worker(spec(trained_tiny_model_dir, device)), Worker(spec(trained_tiny_model_dir, device, "bfloat16"))
+    full.setup(), mixed.setup()
+    batch = rollout_batch(full)
+    lp_full, lp_mixed = full.compute_log_probs(batch), mixed.compute_log_probs(batch)
+    mask = batch.response_mask.bool()
+    diff = (lp_full - lp_mixed).abs()[mask]
+    assert 0 < diff.mean().item() < LOGP_MEAN_ABS, diff.mean().item()
+    assert diff.max().item() < LOGP_MAX_ABS, diff.max().item()
+    assert next(mixed.policy.parameters()).dtype == torch.float32  # master weights stay float32
+    batch.old_log_probs = lp_full
+    before = weights(full.policy)
+    m_full, m_mixed = full.train_step(batch), mixed.train_step(batch)
+    assert m_mixed["actor/grad_norm"] == pytest.approx(m_full["actor/grad_norm"], rel=GRAD_NORM_REL)
+    d_full = torch.cat([(v - before[k]).flatten() for k, v in weights(full.policy).items()])
+    d_mixed = torch.cat([(v - before[k]).flatten() for k, v in weights(mixed.policy).items()])
+    assert d_full.norm() > 0
+    assert torch.nn.functional.cosine_similarity(d_full, d_mixed, dim=0).item() > UPDATE_COSINE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_the_hf_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(trained_tiny_model_dir):
+    """float32 on both devices (no TF32): greedy decoding picks the same tokens."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cpu, gpu = Worker(spec(trained_tiny_model_dir, "cpu")), Worker(spec(trained_tiny_model_dir, "cuda"))
+    cpu.setup(), gpu.setup()
+    greedy = SamplingParams(max_new_tokens=12, n=1, do_sample=False, temperature=0.0, logprobs=True)
+    a, b = cpu.generate(PROMPTS, greedy), gpu.generate(PROMPTS, greedy)
+    assert a.response_ids.tolist() == b.response_ids.cpu().tolist()
+    assert torch.allclose(a.log_probs, b.log_probs.cpu(), atol=1e-4)
+
+
+# ------------------------------------------------------------------ FSDP2 over NCCL
+
+def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str, out: str) -> None:
+    """One process of the FSDP2 group: the Worker's own sharded path (world > 1)
+    or `parallelize` by hand (world 1), then one update of its share."""
+    import torch.distributed as dist
+
+    from posttrain.distributed.balance import minibatch_shards
+    from posttrain.distributed.group import tensors_only
+    from posttrain.training.actor import loss_units, make_lr_scheduler, make_optimizer
+
+    try:
+        batch = torch.load(batch_file, weights_only=False)
+        w = Worker(spec(model_dir, "cuda"), rank=rank, world_size=world)
+        if world > 1:
+            w.setup(init_method=init)
+        else:
+            from posttrain.training.parallelize import parallelize
+
+            torch.cuda.set_device(0)
+            dist.init_process_group("nccl", init_method=init, rank=0, world_size=1)
+            w.setup()
+            parallelize(w.policy)
+            w.optimizer = make_optimizer(w.policy, w.spec.lr, w.spec.weight_decay, w.spec.betas)
+            w.scheduler = make_lr_scheduler(w.optimizer, 0)
+        lengths = batch.attention_mask.sum(-1).tolist()
+        shards = minibatch_shards(lengths, w.spec.update.mini_batch_size, world)
+        totals = [loss_units(m.response_mask, "token-mean") for m in batch.split(w.spec.update.mini_batch_size)]
+        metrics = w.train_step(tensors_only(batch.select(shards[rank])), totals if world > 1 else None)
+        full = w.full_state_dict()
+        if rank == 0:
+            torch.save({"metrics": metrics, "weights": full, "backend": dist.get_backend()}, out)
+        dist.destroy_process_group()
+    except Exception as e:  # the parent reads why
+        Path(f"{out}.rank{rank}.err").write_text(f"{type(e).__name__}: {e}")
+        raise
+
+
+def fsdp_update(model_dir, batch, world: int, tmp: Path) -> dict:
+    import torch.multiprocessing as mp
+
+    torch.save(batch, tmp / "batch.pt")
+    out = tmp / f"world{world}.pt"
+    init = f"file://{tmp}/rdzv{world}"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_fsdp_rank, args=(r, world, init, str(model_dir), str(tmp / "batch.pt"), str(out)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    errors = [f.read_text() for f in sorted(tmp.glob(f"{out.name}.rank*.err"))]
+    if errors or not out.exists():
+        raise RuntimeError("; ".join(errors) or f"exit codes {[p.exitcode for p in procs]}")
+    return torch.load(out, weights_only=False)
+
+
+def one_process_update(model_dir, batch) -> dict:
+    w = Worker(spec(model_dir, "cuda"))
+    w.setup()
+    return {"metrics": w.train_step(batch), "weights": weights(w.policy)}
+
+
+def assert_same_update(sharded: dict, single: dict) -> None:
+    assert sharded["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-4)
+    a, b = sharded["weights"], single["weights"]
+    assert set(a) == set(b)
+    worst = max((a[k].float().cpu() - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst
+
+
+def cuda_batch(model_dir) -> RolloutBatch:
+    w = Worker(spec(model_dir, "cuda"))
+    w.setup()
+    batch = rollout_batch(w)
+    batch.old_log_probs = w.compute_log_probs(batch).cpu()
+    return batch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_fsdp2_over_nccl_in_two_processes_on_one_gpu_matches_one_process(trained_tiny_model_dir, tmp_path):
+    """Two ranks share the one GPU. NCCL may refuse two ranks on one device
+    ("Duplicate GPU"); then this skips saying so, and the world-size-1 test
+    below is what ran."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch = cuda_batch(trained_tiny_model_dir)
+    try:
+        sharded = fsdp_update(trained_tiny_model_dir, batch, 2, tmp_path)
+    except RuntimeError as e:
+        if "duplicate gpu" in str(e).lower() or "invalid usage" in str(e).lower():
+            pytest.skip(f"NCCL refuses two ranks on one GPU: {str(e)[:300]}")
+        raise
+    assert sharded["backend"] == "nccl"
+    assert_same_update(sharded, one_process_update(trained_tiny_model_dir, batch))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_fsdp2_over_nccl_with_world_size_1_matches_one_process(trained_tiny_model_dir, tmp_path):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch = cuda_batch(trained_tiny_model_dir)
+    sharded = fsdp_update(trained_tiny_model_dir, batch, 1, tmp_path)
+    assert sharded["backend"] == "nccl"
+    assert_same_update(sharded, one_process_update(trained_tiny_model_dir, batch))
+
+
+# ------------------------------------------------------------------ runs on CUDA
+
+RUNNER = """
+import sys, torch
+torch.use_deterministic_algorithms(True)  # CUDA's atomics otherwise make two runs differ
+from posttrain.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def cuda_run(tmp: Path, run_dir: Path, steps: int, save_freq: int) -> None:
+    from posttrain.build import embedded_data_files
+
+    train, val = embedded_data_files()
+    args = [f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=8", "rollout.n=4",
+            "data.max_response_length=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16",
+            "actor.use_kl_loss=True", "trainer.device=cuda", "trainer.test_freq=-1", "trainer.val_before_train=false",
+            "trainer.logger=[]", f"trainer.total_training_steps={steps}", f"trainer.save_freq={save_freq}",
+            f"trainer.run_dir={run_dir}"]
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-c", RUNNER, *args], env=env, capture_output=True, text=True, cwd=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def lines(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_a_cuda_run_stopped_and_resumed_equals_the_whole_run(tmp_path):
+    """Deterministic algorithms on: 4 steps at once, and 2 + resume to 4, give the
+    same metrics and weights (model, optimizer, LR schedule and the CUDA random
+    state all come back)."""
+    from safetensors.torch import load_file
+
+    cuda_run(tmp_path, tmp_path / "whole", 4, 4)
+    cuda_run(tmp_path, tmp_path / "split", 2, 2)
+    cuda_run(tmp_path, tmp_path / "split", 4, 4)
+    keep = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))}  # noqa: E731
+    whole = [keep(m) for m in lines(tmp_path / "whole")]
+    split = [keep(m) for m in lines(tmp_path / "split")]
+    assert [m.get("critic/score/mean") for m in whole] == [m.get("critic/score/mean") for m in split]
+    assert whole == split
+    a = load_file(tmp_path / "whole/checkpoints/global_step_4/actor/model.safetensors")
+    b = load_file(tmp_path / "split/checkpoints/global_step_4/actor/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_a_cuda_run_reports_device_memory_and_mfu_against_the_gpus_peak(tmp_path):
+    from posttrain.flops import gpu_peak_flops
+
+    cuda_run(tmp_path, tmp_path / "run", 2, -1)
+    steps = [m for m in lines(tmp_path / "run") if "timing_s/step" in m]
+    assert steps and all(m["perf/max_memory_allocated_gb"] > 0 for m in steps)
+    name = torch.cuda.get_device_name(0)
+    if gpu_peak_flops(name) is None:
+        pytest.fail(f"no bf16 peak known for {name!r}: add it to posttrain.flops.GPU_PEAK_FLOPS")
+    for m in steps:
+        assert 0 < m["perf/mfu/actor"] < 1 and 0 < m["perf/mfu/rollout"] < 1, m
