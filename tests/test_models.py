@@ -24,6 +24,23 @@ def test_tokenizer_reloads_through_autotokenizer_as_bytes(tiny_model_dir):
     assert tok.encode("7<|im_end|>", add_special_tokens=False) == [ord("7"), tok.eos_token_id]
 
 
+def test_a_padded_vocabulary_keeps_the_byte_ids_and_decodes_every_padding_id(tmp_path):
+    """write_tokenizer(vocab_size=...) for a model of a real vocabulary: text
+    encodes as before, the special tokens come last, and every id decodes."""
+    from posttrain.models.tokenizer import write_tokenizer
+
+    write_tokenizer(tmp_path, vocab_size=70_000)  # past the 65,536 two-symbol tokens: three-symbol ones too
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # reloaded the Qwen2 way
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 70_000
+    assert tok.eos_token_id == 69_999 and tok.pad_token_id == 69_997
+    text = "ab 12+34=\n é"
+    assert tok.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))
+    # id 256: bytes (0, 0) as GPT-2 symbols; id 69,996: triple 69,996 - 256 - 65,536 = 4,204 = (0, 16, 108)
+    assert tok.convert_ids_to_tokens([256, 69_996]) == ["ĀĀ", "ĀĐl"]
+    assert tok.decode([256, 300, 69_000]) != ""
+
+
 def test_chat_template(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     text = tok.apply_chat_template([{"role": "user", "content": "23+45="}], add_generation_prompt=True,

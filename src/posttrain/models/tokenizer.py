@@ -48,8 +48,33 @@ def byte_symbols() -> list[str]:
     return symbols
 
 
-def build_tokenizer() -> Tokenizer:
-    vocab = {sym: i for i, sym in enumerate(byte_symbols())}
+def padding_symbols(count: int) -> list[str]:
+    """`count` tokens that encoding never produces: strings of 2 or 3 byte
+    symbols, with no merge to build them. They decode to their bytes."""
+    syms = byte_symbols()
+    pairs = (a + b for a in syms for b in syms)
+    triples = (a + b + c for a in syms for b in syms for c in syms)
+    out = []
+    for s in (*pairs,) if count <= len(syms) ** 2 else (*pairs, *triples):
+        if len(out) == count:
+            break
+        out.append(s)
+    return out
+
+
+def vocabulary(vocab_size: int | None = None) -> list[str]:
+    """The BPE vocabulary in id order: the 256 byte symbols, then padding up to
+    `vocab_size` minus the special tokens (which come last)."""
+    syms = byte_symbols()
+    if vocab_size is None:
+        return syms
+    if vocab_size < len(syms) + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size {vocab_size} < {len(syms) + len(SPECIAL_TOKENS)} (bytes and special tokens)")
+    return syms + padding_symbols(vocab_size - len(syms) - len(SPECIAL_TOKENS))
+
+
+def build_tokenizer(vocab_size: int | None = None) -> Tokenizer:
+    vocab = {sym: i for i, sym in enumerate(vocabulary(vocab_size))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
@@ -60,15 +85,19 @@ def build_tokenizer() -> Tokenizer:
     return tok
 
 
-def write_tokenizer(output_dir: str | Path) -> None:
-    """Write tokenizer.json, vocab.json, merges.txt and tokenizer_config.json."""
+def write_tokenizer(output_dir: str | Path, vocab_size: int | None = None) -> None:
+    """Write tokenizer.json, vocab.json, merges.txt and tokenizer_config.json.
+
+    vocab_size: pad the vocabulary to this many ids (`padding_symbols`), for a
+    model of a real vocabulary whose every sampled id must decode to text."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = build_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))
-    (out / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(byte_symbols())}, ensure_ascii=False))
+    vocab = vocabulary(vocab_size)
+    (out / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(vocab)}, ensure_ascii=False))
     (out / "merges.txt").write_text("#version: 0.2\n")
-    first_special = 256
+    first_special = len(vocab)
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
         "model_max_length": 2048,
