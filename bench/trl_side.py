@@ -8,7 +8,8 @@ bench/.venv-trl when needed); not meant to be run by hand:
 
 CONFIG.json: {"model_dir", "rows" (common.make_prompts rows), "prompts", "n",
 "response_length", "steps", "threads", "lr", "beta", "temperature",
-"batch_split" ("PER_DEVICExACCUMULATION", e.g. "128x1"), "output_dir"}.
+"batch_split" ("PER_DEVICExACCUMULATION", e.g. "128x1"), "output_dir"}, and optionally "device"
+("cpu", the default, or "cuda") and "bf16" (mixed precision over float32 weights; default false).
 RESULT.json: the seconds of each step, the completion lengths TRL logged,
 what the reward function saw per call, and the versions that ran.
 """
@@ -29,7 +30,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     cfg = json.loads(open(args.config).read())
-    torch.set_num_threads(cfg["threads"])
+    on_cpu = cfg.get("device", "cpu") == "cpu"
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg["threads"])
 
     import accelerate
     import datasets
@@ -84,8 +87,9 @@ def main() -> None:
 
     config = GRPOConfig(
         output_dir=cfg["output_dir"],
-        use_cpu=True,
-        bf16=False, fp16=False,  # float32 (GRPOConfig's default is bf16)
+        use_cpu=on_cpu,
+        # float32 weights; bf16 autocast when asked for (GRPOConfig's default loads the model in bf16)
+        bf16=bool(cfg.get("bf16", False)), fp16=False,
         model_init_kwargs={"dtype": torch.float32},
         # GRPOConfig's default is True (layers recomputed in the backward); off, TRL does the same work as posttrain
         gradient_checkpointing=cfg.get("gradient_checkpointing", False),
@@ -137,6 +141,8 @@ def main() -> None:
         "generation_batch_size": config.generation_batch_size,
         "batch_split": cfg["batch_split"],
         "threads": torch.get_num_threads(),
+        "device": "cpu" if on_cpu else torch.cuda.get_device_name(0),
+        "max_memory_allocated_gb": None if on_cpu else torch.cuda.max_memory_allocated() / 2 ** 30,
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
     }
