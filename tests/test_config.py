@@ -192,3 +192,28 @@ def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
     (tmp_path / "typo.yaml").write_text("actorr:\n")
     with pytest.raises(ConfigError, match="unknown config key 'actorr'"):
         load_config(str(tmp_path / "typo.yaml"))
+
+
+def test_verls_dynamic_batch_keys_set_token_budgets_for_every_pass():
+    from posttrain.build import critic_spec, update_settings, worker_spec
+
+    base = ["model.path=/m", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=3",
+            "actor.ppo_micro_batch_size=5"]  # 12 sequences do not divide into 5: no matter with a token budget
+    c = load_config(None, base + ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000",
+                                  "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=5000",
+                                  "critic.ppo_max_token_len_per_gpu=7000", "algorithm.adv_estimator=gae"])
+    # the log-prob passes follow the actor unless set (verl's defaults); the critic's value passes its own budget
+    assert (c.rollout.log_prob_use_dynamic_bsz, c.rollout.log_prob_max_token_len_per_gpu) == (True, 3000)
+    assert (c.ref.log_prob_use_dynamic_bsz, c.ref.log_prob_max_token_len_per_gpu) == (True, 5000)
+    assert (c.critic.use_dynamic_bsz, c.critic.forward_max_token_len_per_gpu) == (True, 7000)
+    spec = worker_spec(c, "/m", None, "cpu", total_steps=1)
+    assert spec.update.micro_max_tokens == 3000 == update_settings(c).micro_max_tokens
+    assert (spec.log_prob_max_tokens, spec.ref_log_prob_max_tokens) == (3000, 5000)
+    critic = critic_spec(c, "/m", 1).update
+    assert (critic.micro_max_tokens, critic.forward_max_tokens) == (7000, 7000)
+    off = worker_spec(load_config(None, base[:-1] + ["actor.ppo_micro_batch_size=4"]), "/m", None, "cpu", total_steps=1)
+    assert off.update.micro_max_tokens is None and off.log_prob_max_tokens is None
+    assert "must be divisible by actor.ppo_micro_batch_size=5" in error(base)
+    assert "actor.ppo_max_token_len_per_gpu must be a positive number of tokens" in error(
+        base + ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=0"])

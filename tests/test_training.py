@@ -140,3 +140,59 @@ def test_warmup_schedule():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+
+
+# ---------------------------------------------------------------- token-budget micro-batches (use_dynamic_bsz)
+
+def test_spans_fill_a_token_budget_and_a_longer_row_runs_alone():
+    from posttrain.training.logprobs import spans
+
+    # budget 8: 5+3 fit; 4 then 9 would not; 9 alone is over budget and runs alone; 2 is left
+    assert spans([5, 3, 4, 9, 2], size=2, max_tokens=8) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert spans([5, 3, 4, 9, 2], size=2) == [(0, 2), (2, 4), (4, 5)]
+    assert spans([], size=2, max_tokens=8) == []
+
+
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(remove_padding):
+    from posttrain.training.logprobs import micro_batches
+
+    b = make_batch()  # real tokens (prompt + response) per row: 5, 4, 6, 4
+    parts = micro_batches(b, 1, remove_padding, max_tokens=9)
+    rows = sorted(int(r) for idx, _ in parts for r in idx)
+    assert rows == [0, 1, 2, 3]
+    real = b.attention_mask.sum(-1)
+    for idx, mb in parts:
+        assert len(idx) == 1 or int(real[idx].sum()) <= 9
+        assert int(mb.attention_mask.sum()) == int(real[idx].sum())  # trimming drops padding only
+    assert len(parts) < 4  # the budget packs rows together
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_token_budget_micro_batches_give_the_fixed_count_loss_and_gradient(random_qwen2, mode, remove_padding):
+    """actor.use_dynamic_bsz: micro-batches cut by a token budget (here 1 to 3
+    rows each) give the loss, the gradient and the log-probs of micro-batches of
+    a fixed count (here the whole mini-batch at once), for every loss_agg_mode."""
+    b = make_batch()
+    b.response_mask = b.response_mask.clone()
+    b.response_mask[3] = 0  # an empty response
+    b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4)
+    lp_budget, _ = compute_log_probs(random_qwen2, b, 4, max_tokens=9)
+    mask = b.response_mask.bool()  # outside it a trimmed micro-batch leaves 0
+    torch.testing.assert_close(lp_budget[mask], b.old_log_probs[mask], atol=1e-6, rtol=1e-5)
+    b.old_log_probs = b.old_log_probs + 0.05
+    b.advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 3) * b.response_mask
+    grads, losses = [], []
+    for budget in (None, 9):
+        model = copy.deepcopy(random_qwen2)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        m = update_policy(model, opt, b, UpdateSettings(mini_batch_size=4, micro_batch_size=4, loss_agg_mode=mode,
+                                                        grad_clip=1e9, remove_padding=remove_padding,
+                                                        micro_max_tokens=budget))
+        losses.append(m["actor/loss"])
+        grads.append(torch.cat([(p0 - p.detach()).flatten() for p0, p in zip(before, model.parameters())]))
+    assert grads[0].abs().sum() > 0
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)

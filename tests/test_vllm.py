@@ -112,3 +112,116 @@ def test_vllm_matches_the_hf_engine_and_takes_new_weights(tiny_model_dir):
     assert engine.generate(prompts, greedy).response_ids.tolist() == hf.generate(prompts, greedy).response_ids.tolist()
     sampled = engine.generate(prompts, SamplingParams(max_new_tokens=6, n=3, logprobs=True))
     assert sampled.response_ids.shape[0] == 6 and sampled.log_probs is not None
+
+
+# ---------------------------------------------------------------- vLLM's engine settings (verl's rollout keys)
+
+VERL_ENGINE_KEYS = ["actor_rollout_ref.rollout.enable_chunked_prefill=True",
+                    "actor_rollout_ref.rollout.max_num_batched_tokens=8192", "actor_rollout_ref.rollout.max_num_seqs=64",
+                    "actor_rollout_ref.rollout.enforce_eager=False", "actor_rollout_ref.rollout.free_cache_engine=False",
+                    "actor_rollout_ref.rollout.load_format=dummy_dtensor", "actor_rollout_ref.rollout.max_model_len=3000",
+                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"]
+
+
+def test_verls_engine_keys_are_handed_to_vllm():
+    import warnings
+
+    from posttrain.build import worker_spec
+    from posttrain.config import load_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # on vLLM nothing is reported unused
+        cfg = load_config(None, ["model.path=/m", "rollout.name=vllm", *VERL_ENGINE_KEYS])
+    spec = worker_spec(cfg, "/m", None, "cuda", total_steps=1)
+    # verl's dummy_dtensor (its trainer pushes the weights) is vLLM's dummy, and the worker pushes them
+    assert spec.engine_kwargs == {"enable_chunked_prefill": True, "max_num_batched_tokens": 8192, "max_num_seqs": 64,
+                                  "enforce_eager": False, "load_format": "dummy", "swap_space": 4}
+    assert spec.weights_from_policy and not spec.free_cache_engine and spec.max_model_len == 3000
+    default = worker_spec(load_config(None, ["model.path=/m"]), "/m", None, "cpu", total_steps=1)
+    assert default.engine_kwargs == {} and default.free_cache_engine and not default.weights_from_policy
+    assert default.max_model_len == 512 + 512  # data.max_prompt_length + data.max_response_length
+
+
+def test_engine_keys_on_the_hf_engine_are_reported_unused_in_one_line():
+    from posttrain.config import load_config
+
+    with pytest.warns(UserWarning) as caught:
+        load_config(None, ["model.path=/m", "rollout.name=hf", *VERL_ENGINE_KEYS, "rollout.mode=async"])
+    assert len(caught) == 1
+    msg = str(caught[0].message)
+    for key in ("rollout.enable_chunked_prefill", "rollout.max_num_seqs", "rollout.load_format",
+                "rollout.free_cache_engine=false", "rollout.engine_kwargs.vllm", "rollout.mode=async"):
+        assert key in msg
+    assert msg.endswith("set, but unused by rollout.name=hf")
+
+
+def test_an_engine_argument_vllm_does_not_know_is_refused_with_the_nearest(monkeypatch):
+    import dataclasses
+    import sys
+    import types
+
+    from posttrain.rollout.vllm import VLLMRolloutEngine, check_engine_args
+
+    @dataclasses.dataclass
+    class EngineArgs:  # the fields vllm.LLM's keyword arguments are checked against
+        swap_space: float = 4
+        enforce_eager: bool = False
+        max_num_seqs: int = 256
+
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = EngineArgs
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.engine", types.ModuleType("vllm.engine"))
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", arg_utils)
+    check_engine_args({"swap_space": 8, "enforce_eager": True})
+    with pytest.raises(ConfigError, match="no argument 'max_num_seq'.*did you mean 'max_num_seqs'"):
+        check_engine_args({"max_num_seq": 8})
+    VLLMRolloutEngine("/m", eos_token_ids=[2], pad_token_id=0, enable_sleep_mode=False,
+                      engine_kwargs={"swap_space": 8, "enforce_eager": True})
+    assert seen["swap_space"] == 8 and seen["enforce_eager"] is True and seen["enable_sleep_mode"] is False
+
+
+@pytest.mark.parametrize("free_cache_engine", [True, False])
+def test_the_worker_pushes_weights_into_a_dummy_loaded_engine_and_sleeps_only_if_asked(
+        monkeypatch, tiny_model_dir, free_cache_engine):
+    import sys
+    import types
+
+    from posttrain.training.actor import UpdateSettings
+    from posttrain.worker import Worker, WorkerSpec
+
+    calls = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls.append(("init", kwargs["load_format"], kwargs["enable_sleep_mode"]))
+
+        def collective_rpc(self, name, args):
+            calls.append((name, len(args[0])))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset",))
+
+        def sleep(self, level):
+            calls.append(("sleep",))
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    spec = WorkerSpec(model_dir=str(tiny_model_dir), update=UpdateSettings(mini_batch_size=4, micro_batch_size=4),
+                      rollout="vllm", engine_kwargs={"load_format": "dummy"}, weights_from_policy=True,
+                      free_cache_engine=free_cache_engine)
+    w = Worker(spec)
+    w.setup()
+    assert calls[0] == ("init", "dummy", free_cache_engine)
+    assert calls[1][0] == "load_posttrain_weights" and calls[-1] == ("reset",)  # the policy's weights, pushed
+    w._sleep()
+    assert (calls[-1] == ("sleep",)) is free_cache_engine

@@ -128,14 +128,29 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         weight_decay=a.weight_decay, betas=tuple(a.betas),
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
-        ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size, temperature=r.temperature, rollout=r.name,
+        ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size,
+        log_prob_max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
+        ref_log_prob_max_tokens=cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else None, temperature=r.temperature, rollout=r.name,
         rollout_micro_batch_size=r.micro_batch_size, rollout_shared_prefill=r.shared_prefill,
         rollout_remove_padding=r.remove_padding, rollout_early_stop=r.early_stop, tensor_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
+        engine_kwargs=vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine,
+        weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
         mixed_precision="bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
     )
+
+
+def vllm_engine_kwargs(r) -> dict:
+    """rollout.* settings of vLLM's engine and rollout.engine_kwargs.vllm, as vllm.LLM arguments. verl's
+    dummy_* load formats (its trainer pushes the weights) become vLLM's "dummy": the worker pushes them."""
+    from posttrain.config import VLLM_SETTINGS
+
+    out = {k: getattr(r, k) for k in VLLM_SETTINGS if getattr(r, k) is not None and k != "max_model_len"}
+    if str(out.get("load_format", "")).startswith("dummy"):
+        out["load_format"] = "dummy"
+    return {**out, **r.engine_kwargs.get("vllm", {})}
 
 
 def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
@@ -143,6 +158,8 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
     settings = CriticSettings(
         mini_batch_size=c.ppo_mini_batch_size * cfg.rollout.n, micro_batch_size=c.ppo_micro_batch_size,
         forward_micro_batch_size=c.forward_micro_batch_size, ppo_epochs=c.ppo_epochs,
+        micro_max_tokens=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
+        forward_max_tokens=c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None,
         cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
         loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip,
         remove_padding=cfg.model.use_remove_padding)
@@ -179,7 +196,7 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
     if cfg.rollout.name == "vllm":
         from posttrain.rollout.vllm import check_vllm_available
 
-        check_vllm_available(spec.device)
+        check_vllm_available(spec.device, spec.engine_kwargs)
     if not uses_ray(cfg):
         worker = Worker(spec)
         return worker, [worker.setup()]
@@ -220,6 +237,7 @@ def update_settings(cfg) -> UpdateSettings:
     return UpdateSettings(
         mini_batch_size=a.ppo_mini_batch_size * cfg.rollout.n,  # verl counts prompts; we count sequences
         micro_batch_size=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
+        micro_max_tokens=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
         clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
         loss_agg_mode=a.loss_agg_mode, loss_mode=a.policy_loss.loss_mode,
         loss_scale_factor=float(a.loss_scale_factor or cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 from omegaconf import OmegaConf
@@ -82,8 +82,22 @@ class RolloutConfig:
     remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
     early_stop: bool = True  # hf: stop decoding once every sequence has ended
     log_prob_micro_batch_size: int = 64
+    # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = None
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
+    # vLLM's engine (rollout.name=vllm), handed to vllm.LLM; null: vLLM's own default (VLLM_SETTINGS)
+    enable_chunked_prefill: Optional[bool] = None
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_model_len: Optional[int] = None  # null: data.max_prompt_length + data.max_response_length
+    enforce_eager: Optional[bool] = None
+    load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
+    free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
+    mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
+    # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
+    engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -102,6 +116,10 @@ class ActorConfig:
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
     ppo_micro_batch_size: int = 8  # sequences
+    # micro-batches filled up to a token budget (prompt + response tokens per worker) instead of
+    # ppo_micro_batch_size sequences: the same loss and gradient, fewer and fuller passes on mixed lengths
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # None: clip_ratio
@@ -125,6 +143,8 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size: int = 64
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
     param_offload: bool = False
 
 
@@ -198,6 +218,9 @@ class CriticConfig:
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
     ppo_micro_batch_size: Optional[int] = None  # sequences; null: actor.ppo_micro_batch_size
     forward_micro_batch_size: Optional[int] = None  # sequences per value pass; null: rollout.log_prob_micro_batch_size
+    use_dynamic_bsz: Optional[bool] = None  # token-budget micro-batches (see actor.use_dynamic_bsz); null: the actor's
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: Optional[int] = None  # value passes' budget; null: ppo_max_token_len_per_gpu
     ppo_epochs: Optional[int] = None  # null: actor.ppo_epochs
     cliprange_value: float = 0.5
     loss_agg_mode: Optional[str] = None  # null: actor.loss_agg_mode
@@ -267,6 +290,10 @@ def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
 
 SCHEMA = schema()
 LIST_KEYS = {k for k, (t, _) in SCHEMA.items() if "List" in str(t)}
+DICT_KEYS = {k for k, (t, _) in SCHEMA.items() if "Dict" in str(t)}  # free-form: any key below them
+# rollout keys that configure vLLM's engine: the HF engine reports them as unused (build.engine_settings)
+VLLM_SETTINGS = ("enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                 "enforce_eager", "load_format")
 
 
 # ---------------------------------------------------------------- loading
@@ -342,7 +369,7 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
                 raise ConfigError(f"{key}={_show(value)} is not supported; posttrain always runs with {key}="
                                   f"{aliases.IGNORED[key]}")
             continue
-        ours = aliases.to_canonical(key, SCHEMA)
+        ours = aliases.to_canonical(key, SCHEMA) or _below_dict_key(key)
         if ours is None:
             if key.startswith(aliases.VERL_PREFIXES):
                 raise ConfigError(
@@ -362,6 +389,15 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
     return out
 
 
+
+
+def _below_dict_key(key: str) -> str | None:
+    """Our spelling of a key inside a free-form mapping (rollout.engine_kwargs.vllm.X), verl's prefixes mapped."""
+    for verl, ours in ((key, key), *((v, o) for v, o in aliases.PREFIXES if key.startswith(v))):
+        mapped = ours + key[len(verl):] if verl != key else key
+        if any(mapped.startswith(d + ".") for d in DICT_KEYS):
+            return mapped
+    return None
 
 
 def _short(value, limit: int = 80) -> str:
@@ -494,6 +530,14 @@ def validate(cfg: Config) -> None:
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("data.truncation", d.truncation, ("error", "left", "right"))
     _choice("rollout.name", r.name, ("hf", "vllm"))
+    _choice("rollout.mode", r.mode, ("sync", "async"))
+    _need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
+          "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
+    for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        _need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
+    unused = unused_engine_settings(r)
+    if unused:
+        warnings.warn(f"{', '.join(unused)}: set, but unused by rollout.name={r.name}", stacklevel=2)
     _choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
     _choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
     _choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
@@ -536,9 +580,10 @@ def validate(cfg: Config) -> None:
     _need(d.train_batch_size % a.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by actor.ppo_mini_batch_size="
           f"{a.ppo_mini_batch_size}")
-    _need((a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
+    _need(a.use_dynamic_bsz or (a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
+    validate_token_budgets(cfg)
     world = tr.nnodes * tr.n_gpus_per_node
     _need((a.ppo_mini_batch_size * r.n) % world == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by the "
@@ -554,6 +599,31 @@ def validate(cfg: Config) -> None:
     d.seed = tr.seed if d.seed is None else d.seed
 
 
+def unused_engine_settings(r: RolloutConfig) -> list[str]:
+    """The rollout settings given that the chosen engine does not use (one warning line names them)."""
+    out = [f"rollout.engine_kwargs.{name}" for name, kw in r.engine_kwargs.items() if kw and name != r.name]
+    if r.name != "vllm":  # vLLM's engine settings
+        out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None]
+        out += ["rollout.free_cache_engine=false"] if not r.free_cache_engine else []
+    if r.mode == "async":  # verl's server mode: posttrain's rollout generates a step's batch in one call either way
+        out.append("rollout.mode=async")
+    return out
+
+
+def validate_token_budgets(cfg: Config) -> None:
+    """Fill the log-prob passes' null dynamic-batch settings from the actor's
+    (as verl does) and check every budget."""
+    a = cfg.actor
+    for sec in (cfg.rollout, cfg.ref):
+        if sec.log_prob_use_dynamic_bsz is None:
+            sec.log_prob_use_dynamic_bsz = a.use_dynamic_bsz
+        if sec.log_prob_max_token_len_per_gpu is None:
+            sec.log_prob_max_token_len_per_gpu = a.ppo_max_token_len_per_gpu
+    for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
+                "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
+        _need(_get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {_get(cfg, key)}")
+
+
 def validate_critic(cfg: Config) -> None:
     """Fill the critic's null sizes from the actor's and check them (only
     when a critic is used: algorithm.adv_estimator=gae)."""
@@ -564,6 +634,11 @@ def validate_critic(cfg: Config) -> None:
     c.loss_agg_mode = a.loss_agg_mode if c.loss_agg_mode is None else c.loss_agg_mode
     if c.forward_micro_batch_size is None:
         c.forward_micro_batch_size = cfg.rollout.log_prob_micro_batch_size
+    c.use_dynamic_bsz = a.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
+    if c.forward_max_token_len_per_gpu is None:
+        c.forward_max_token_len_per_gpu = c.ppo_max_token_len_per_gpu
+    _need(c.forward_max_token_len_per_gpu > 0, "critic.forward_max_token_len_per_gpu must be a positive number "
+          f"of tokens, got {c.forward_max_token_len_per_gpu}")
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
     for key in ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",

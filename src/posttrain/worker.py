@@ -62,6 +62,8 @@ class WorkerSpec:
     warmup_steps: int = 0
     log_prob_micro_batch_size: int = 64
     ref_log_prob_micro_batch_size: int = 64
+    log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
+    ref_log_prob_max_tokens: int | None = None
     temperature: float = 1.0
     rollout: str = "hf"
     rollout_micro_batch_size: int | None = None
@@ -71,6 +73,9 @@ class WorkerSpec:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
+    engine_kwargs: dict = field(default_factory=dict)  # more vllm.LLM arguments (build.vllm_engine_kwargs)
+    free_cache_engine: bool = True  # vLLM sleeps between generations
+    weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
     # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's
     # gathered parameters with several workers, and torch.autocast's in every pass (`Worker.autocast`)
     mixed_precision: str | None = None
@@ -128,6 +133,8 @@ class Worker:
         if s.critic is not None:
             self._setup_critic(s.critic, kwargs)
         self.engine = self._make_engine(rollout_model, eos)
+        if s.weights_from_policy:
+            self.sync_weights()
         from posttrain.flops import device_peak_flops
 
         # MFU's denominator, measured here: a CPU's peak depends on this process's threads
@@ -178,7 +185,8 @@ class Worker:
                 s.model_dir, eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id,
                 tensor_parallel_size=s.tensor_parallel_size, gpu_memory_utilization=s.gpu_memory_utilization,
                 dtype=s.mixed_precision or s.dtype, max_model_len=s.max_model_len, seed=s.seed + self.rank,
-                trust_remote_code=s.trust_remote_code)
+                trust_remote_code=s.trust_remote_code, enable_sleep_mode=s.free_cache_engine,
+                engine_kwargs=s.engine_kwargs)
         from posttrain.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
@@ -201,10 +209,12 @@ class Worker:
     def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
         """-> log-probs [N, R] of batch.responses under the policy or the reference."""
         model = self.policy if which == "policy" else self.ref
-        size = self.spec.log_prob_micro_batch_size if which == "policy" else self.spec.ref_log_prob_micro_batch_size
-        options = PassOptions(self.spec.update.remove_padding, self.spec.update.share_prompt)
+        s = self.spec
+        size, budget = ((s.log_prob_micro_batch_size, s.log_prob_max_tokens) if which == "policy"
+                        else (s.ref_log_prob_micro_batch_size, s.ref_log_prob_max_tokens))
+        options = PassOptions(s.update.remove_padding, s.update.share_prompt)
         with self.autocast():
-            return compute_log_probs(model, batch, size, self.spec.temperature, options=options)[0]
+            return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,
@@ -222,7 +232,7 @@ class Worker:
 
         c = self.spec.critic.update
         with self.autocast():
-            return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding)
+            return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding, c.forward_max_tokens)
 
     def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One clipped value-loss update of the critic over `batch` (needs
@@ -273,7 +283,7 @@ class Worker:
             self._asleep = False
 
     def _sleep(self) -> None:
-        if hasattr(self.engine, "sleep"):
+        if hasattr(self.engine, "sleep") and self.spec.free_cache_engine:
             self.engine.sleep()
             self._asleep = True
 

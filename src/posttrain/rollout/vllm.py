@@ -25,8 +25,9 @@ from posttrain.rollout.hf import left_pad
 WEIGHT_BUCKET_BYTES = 512 << 20  # weights travel to the engine in buckets of about this size
 
 
-def check_vllm_available(device: str) -> None:
-    """Fail at start-up, with the fix, when vLLM cannot run here."""
+def check_vllm_available(device: str, engine_kwargs: dict | None = None) -> None:
+    """Fail at start-up, with the fix, when vLLM cannot run here or does not
+    know an engine argument (checked against the installed vLLM's EngineArgs)."""
     if device != "cuda":
         raise ConfigError(f"rollout.name=vllm needs a CUDA GPU, but trainer.device={device}; use rollout.name=hf "
                           "(actor_rollout_ref.rollout.name=hf) on the CPU")
@@ -35,6 +36,23 @@ def check_vllm_available(device: str) -> None:
     except ImportError as e:
         raise ConfigError("rollout.name=vllm needs vLLM: pip install 'posttrain[vllm]' on a machine with a CUDA "
                           f"GPU, or use rollout.name=hf ({type(e).__name__}: {e})") from e
+    check_engine_args(engine_kwargs or {})
+
+
+def check_engine_args(engine_kwargs: dict) -> None:
+    """Every name in `engine_kwargs` is a field of vLLM's EngineArgs (what vllm.LLM accepts)."""
+    import dataclasses
+    import difflib
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for name in engine_kwargs:
+        if name not in known:
+            match = difflib.get_close_matches(name, known, n=1)
+            raise ConfigError(f"vLLM's engine has no argument {name!r} (rollout.{name} or "
+                              f"rollout.engine_kwargs.vllm.{name}){f'; did you mean {match[0]!r}?' if match else ''}"
+                              " (see vllm.engine.arg_utils.EngineArgs)")
 
 
 def sampling_kwargs(params: SamplingParams, eos_token_ids: list[int], seed: int | None) -> dict:
@@ -118,7 +136,9 @@ class VLLMRolloutEngine:
 
     def __init__(self, model_dir, *, eos_token_ids: list[int], pad_token_id: int, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16", max_model_len: int | None = None,
-                 seed: int = 0, enable_sleep_mode: bool = True, trust_remote_code: bool = False):
+                 seed: int = 0, enable_sleep_mode: bool = True, trust_remote_code: bool = False,
+                 engine_kwargs: dict | None = None):
+        """engine_kwargs: more vllm.LLM arguments (rollout.enforce_eager, ..., rollout.engine_kwargs.vllm.*)."""
         from vllm import LLM
 
         self.eos_token_ids, self.pad_token_id = sorted(set(eos_token_ids)), pad_token_id
@@ -127,7 +147,7 @@ class VLLMRolloutEngine:
             model=str(model_dir), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len, seed=seed,
             enable_sleep_mode=enable_sleep_mode, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
-            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader",
+            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **(engine_kwargs or {}),
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:

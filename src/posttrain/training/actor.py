@@ -34,6 +34,7 @@ class UpdateSettings:
     temperature: float = 1.0
     grad_clip: float = 1.0
     remove_padding: bool = True  # model.use_remove_padding: length-ordered, trimmed micro-batches
+    micro_max_tokens: int | None = None  # actor.use_dynamic_bsz: micro-batches of at most this many tokens
     share_prompt: bool = True  # model.share_prompt: each distinct prompt's tokens run once per micro-batch
 
 
@@ -134,7 +135,7 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
-                       prefix="actor", remove_padding=s.remove_padding)
+                       prefix="actor", remove_padding=s.remove_padding, max_tokens=s.micro_max_tokens)
 
 
 def pinned_loss_scale(settings, batch):
@@ -148,12 +149,15 @@ def pinned_loss_scale(settings, batch):
 
 def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_batch_size: int, epochs: int,
                 loss_agg_mode: str, grad_clip: float, mini_totals: list[float] | None = None, world_size: int = 1,
-                prefix: str = "actor", remove_padding: bool = False) -> dict[str, float]:
+                prefix: str = "actor", remove_padding: bool = False, max_tokens: int | None = None
+                ) -> dict[str, float]:
     """The update loop shared by the actor and the critic: `epochs` passes
     over `batch` in mini-batches of `mini_batch_size` rows (divided over
     `world_size` workers), `loss_fn(micro_batch) -> (loss, metrics)` summed
     over micro-batches with weights that make the sum the mini-batch's loss,
-    gradients clipped to `grad_clip`. With remove_padding a mini-batch's rows
+    gradients clipped to `grad_clip`. Micro-batches hold `micro_batch_size`
+    rows, or with `max_tokens` as many rows as fit in that many tokens: the
+    weights make the sum the same either way. With remove_padding a mini-batch's rows
     are length-ordered and its micro-batches trimmed (`logprobs.micro_batches`):
     the same sum, no compute on padding.
 
@@ -170,8 +174,8 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     sums: dict[str, float] = {}
     grad_norms, losses, skipped, counted = [], [], 0, 0
     minis = batch.split(mini_batch_size // world_size)
-    micro_per_epoch = sum(-(-len(m) // micro_batch_size) for m in minis)
-    micros = [[mb for _, mb in micro_batches(mini, micro_batch_size, remove_padding)] for mini in minis]
+    micros = [[mb for _, mb in micro_batches(mini, micro_batch_size, remove_padding, max_tokens)] for mini in minis]
+    micro_per_epoch = sum(len(m) for m in micros)
     bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
                disable=None if world_size == 1 else True)
     for _ in range(epochs):

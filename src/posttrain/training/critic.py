@@ -25,6 +25,8 @@ class CriticSettings:
     loss_scale_factor: float | None = None
     grad_clip: float = 1.0
     remove_padding: bool = True  # model.use_remove_padding: length-ordered, trimmed micro-batches
+    micro_max_tokens: int | None = None  # critic.use_dynamic_bsz: update micro-batches of at most this many tokens
+    forward_max_tokens: int | None = None  # ... and value passes' micro-batches
 
 
 def response_values(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
@@ -36,14 +38,16 @@ def response_values(model, input_ids, attention_mask, position_ids, response_len
 
 
 @torch.no_grad()
-def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = True) -> torch.Tensor:
-    """Values [N, R] of `batch` in micro-batches, no grad, zero outside the response mask."""
+def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = True,
+                   max_tokens: int | None = None) -> torch.Tensor:
+    """Values [N, R] of `batch` in micro-batches (of `micro_batch_size` rows or
+    `max_tokens` tokens), no grad, zero outside the response mask."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     values = torch.zeros(batch.responses.shape, dtype=torch.float32)
     try:
-        for rows, mb in micro_batches(batch, micro_batch_size, remove_padding):
+        for rows, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
             v = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                                 mb.position_ids.to(device), mb.response_length)
             values[rows, :mb.response_length] = v.cpu() * mb.response_mask
@@ -75,4 +79,5 @@ def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[
     s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device),
                        s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,
-                       mini_totals, world_size, prefix="critic", remove_padding=s.remove_padding)
+                       mini_totals, world_size, prefix="critic", remove_padding=s.remove_padding,
+                       max_tokens=s.micro_max_tokens)

@@ -67,15 +67,33 @@ def length_order(batch) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.long)
 
 
-def micro_batches(batch, size: int, remove_padding: bool):
+def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows: `size` rows each, or with a token
+    budget (`max_tokens`, verl's use_dynamic_bsz) as many rows as hold at most
+    that many real tokens together (`tokens[i]` for row i); a row longer than
+    the budget runs alone."""
+    if max_tokens is None:
+        return [(s, min(s + size, len(tokens))) for s in range(0, len(tokens), size)]
+    out, start, used = [], 0, 0
+    for i, t in enumerate(tokens):
+        if i > start and used + t > max_tokens:
+            out.append((start, i))
+            start, used = i, 0
+        used += t
+    if start < len(tokens):
+        out.append((start, len(tokens)))
+    return out
+
+
+def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None = None):
     """-> [(row indices into batch, micro-batch)]: consecutive chunks of `size`
-    rows, or with remove_padding chunks of length-ordered rows, trimmed."""
-    if not remove_padding:
-        return [(torch.arange(s, min(s + size, len(batch))), mb) for s, mb in zip(range(0, len(batch), size),
-                                                                                     batch.split(size))]
-    order = length_order(batch)
-    ordered = batch.select(order)
-    return [(order[s:s + size], trim_padding(mb)) for s, mb in zip(range(0, len(batch), size), ordered.split(size))]
+    rows (or of at most `max_tokens` real tokens, prompt + response), with
+    remove_padding chunks of length-ordered rows, trimmed."""
+    order = length_order(batch) if remove_padding else torch.arange(len(batch))
+    ordered = batch.select(order) if remove_padding else batch
+    tokens = ordered.attention_mask.sum(-1).tolist()  # [N] real tokens of each row
+    return [(order[a:b], trim_padding(ordered.select(torch.arange(a, b))) if remove_padding else
+             ordered.select(torch.arange(a, b))) for a, b in spans(tokens, size, max_tokens)]
 
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
@@ -159,8 +177,9 @@ def can_share_prompt(model) -> bool:
 
 @torch.no_grad()
 def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False,
-                      options: PassOptions = PassOptions()):
-    """Log-probs of `batch.responses` under `model`, in micro-batches, no grad.
+                      options: PassOptions = PassOptions(), max_tokens: int | None = None):
+    """Log-probs of `batch.responses` under `model`, in micro-batches (of
+    `micro_batch_size` rows, or of at most `max_tokens` tokens), no grad.
 
     -> (log_probs [N, R], entropy [N, R] or None); 0 outside the responses'
     columns a trimmed micro-batch left out.
@@ -172,7 +191,7 @@ def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 
     log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
     entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
     try:
-        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding):
+        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
             logits = response_logits(
                 model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
                 mb.response_length, temperature, share)
