@@ -172,18 +172,35 @@ def test_gae_lam_zero_is_one_step_td_and_empty_cases():
 
 def test_dispatcher_registry_and_errors():
     assert set(ADV_ESTIMATORS) == {"grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                   "grpo_passk"}
+                                   "grpo_passk", "remax", "gpg"}
     assert NEEDS_CRITIC == frozenset({"gae"})
     rewards, mask = T([[0.0, 1.0], [0.0, 0.0]]), torch.ones(2, 2)
     # every estimator gets only the arguments it takes (no TypeError for the extras)
     for name in ADV_ESTIMATORS:
         adv, ret = compute_advantages(name, rewards, mask, [0, 0], values=torch.zeros(2, 2), gamma=0.9, lam=0.9,
-                                      norm_adv_by_std_in_grpo=False, epsilon=1e-3)
+                                      norm_adv_by_std_in_grpo=False, epsilon=1e-3, reward_baselines=torch.zeros(2))
         assert adv.shape == ret.shape == (2, 2) and torch.isfinite(adv).all()
     with pytest.raises(ValueError, match="needs the critic's values"):
         compute_advantages("gae", rewards, mask, [0, 0])
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'.*grpo, gae, rloo"):
         compute_advantages("ppo", rewards, mask, [0, 0])
+
+
+# ---------------------------------------------------------------- GPG's loss
+
+def test_gpg_policy_loss_is_the_plain_policy_gradient():
+    from posttrain.algorithms import gpg_policy_loss
+
+    # row 0: -A log p = -(1 * -1), -(1 * -2) = 1, 2; row 1: one valid token -(-0.5 * -4) = -2 (the 9 is padding)
+    new = T([[-1.0, -2.0], [-4.0, 9.0]]).requires_grad_()
+    adv, mask = T([[1.0, 1.0], [-0.5, -0.5]]), T([[1, 1], [1, 0]])
+    out = gpg_policy_loss(torch.zeros(2, 2), new, adv, mask, loss_agg_mode="token-mean")
+    close(out["pg_loss"], (1.0 + 2.0 - 2.0) / 3)
+    assert out["pg_clipfrac"] == 0 and out["ppo_kl"] == 0
+    out["pg_loss"].backward()
+    close(new.grad, [[-1 / 3, -1 / 3], [0.5 / 3, 0.0]])  # -A / 3 on valid tokens, nothing on padding
+    seq = gpg_policy_loss(torch.zeros(2, 2), new.detach(), adv, mask, loss_agg_mode="seq-mean-token-mean")
+    close(seq["pg_loss"], ((1.0 + 2.0) / 2 + -2.0) / 2)
 
 
 # ---------------------------------------------------------------- GSPO

@@ -54,7 +54,7 @@ def test_unsupported_verl_key():
     msg = error(["critic.model.fsdp_config.param_offload=true"])
     assert "verl key 'critic.model.fsdp_config.param_offload'" in msg and "not supported yet" in msg
     assert "--help-config" in msg
-    assert "not supported; supported: grpo" in error(["algorithm.adv_estimator=remax"])
+    assert "not supported; supported: grpo" in error(["algorithm.adv_estimator=opo"])
     assert "'neptune' is not one of: console, jsonl, tensorboard, wandb, mlflow" in error(["trainer.logger=[neptune]"])
 
 
@@ -159,8 +159,8 @@ def test_verl_keys_of_the_algorithm_family():
     (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value must be > 0"),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=9"], "reward.overlong_buffer.len=9 must be"),
     (["algorithm.filter_groups.metric=accuracy"], "algorithm.filter_groups.metric=accuracy is not one of"),
-    (["actor.policy_loss.loss_mode=gpg"], "actor.policy_loss.loss_mode=gpg is not one of: vanilla, gspo"),
-    (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax is not supported; supported: grpo"),
+    (["actor.policy_loss.loss_mode=clip_cov"], "actor.policy_loss.loss_mode=clip_cov is not one of: vanilla, gspo, gpg"),
+    (["algorithm.adv_estimator=opo"], "algorithm.adv_estimator=opo is not supported; supported: grpo"),
     (["algorithm.lam=1.5"], "algorithm.lam in \\[0, 1\\]"),
     (["algorithm.name=grpo_passk", "rollout.n=1", "actor.ppo_micro_batch_size=32"], "it needs rollout.n >= 2"),
 ])

@@ -135,8 +135,8 @@ def test_gae_with_gamma_lam_one_is_reward_to_go_minus_value():
         compute_advantages("gae", rewards, mask, [0, 1])
     a2, r2 = compute_advantages("gae", rewards, mask, [0, 1], values=values, gamma=1.0, lam=1.0)
     assert torch.equal(a2, adv) and torch.equal(r2, ret)
-    with pytest.raises(ValueError, match="unknown advantage estimator 'remax'"):
-        compute_advantages("remax", rewards, mask, [0, 1])
+    with pytest.raises(ValueError, match="unknown advantage estimator 'opo'"):
+        compute_advantages("opo", rewards, mask, [0, 1])
 
 
 # ---------------------------------------------------------------- GSPO

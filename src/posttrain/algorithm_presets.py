@@ -47,6 +47,12 @@ ALGORITHMS: dict[str, Preset] = {
         "Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)",
         {"algorithm.adv_estimator": "grpo", "actor.policy_loss.loss_mode": "gspo",
          "actor.loss_agg_mode": "seq-mean-token-mean", "actor.clip_ratio_low": 3e-4, "actor.clip_ratio_high": 4e-4}),
+    "remax": Preset(
+        "Li et al. 2023, ReMax (arXiv:2310.10505)",
+        {"algorithm.adv_estimator": "remax"}),
+    "gpg": Preset(
+        "Chu et al. 2025, GPG: Group Policy Gradient (arXiv:2504.02546)",
+        {"algorithm.adv_estimator": "gpg", "actor.policy_loss.loss_mode": "gpg"}),
     "grpo_passk": Preset(
         "Tang et al. 2025, inference-time objectives: pass@k (arXiv:2503.19595)",
         {"algorithm.adv_estimator": "grpo_passk"}),

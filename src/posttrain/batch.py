@@ -10,6 +10,7 @@ adjacent). P = padded prompt length, R = padded response length.
     response_mask   [N, R]    1 on generated tokens (EOS included)
     group           [N]       prompt index within the step: GRPO's groups
     scores          [N]       the reward function's score of each sequence (before any shaping)
+    reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
 
@@ -41,6 +42,7 @@ class RolloutBatch:
     extra_info: list[Any] = field(default_factory=list)
     response_text: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None
+    reward_baselines: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None

@@ -103,7 +103,7 @@ class RolloutConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # vanilla (PPO-clip, token ratios) | gspo (sequence ratio)
+    loss_mode: str = "vanilla"  # vanilla (PPO-clip, token ratios) | gspo (sequence ratio) | gpg (no ratio)
 
 
 @dataclass

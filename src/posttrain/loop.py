@@ -6,6 +6,7 @@ knows nothing of the loop: rollout/, rewards/, training/, algorithms/.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -109,7 +110,9 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
         batch.advantages, batch.returns = compute_advantages(
             cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=batch.reward_baselines)
+        if batch.reward_baselines is not None:  # ReMax: the greedy responses' scores, one per row
+            m["critic/reward_baseline/mean"] = float(batch.reward_baselines.mean())
     # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
     #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule).
     #    A NaN or inf in their inputs skips both (the weights stay as they are)
@@ -162,7 +165,29 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
         batch.token_level_scores = place_on_last_token(shaped, batch.response_mask)
     for key, value in reward_metrics.items():
         m[key] = m.get(key, 0.0) + value if key.endswith(("num_errors", "num_timeouts", "num_crashes")) else value
+    if run.cfg.algorithm.adv_estimator == "remax":  # per round, so dynamic sampling's rows keep theirs
+        batch.reward_baselines = greedy_baselines(run, items, m)[batch.group]  # [N]
     return batch
+
+
+def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
+    """ReMax's baselines: one greedy response per prompt (as long as the
+    samples may be), scored as the samples are: the reward function, plus
+    DAPO's overlong penalty where it is on. -> [len(items)] (verl: gen_max)."""
+    greedy = dataclasses.replace(run.sampling, n=1, do_sample=False, temperature=0.0, top_p=1.0, top_k=-1,
+                                 logprobs=False)
+    with timed(m, "gen_max"):
+        out = run.actor.generate([it.prompt_ids for it in items], greedy)
+    batch = RolloutBatch.from_rollout(
+        out, 1, [it.data_source for it in items], [it.ground_truth for it in items],
+        [it.extra_info for it in items], decode_responses(run.tokenizer, out))
+    with timed(m, "reward"):
+        scores, _ = score_responses(run, batch)  # its failures are printed; the counts stay the samples'
+        ob = run.cfg.reward.overlong_buffer
+        if ob.enable:
+            scores = scores + overlong_penalty(batch.response_mask.sum(-1), run.cfg.data.max_response_length,
+                                               ob.len, ob.penalty_factor)
+    return scores
 
 
 def rollout_and_score(run: Run, items, m: dict) -> RolloutBatch:

@@ -1,8 +1,9 @@
 """Advantage estimators: rewards -> advantages, as pure tensor functions.
 
 Every estimator takes `token_level_rewards [B, T]`, `response_mask [B, T]`
-and `index` (a group id per row: the prompt the row was sampled from) and
-returns `(advantages [B, T], returns [B, T])`, zero outside the mask.
+and `index` (a group id per row: the prompt the row was sampled from), or
+ReMax's `reward_baselines [B]` instead of `index`, and returns
+`(advantages [B, T], returns [B, T])`, zero outside the mask.
 `ADV_ESTIMATORS` picks one by the name used in configs (verl's names).
 """
 
@@ -209,6 +210,63 @@ def grpo_passk_advantages(token_level_rewards: torch.Tensor, response_mask: torc
     return adv, adv
 
 
+def remax_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                     reward_baselines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505, as verl): the baseline of a
+    sample is the score of its prompt's greedy response.
+
+    Args:
+        token_level_rewards: [B, T]; response_mask: [B, T] as `grpo_advantages`.
+        reward_baselines: [B] each row's baseline (its prompt's greedy score,
+            repeated over the prompt's samples).
+
+    Returns:
+        (advantages [B, T], returns [B, T]): returns are the undiscounted
+        rewards-to-go over valid tokens, G_t = sum_{t' >= t} r_t' m_t', and
+        A_t = G_t - baseline (so with an outcome reward A = score - baseline
+        on every valid token). Both are zero outside the mask; verl (0.8.0.dev)
+        leaves G_t in masked tokens *inside* a row (tool output), which no
+        loss reads; everywhere else the two agree.
+
+    Example: rewards [[0, 0, 1], [0, 2, 0]], masks [[1, 1, 1], [1, 1, 0]],
+    baselines [0.5, 2]: returns [[1, 1, 1], [2, 2, 0]],
+    A = [[0.5, 0.5, 0.5], [0, 0, 0]] (the second sample only matched greedy).
+    """
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        baselines = torch.as_tensor(reward_baselines, dtype=token_level_rewards.dtype)
+        if baselines.shape != token_level_rewards.shape[:1]:
+            raise ValueError(f"reward_baselines has shape {tuple(baselines.shape)}; one per row is "
+                             f"{tuple(token_level_rewards.shape[:1])}")
+        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask  # [B, T] reward-to-go
+        adv = returns - baselines.unsqueeze(-1) * mask
+    return adv, returns
+
+
+def gpg_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                   epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al. 2025, arXiv:2504.02546, as verl): score minus its
+    group's mean (a group of one: minus 0, as GRPO), scaled by
+    alpha = B / M, M the number of rows of the whole batch whose score is
+    non-zero (at least 1), to undo the dilution of the batch-mean gradient
+    by samples that carry no signal. No division by the std. Shapes as
+    `grpo_advantages`; advantages and returns are the same tensor.
+    `epsilon` is accepted for verl's signature and unused (as in verl). verl's
+    function also has f_norm and alpha arguments that its trainer never sets:
+    f_norm stays 1 and alpha is always recomputed as B / M, so neither is here.
+
+    Example: scores [1, 0, 0, 1], groups [0, 0, 0, 1]: M = 2, alpha = 4 / 2 = 2;
+    group 0 has mean 1/3 -> 2 * [2/3, -1/3, -1/3]; row 3 alone -> 2 * 1:
+    A = [1.3333, -0.6667, -0.6667, 2].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # [B]
+        alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+        mean, _ = _group_means(scores, index)
+        adv = (alpha * (scores - mean)).unsqueeze(-1) * response_mask  # [B, T]
+    return adv, adv
+
+
 def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                    gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2015) over response tokens, backwards:
@@ -248,23 +306,29 @@ ADV_ESTIMATORS: dict[str, Callable] = {
     "reinforce_plus_plus": reinforce_pp_advantages,
     "reinforce_plus_plus_baseline": reinforce_pp_baseline_advantages,
     "grpo_passk": grpo_passk_advantages,
+    "remax": remax_advantages,
+    "gpg": gpg_advantages,
 }
 NEEDS_CRITIC = frozenset({"gae"})
 
 
 def compute_advantages(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, *,
                        values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6) -> tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
-    """The estimator `name` with the arguments it takes (from these).
+                       norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
+                       reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The estimator `name` with the arguments it takes (from these;
+    reward_baselines [B]: ReMax's greedy scores).
     -> (advantages [B, T], returns [B, T])."""
     fn = get_adv_estimator(name)
     if name in NEEDS_CRITIC and values is None:
         raise ValueError(f"the '{name}' estimator needs the critic's values")
+    wanted = inspect.signature(fn).parameters
+    if "reward_baselines" in wanted and reward_baselines is None:
+        raise ValueError(f"the '{name}' estimator needs reward_baselines: one per row, the score of its "
+                         "prompt's greedy response")
     given = {"token_level_rewards": token_level_rewards, "response_mask": response_mask, "index": index,
              "values": values, "gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-             "epsilon": epsilon}
-    wanted = inspect.signature(fn).parameters
+             "epsilon": epsilon, "reward_baselines": reward_baselines}
     return fn(**{k: v for k, v in given.items() if k in wanted})
 
 

@@ -203,7 +203,36 @@ def gspo_policy_loss(
     }
 
 
-POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss, "gspo": gspo_policy_loss}
+def gpg_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    *,
+    loss_scale_factor: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """GPG (Chu et al. 2025, arXiv:2504.02546): the plain policy gradient,
+    loss_t = -A_t log_prob_t, no ratio and no clip (the clip ratios and
+    old_log_prob are accepted for the same signature and unused); inputs
+    [B, T], the same returns as `ppo_policy_loss` with the clip fractions
+    and ppo_kl 0.
+
+    Example: log_prob [-1, -2], A = [1, 1], token-mean: loss = (1 + 2) / 2 = 1.5;
+    d loss / d log_prob_t = -1/2 each (what PPO-clip gives at ratio 1).
+    """
+    del old_log_prob, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    mask = response_mask.to(log_prob.dtype)
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    return {"pg_loss": agg_loss(_masked(-advantages * log_prob, mask), mask, loss_agg_mode,
+                                loss_scale_factor=loss_scale_factor),
+            "pg_clipfrac": zero, "ppo_kl": zero, "pg_clipfrac_lower": zero}
+
+
+POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss, "gspo": gspo_policy_loss, "gpg": gpg_policy_loss}
 
 
 def get_policy_loss(name: str) -> Callable:
