@@ -96,7 +96,8 @@ def test_the_hf_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(trained_tiny_
 
 # ------------------------------------------------------------------ FSDP2 over NCCL
 
-def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str, out: str) -> None:
+def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str, out: str,
+               offload: bool = False) -> None:
     """One process of the FSDP2 group: the Worker's own sharded path (world > 1)
     or `parallelize` by hand (world 1), then one update of its share."""
     import torch.distributed as dist
@@ -116,7 +117,7 @@ def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str
             torch.cuda.set_device(0)
             dist.init_process_group("nccl", init_method=init, rank=0, world_size=1)
             w.setup()
-            parallelize(w.policy)
+            parallelize(w.policy, offload_params=offload)
             w.optimizer = make_optimizer(w.policy, w.spec.lr, w.spec.weight_decay, w.spec.betas)
             w.scheduler = make_lr_scheduler(w.optimizer, 0)
         lengths = batch.attention_mask.sum(-1).tolist()
@@ -132,15 +133,15 @@ def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str
         raise
 
 
-def fsdp_update(model_dir, batch, world: int, tmp: Path) -> dict:
+def fsdp_update(model_dir, batch, world: int, tmp: Path, offload: bool = False) -> dict:
     import torch.multiprocessing as mp
 
     torch.save(batch, tmp / "batch.pt")
     out = tmp / f"world{world}.pt"
     init = f"file://{tmp}/rdzv{world}"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_fsdp_rank, args=(r, world, init, str(model_dir), str(tmp / "batch.pt"), str(out)))
-             for r in range(world)]
+    procs = [ctx.Process(target=_fsdp_rank, args=(r, world, init, str(model_dir), str(tmp / "batch.pt"), str(out),
+                                                  offload)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -193,12 +194,29 @@ def test_fsdp2_over_nccl_in_two_processes_on_one_gpu_matches_one_process(trained
 
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
-def test_fsdp2_over_nccl_with_world_size_1_matches_one_process(trained_tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("offload", [False, True])  # True: FSDP2's CPUOffloadPolicy (actor.param_offload)
+def test_fsdp2_over_nccl_with_world_size_1_matches_one_process(trained_tiny_model_dir, tmp_path, offload):
     torch.backends.cuda.matmul.allow_tf32 = False
     batch = cuda_batch(trained_tiny_model_dir)
-    sharded = fsdp_update(trained_tiny_model_dir, batch, 1, tmp_path)
+    sharded = fsdp_update(trained_tiny_model_dir, batch, 1, tmp_path, offload)
     assert sharded["backend"] == "nccl"
     assert_same_update(sharded, one_process_update(trained_tiny_model_dir, batch))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_optimizer_offload_on_cuda_keeps_the_state_on_the_cpu_and_the_same_updates(trained_tiny_model_dir):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch = cuda_batch(trained_tiny_model_dir)
+    plain, offloaded = Worker(spec(trained_tiny_model_dir, "cuda")), Worker(
+        spec(trained_tiny_model_dir, "cuda", optimizer_offload=True))
+    plain.setup(), offloaded.setup()
+    for _ in range(2):
+        plain.train_step(batch), offloaded.train_step(batch)
+        states = [v for st in offloaded.optimizer.state.values() for k, v in st.items() if k != "step"]
+        assert states and all(v.device.type == "cpu" for v in states)
+    a, b = weights(plain.policy), weights(offloaded.policy)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ------------------------------------------------------------------ runs on CUDA

@@ -125,6 +125,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         small_attention=cfg.model.small_attention,
         need_ref=a.use_kl_loss or cfg.algorithm.use_kl_in_reward, device=device, lr=a.lr,
+        param_offload=a.param_offload, ref_param_offload=cfg.ref.param_offload, optimizer_offload=a.optimizer_offload,
         weight_decay=a.weight_decay, betas=tuple(a.betas),
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
@@ -162,11 +163,12 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
         forward_max_tokens=c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None,
         cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
         loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip,
-        remove_padding=cfg.model.use_remove_padding)
+        remove_padding=cfg.model.use_remove_padding if c.model.use_remove_padding is None else c.model.use_remove_padding)
     return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
                       betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
                                                                       total_steps),
-                      gradient_checkpointing=c.model.enable_gradient_checkpointing)
+                      gradient_checkpointing=c.model.enable_gradient_checkpointing,
+                      param_offload=c.model.param_offload, optimizer_offload=c.model.optimizer_offload)
 
 
 def uses_ray(cfg) -> bool:
@@ -188,11 +190,23 @@ def connect_cluster(cfg) -> None:
     print(f"posttrain: {world} worker{'s' if world > 1 else ''} on {redact_url(where)}", file=sys.stderr)
 
 
+def check_offload(spec: WorkerSpec, sharded: bool) -> None:
+    """Parameter offload is FSDP2's: on a GPU it needs sharded workers (on the CPU there is nothing to move)."""
+    asked = [k for k, on in (("actor.param_offload", spec.param_offload), ("ref.param_offload", spec.ref_param_offload),
+                             ("critic.model.param_offload", spec.critic is not None and spec.critic.param_offload))
+             if on]
+    if asked and spec.device == "cuda" and not sharded:
+        raise ConfigError(f"{', '.join(asked)} (verl's fsdp_config.param_offload) keeps FSDP2's sharded parameters "
+                          "in CPU memory, but this run is one process, unsharded: run FSDP2 workers "
+                          "(trainer.use_ray=true, or trainer.n_gpus_per_node > 1) or set it to false")
+
+
 def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
     """One `Worker` in this process, or a `WorkerGroup` of Ray actors."""
     from posttrain.worker import Worker
 
     tr = cfg.trainer
+    check_offload(spec, sharded=uses_ray(cfg))
     if cfg.rollout.name == "vllm":
         from posttrain.rollout.vllm import check_vllm_available
 

@@ -136,13 +136,16 @@ class ActorConfig:
     # log-probs from its own forward instead of a separate pass: the same loss and gradient, one pass fewer
     reuse_on_policy_log_probs: bool = True
     strategy: str = "fsdp2"
+    # FSDP2's CPUOffloadPolicy: sharded parameters and gradients live in CPU memory, copied to the GPU layer by
+    # layer for each pass, and the optimizer steps on the CPU (needs FSDP2 workers: trainer.use_ray or > 1 GPU)
     param_offload: bool = False
-    optimizer_offload: bool = False
+    optimizer_offload: bool = False  # the optimizer's state moves to the CPU between updates
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size: int = 64
+    # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
     log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
     param_offload: bool = False
@@ -201,6 +204,11 @@ class RewardConfig:
 class CriticModelConfig:
     path: Optional[str] = None  # null: the actor's model.path (or the embedded tiny model)
     enable_gradient_checkpointing: bool = False
+    use_remove_padding: Optional[bool] = None  # null: model.use_remove_padding
+    # FSDP2's CPU offload of the critic's parameters (and gradients), its optimizer state on the CPU between
+    # updates (see actor.param_offload); verl's critic.model.fsdp_config.*
+    param_offload: bool = False
+    optimizer_offload: bool = False
 
 
 @dataclass

@@ -23,6 +23,7 @@ PREFIXES = (
     ("actor_rollout_ref.model.", "model."),
     ("actor_rollout_ref.ref.", "ref."),
     ("critic.optim.", "critic."),
+    ("critic.model.fsdp_config.", "critic.model."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),  # verl's DAPO recipe
 )
 

@@ -25,7 +25,9 @@ from pathlib import Path
 import torch
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
-from posttrain.training.actor import UpdateSettings, make_lr_scheduler, make_optimizer, update_policy
+from posttrain.training.actor import (
+    UpdateSettings, make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
+)
 from posttrain.training.critic import CriticSettings
 from posttrain.training.logprobs import PassOptions, compute_log_probs
 
@@ -41,6 +43,8 @@ class CriticSpec:
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
     gradient_checkpointing: bool = False
+    param_offload: bool = False  # FSDP2's CPUOffloadPolicy (sharded workers)
+    optimizer_offload: bool = False  # the optimizer's state on the CPU between updates
 
 
 @dataclass
@@ -55,6 +59,9 @@ class WorkerSpec:
     gradient_checkpointing: bool = False
     small_attention: bool = True  # models/attention.py
     need_ref: bool = False
+    param_offload: bool = False  # the policy's sharded parameters and gradients in CPU memory (FSDP2, workers)
+    ref_param_offload: bool = False  # ... the reference's
+    optimizer_offload: bool = False  # the policy optimizer's state on the CPU between updates
     device: str = "cpu"  # cpu | cuda
     lr: float = 1e-6
     weight_decay: float = 0.01
@@ -84,6 +91,18 @@ class WorkerSpec:
     threads: int | None = None  # torch threads in a worker process
     env: dict = field(default_factory=dict)
     critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
+
+
+@contextlib.contextmanager
+def optimizer_state_on_device(optimizer, offload: bool):
+    """With `offload`, the optimizer's state sits on the CPU except during an update."""
+    if offload:
+        move_optimizer_state(optimizer, to_cpu=False)
+    try:
+        yield
+    finally:
+        if offload:
+            move_optimizer_state(optimizer, to_cpu=True)
 
 
 class Worker:
@@ -121,13 +140,14 @@ class Worker:
         rollout_model = self.policy
         if self.distributed:
             rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout == "hf" else None
-            parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing)
+            parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
+                        offload_params=s.param_offload)
         elif s.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         if s.need_ref:
             self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
             if self.distributed:
-                parallelize(self.ref, param_dtype=s.mixed_precision)
+                parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref_param_offload)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps)
         if s.critic is not None:
@@ -157,7 +177,7 @@ class Worker:
                 "so critic.model.path must share the actor's tokenizer")
         if self.distributed:
             parallelize(self.critic, param_dtype=self.spec.mixed_precision,
-                        activation_checkpointing=c.gradient_checkpointing)
+                        activation_checkpointing=c.gradient_checkpointing, offload_params=c.param_offload)
         elif c.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
@@ -220,7 +240,7 @@ class Worker:
         """One PPO update over `batch` (this worker's rows of every mini-batch,
         in order), then one LR-scheduler step. `mini_totals`: the whole
         mini-batches' loss denominators, when the rows are split over workers."""
-        with self.autocast():
+        with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
             metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
                                     mini_totals=mini_totals, world_size=self.world_size)
         self.scheduler.step()
@@ -239,7 +259,7 @@ class Worker:
         values and returns), then one step of its LR scheduler."""
         from posttrain.training.critic import update_critic
 
-        with self.autocast():
+        with self.autocast(), optimizer_state_on_device(self.critic_optimizer, self.spec.critic.optimizer_offload):
             metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
                                     mini_totals=mini_totals, world_size=self.world_size)
         self.critic_scheduler.step()

@@ -43,6 +43,17 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 
+def move_optimizer_state(optimizer: torch.optim.Optimizer, to_cpu: bool) -> None:
+    """Optimizer state to the CPU (between updates: verl's optimizer_offload) or
+    back to each parameter's device (before one). Adam's `step` counters stay
+    where the optimizer keeps them."""
+    for param, state in optimizer.state.items():
+        device = torch.device("cpu") if to_cpu else param.device
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
+                state[key] = value.to(device, non_blocking=True)
+
+
 def make_lr_scheduler(optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over `warmup_steps` RL steps, then constant (verl's default)."""
     return torch.optim.lr_scheduler.LambdaLR(

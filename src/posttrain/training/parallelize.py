@@ -5,12 +5,16 @@
 gradients and optimizer state are split across the mesh and each layer is
 gathered only while it runs. Activation checkpointing wraps each layer
 first; mixed precision is for GPUs (bf16 compute, fp32 gradient reduction).
+With `offload_params` (verl's fsdp_config.param_offload) FSDP2's
+CPUOffloadPolicy keeps the sharded parameters and their gradients in CPU
+memory: each layer is copied to the device for its pass, and the optimizer
+steps on the CPU.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,7 +31,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = None,
-                activation_checkpointing: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
+                activation_checkpointing: bool = False, reshard_after_forward: bool = True,
+                offload_params: bool = False) -> torch.nn.Module:
     """Shard `model` in place over `mesh` (a 1-D DeviceMesh; None: the
     default process group) and return it.
 
@@ -42,7 +47,10 @@ def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = 
             layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
         model._posttrain_ac = True  # recomputed layers: no pass may carry a key/value cache through them
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype] if param_dtype else None, reduce_dtype=torch.float32)
+    # pinned host memory makes the copies to a GPU asynchronous; a CPU run has no GPU to copy to
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload_params else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
     return model

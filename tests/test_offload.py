@@ -1,0 +1,95 @@
+"""verl's offload keys: FSDP2's CPU offload of parameters, the optimizer's
+state on the CPU between updates, and the refusal where neither can happen."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from posttrain.build import check_offload, critic_spec, worker_spec
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
+from posttrain.training.actor import move_optimizer_state
+
+SHARDED_STEP = """
+import copy, sys, tempfile, torch, torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from torch.distributed.fsdp import CPUOffloadPolicy
+from posttrain.training.parallelize import parallelize
+from posttrain.rollout.weights import named_full_weights
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/rdzv", rank=0, world_size=1)
+torch.manual_seed(0)
+base = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2))
+x = torch.randint(0, 40, (2, 8))
+after = []
+for offload in (False, True):
+    m = parallelize(copy.deepcopy(base), offload_params=offload)
+    policy = m._get_fsdp_state()._fsdp_param_group.offload_policy
+    assert isinstance(policy, CPUOffloadPolicy) is offload, policy
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    after.append({k: v.clone() for k, v in named_full_weights(m)})
+worst = max((after[0][k] - after[1][k]).abs().max().item() for k in after[0])
+moved = max((after[0][k] - v).abs().max().item() for k, v in base.state_dict().items())
+print(worst, moved)
+"""
+
+
+def test_fsdp2_param_offload_is_cpu_offload_policy_and_changes_no_update():
+    """parallelize(offload_params=True) shards with CPUOffloadPolicy (one gloo
+    rank here: the wiring; the memory it saves needs a GPU, tests/test_gpu.py)."""
+    done = subprocess.run([sys.executable, "-c", SHARDED_STEP], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    worst, moved = map(float, done.stdout.split())
+    assert moved > 1e-3 and worst == 0.0
+
+
+def test_verls_offload_keys_reach_every_model():
+    c = load_config(None, ["model.path=/m", "algorithm.adv_estimator=gae",
+                           "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                           "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+                           "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+                           "critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True",
+                           "critic.model.use_remove_padding=False"])
+    spec = worker_spec(c, "/m", None, "cuda", total_steps=1)
+    assert spec.param_offload and spec.optimizer_offload and spec.ref_param_offload
+    assert spec.critic.param_offload and spec.critic.optimizer_offload
+    assert spec.update.remove_padding and not critic_spec(c, "/m", 1).update.remove_padding  # the critic's own
+    check_offload(spec, sharded=True)  # FSDP2 workers: offloaded
+    with pytest.raises(ConfigError, match="actor.param_offload, ref.param_offload, critic.model.param_offload.*"
+                                          "one process, unsharded: run FSDP2 workers"):
+        check_offload(spec, sharded=False)
+    spec.device = "cpu"
+    check_offload(spec, sharded=False)  # on the CPU the parameters are in CPU memory already
+
+
+def test_optimizer_state_moves_to_the_cpu_between_updates_and_back(monkeypatch, tiny_model_dir):
+    from posttrain import worker as worker_module
+    from posttrain.training.actor import UpdateSettings
+    from posttrain.worker import Worker, WorkerSpec
+
+    calls = []
+    monkeypatch.setattr(worker_module, "move_optimizer_state", lambda opt, to_cpu: calls.append(to_cpu))
+    w = Worker(WorkerSpec(model_dir=str(tiny_model_dir), update=UpdateSettings(mini_batch_size=4, micro_batch_size=4),
+                          optimizer_offload=True))
+    w.setup()
+    from test_gpu import rollout_batch  # noqa: the GPU tests' batch maker
+
+    w.train_step(rollout_batch(w, n=1, tokens=3))
+    assert calls == [False, True]  # to the parameters' device before the update, to the CPU after
+
+
+def test_move_optimizer_state_keeps_values_and_adams_step_counter():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(3)
+    opt.step()
+    before = {k: v.clone() for k, v in opt.state[p].items()}
+    move_optimizer_state(opt, to_cpu=True)
+    move_optimizer_state(opt, to_cpu=False)
+    assert all(torch.equal(before[k], v) for k, v in opt.state[p].items())
+    assert opt.state[p]["step"].device.type == "cpu"
+    opt.step()  # still steps
