@@ -51,8 +51,8 @@ def test_misspelt_keys_name_the_nearest():
 
 
 def test_unsupported_verl_key():
-    msg = error(["critic.model.fsdp_config.param_offload=true"])
-    assert "verl key 'critic.model.fsdp_config.param_offload'" in msg and "not supported yet" in msg
+    msg = error(["actor_rollout_ref.actor.profiler.enable=true"])
+    assert "verl key 'actor_rollout_ref.actor.profiler.enable'" in msg and "not supported yet" in msg
     assert "--help-config" in msg
     assert "not supported; supported: grpo" in error(["algorithm.adv_estimator=opo"])
     assert "'neptune' is not one of: console, jsonl, tensorboard, wandb, mlflow" in error(["trainer.logger=[neptune]"])
