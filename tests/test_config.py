@@ -217,3 +217,41 @@ def test_verls_dynamic_batch_keys_set_token_budgets_for_every_pass():
     assert "must be divisible by actor.ppo_micro_batch_size=5" in error(base)
     assert "actor.ppo_max_token_len_per_gpu must be a positive number of tokens" in error(
         base + ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=0"])
+
+
+def test_verls_switches_for_what_posttrain_does_not_do():
+    """The value that means "off" loads (it is what posttrain does); any other
+    is one line naming the alternative; verl-only inputs are named unused."""
+    import warnings
+
+    ok = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "actor_rollout_ref.actor.use_torch_compile=False",
+          "actor_rollout_ref.ref.use_torch_compile=False", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+          "critic.model.fsdp_config.fsdp_size=-1", "actor_rollout_ref.ref.strategy=fsdp",
+          "actor_rollout_ref.nccl_timeout=1800", "data.trust_remote_code=True", "data.image_key=images"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = load_config(None, ["model.path=/m", *ok])
+    assert c.trainer.collective_timeout_s == 1800 and c.model.trust_remote_code is True
+    for override, message in [
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor.ulysses_sequence_parallel_size=2: sequence "
+                                                                      "parallelism (Ulysses) is not supported"),
+        ("critic.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=4"),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size=8", "ref.fsdp_size=8: hybrid sharding is not supported"),
+        ("actor_rollout_ref.actor.use_torch_compile=True", "does not torch.compile its passes; set it to false"),
+        ("actor_rollout_ref.model.use_fused_kernels=True", "no fused log-prob kernels"),
+        ("actor_rollout_ref.rollout.name=sglang", "posttrain has no sglang engine; use rollout.name=vllm"),
+    ]:
+        assert message in error(["model.path=/m", override]), override
+    with pytest.warns(UserWarning, match="data.return_raw_chat, trainer.use_legacy_worker_impl: verl's switches"):
+        load_config(None, ["model.path=/m", "data.return_raw_chat=True", "trainer.use_legacy_worker_impl=disable"])
+
+
+def test_rows_with_images_are_refused_at_load(tmp_path):
+    from posttrain.build import refuse_images
+    from posttrain.errors import DataError
+
+    rows = [{"prompt": "a", "images": None}, {"prompt": "b", "images": []}, {"prompt": "c"}]
+    refuse_images(rows, "images", "train")  # text-only rows pass
+    with pytest.raises(DataError, match="train row 1 has images in its 'pics' column .*vision inputs are not "
+                                        "supported yet"):
+        refuse_images([{"pics": []}, {"pics": [{"bytes": b"x"}]}], "pics", "train")

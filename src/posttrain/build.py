@@ -106,10 +106,21 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     rows = read_rows(files, prompt_key=cfg.data.prompt_key)
     if max_samples is not None:
         rows = rows[:max_samples]
+    refuse_images(rows, cfg.data.image_key, name)
     return PromptDataset.build(
         rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
         filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
     )
+
+
+def refuse_images(rows, image_key: str, name: str) -> None:
+    """A row that carries images (verl's data.image_key column) needs a vision model's processor: not yet."""
+    for i, row in enumerate(rows):
+        if row.get(image_key) not in (None, [], ""):
+            from posttrain.errors import DataError
+
+            raise DataError(f"{name} row {i} has images in its '{image_key}' column (data.image_key): vision inputs "
+                            "are not supported yet; train on text-only rows")
 
 
 def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int,

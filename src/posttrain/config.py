@@ -43,6 +43,8 @@ class DataConfig:
     prompt_key: str = "prompt"
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right, when not filtering
+    image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
+    return_raw_chat: bool = False  # verl's input for its async rollout server; posttrain tokenizes the chat itself
 
 
 @dataclass
@@ -57,6 +59,7 @@ class ModelConfig:
     share_prompt: bool = True
     # small attentions on the CPU as grouped matmuls instead of torch's fused SDPA kernel (models/attention.py)
     small_attention: bool = True
+    use_fused_kernels: bool = False  # verl's fused log-prob kernels: posttrain has none (true is refused)
 
 
 @dataclass
@@ -136,6 +139,9 @@ class ActorConfig:
     # log-probs from its own forward instead of a separate pass: the same loss and gradient, one pass fewer
     reuse_on_policy_log_probs: bool = True
     strategy: str = "fsdp2"
+    fsdp_size: int = -1  # -1: shard over every worker (verl's fsdp_config.fsdp_size; hybrid sharding is refused)
+    ulysses_sequence_parallel_size: int = 1  # sequence parallelism is not supported: > 1 is refused
+    use_torch_compile: bool = False  # posttrain does not torch.compile its passes: true is refused
     # FSDP2's CPUOffloadPolicy: sharded parameters and gradients live in CPU memory, copied to the GPU layer by
     # layer for each pass, and the optimizer steps on the CPU (needs FSDP2 workers: trainer.use_ray or > 1 GPU)
     param_offload: bool = False
@@ -145,6 +151,10 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size: int = 64
+    strategy: str = "fsdp2"
+    fsdp_size: int = -1
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False
     # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
     log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
@@ -209,6 +219,7 @@ class CriticModelConfig:
     # updates (see actor.param_offload); verl's critic.model.fsdp_config.*
     param_offload: bool = False
     optimizer_offload: bool = False
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -217,6 +228,7 @@ class CriticConfig:
     critic model's LM with a scalar value head."""
 
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ulysses_sequence_parallel_size: int = 1
     lr: float = 1e-5
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -236,6 +248,7 @@ class CriticConfig:
 
 @dataclass
 class TrainerConfig:
+    use_legacy_worker_impl: str = "auto"  # verl's choice of its own worker classes: posttrain has one kind
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
     save_freq: int = -1  # -1: never
@@ -537,6 +550,8 @@ def validate(cfg: Config) -> None:
     _need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("data.truncation", d.truncation, ("error", "left", "right"))
+    _need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
+          "rollout.name=vllm (GPUs) or hf")
     _choice("rollout.name", r.name, ("hf", "vllm"))
     _choice("rollout.mode", r.mode, ("sync", "async"))
     _need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
@@ -549,6 +564,8 @@ def validate(cfg: Config) -> None:
     _choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
     _choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
     _choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
+    _choice("ref.strategy", cfg.ref.strategy, ("fsdp", "fsdp2"))
+    validate_verl_switches(cfg)
     _choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
     _choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
@@ -605,6 +622,30 @@ def validate(cfg: Config) -> None:
     _need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
           "actor.clip_ratio_high >= 0")
     d.seed = tr.seed if d.seed is None else d.seed
+
+
+def validate_verl_switches(cfg: Config) -> None:
+    """verl's switches for what posttrain does not do: the value that means "off" is accepted (it is
+    what posttrain does), any other is refused with the alternative; verl-only inputs are named as unused."""
+    ulysses = "sequence parallelism (Ulysses) is not supported; for long sequences use actor.use_dynamic_bsz and " \
+              "model.enable_gradient_checkpointing"
+    for sec in ("actor", "ref", "critic"):
+        n = _get(cfg, f"{sec}.ulysses_sequence_parallel_size")
+        _need(n == 1, f"{sec}.ulysses_sequence_parallel_size={n}: {ulysses}; set it to 1")
+    for sec in ("actor", "ref", "critic.model"):
+        n = _get(cfg, f"{sec}.fsdp_size")
+        _need(n == -1, f"{sec}.fsdp_size={n}: hybrid sharding is not supported, FSDP2 shards over every worker; "
+                       "set it to -1")
+    for sec in ("actor", "ref"):
+        _need(not _get(cfg, f"{sec}.use_torch_compile"), f"{sec}.use_torch_compile=true: posttrain does not "
+              "torch.compile its passes; set it to false")
+    _need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain has no fused log-prob kernels "
+          "(its passes cut logits by micro-batch; for memory use actor.use_dynamic_bsz); set it to false")
+    inert = [k for k, on in (("data.return_raw_chat", cfg.data.return_raw_chat),
+                             ("trainer.use_legacy_worker_impl", cfg.trainer.use_legacy_worker_impl != "auto")) if on]
+    if inert:
+        warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout server and worker classes, which "
+                      "posttrain does not have; set, but unused", stacklevel=3)
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:

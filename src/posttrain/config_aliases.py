@@ -11,6 +11,8 @@ EXACT = {
     "trainer.max_actor_ckpt_to_keep": "trainer.max_ckpt_to_keep",
     "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
     "critic.forward_micro_batch_size_per_gpu": "critic.forward_micro_batch_size",
+    "actor_rollout_ref.nccl_timeout": "trainer.collective_timeout_s",  # seconds a collective may take
+    "data.trust_remote_code": "model.trust_remote_code",  # verl's, for the tokenizer and processor
 }
 
 # Prefix renames: a verl key maps when the renamed key is one of ours.
