@@ -255,3 +255,13 @@ def test_rows_with_images_are_refused_at_load(tmp_path):
     with pytest.raises(DataError, match="train row 1 has images in its 'pics' column .*vision inputs are not "
                                         "supported yet"):
         refuse_images([{"pics": []}, {"pics": [{"bytes": b"x"}]}], "pics", "train")
+
+
+def test_help_config_says_what_happens_to_each_verl_key():
+    text = describe_keys()
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload -> actor.param_offload  [honoured]" in text
+    assert "actor_rollout_ref.rollout.enforce_eager -> rollout.enforce_eager  [vLLM's engine" in text
+    assert ("actor_rollout_ref.actor.ulysses_sequence_parallel_size -> actor.ulysses_sequence_parallel_size  "
+            "[only this value; others refused]") in text
+    assert "data.return_raw_chat: bool = False  [verl only: unused]" in text
+    assert "Any other verl key is refused" in text

@@ -734,13 +734,28 @@ def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(config_to_yaml(cfg))
 
 
+# What happens to a key, as --help-config shows it; every key not named here is honoured.
+ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
+KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
+              "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
+              **{k: ONLY_OFF for k in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size",
+                                       "critic.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.fsdp_size",
+                                       "critic.model.fsdp_size", "actor.use_torch_compile", "ref.use_torch_compile",
+                                       "model.use_fused_kernels")},
+              "data.return_raw_chat": UNUSED, "trainer.use_legacy_worker_impl": UNUSED}
+
+
 def describe_keys() -> str:
-    lines = ["posttrain config keys (type = default):"]
+    lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
     for key, (typ, default) in SCHEMA.items():
         name = getattr(typ, "__name__", str(typ)).replace("typing.", "")
-        lines.append(f"  {key}: {name} = {default!r}")
+        status = f"  [{KEY_STATUS[key]}]" if key in KEY_STATUS else ""
+        lines.append(f"  {key}: {name} = {default!r}{status}")
     lines.append("")
-    lines.append("verl keys accepted (verl key -> posttrain key):")
+    lines.append("verl keys accepted (verl key -> posttrain key [what happens to it]):")
     for verl, ours in sorted(aliases.alias_table(SCHEMA).items()):
-        lines.append(f"  {verl} -> {ours}")
+        lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours, 'honoured')}]")
+    lines.append(f"  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  [{ENGINE}]")
+    lines.append("")
+    lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
     return "\n".join(lines)
