@@ -59,7 +59,7 @@ def make_run(tiny_model_dir, overrides, draws):
     cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                              "actor.ppo_micro_batch_size=4", "rollout.n=2", "data.max_response_length=3", *overrides])
     letters = "ABCDE"
-    data = [SimpleNamespace(prompt_ids=list(c.encode()), data_source="arith", ground_truth="1", extra_info={})
+    data = [SimpleNamespace(prompt_ids=list(c.encode()), data_source="arith", ground_truth="1", extra_info={}, messages=c)
             for c in letters]
     return Run(cfg=cfg, run_dir=None, actor=ScriptedActor(), tokenizer=load_tokenizer(tiny_model_dir), kl_ctrl=None,
                rewards=in_process(lambda source, text, truth, extra=None: float(text == truth)), train_data=data,

@@ -180,7 +180,7 @@ def test_an_empty_response_is_not_scored_and_adds_no_loss(tiny_model_dir):
         return 1.0
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
-    item = SimpleNamespace(prompt_ids=[5], data_source="arith", ground_truth="7", extra_info={})
+    item = SimpleNamespace(prompt_ids=[5], data_source="arith", ground_truth="7", extra_info={}, messages=[{"role": "user", "content": "3+4="}])
     run = Run(cfg=cfg, run_dir=None, actor=Actor(), tokenizer=tok, kl_ctrl=None, rewards=in_process(reward), train_data=None,
               val_data=None, sampler=None, sampling=SamplingParams(max_new_tokens=4, n=2), val_sampling=None,
               total_steps=1)

@@ -235,6 +235,20 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path):
     return group, group.info
 
 
+def make_rewards(cfg):
+    """The run's rewards: rule functions in a RewardPool, or a reward model (reward.model.enable) on this
+    process's GPU if it has one, with the pool only when a custom function combines the two."""
+    r = cfg.reward
+    if not r.model.enable:
+        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s)
+    from posttrain.rewards.model import ModelRewards, RewardModel
+
+    device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
+    model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
+                        max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code)
+    return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s) if r.custom_fn else None)
+
+
 def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float):
     """The run's RewardPool (reward.custom_fn or the built-ins; num_workers None:
     min(8, CPUs)). The function is loaded here once, so a file that fails to
@@ -305,7 +319,7 @@ def build_run(cfg):
         check_resumable(resume_from, distributed)
     else:
         check_fresh_run_dir(run_dir, tr.resume_mode)
-    rewards = make_reward_pool(cfg.reward.custom_fn, cfg.reward.num_workers, cfg.reward.timeout_s)
+    rewards = make_rewards(cfg)
     train_files, val_files = cfg.data.train_files, cfg.data.val_files
     if train_files is None:
         train_files, default_val = embedded_data_files()

@@ -203,8 +203,24 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A sequence-classification model that scores each (prompt, response): verl's reward_model.*."""
+
+    enable: bool = False  # its score is the reward (with reward.custom_fn: that function's extra_info["rm_score"])
+    path: Optional[str] = None
+    micro_batch_size: int = 64  # chats per scoring pass (verl's reward_model.micro_batch_size_per_gpu)
+    max_length: Optional[int] = None  # chats cut to this many of the reward model's tokens; null: not cut
+    trust_remote_code: bool = False
+    input_tokenizer: Optional[str] = None  # verl's: responses are decoded by the policy's tokenizer either way
+    use_reward_loop: bool = False  # verl's choice of its reward workers; named unused
+    rollout: Dict[str, Any] = field(default_factory=dict)  # verl's vLLM server for the model; named unused
+
+
+@dataclass
 class RewardConfig:
     custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward_manager: str = "naive"  # verl's naive | prime | dapo | batch: posttrain scores in worker processes
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
@@ -641,11 +657,19 @@ def validate_verl_switches(cfg: Config) -> None:
               "torch.compile its passes; set it to false")
     _need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain has no fused log-prob kernels "
           "(its passes cut logits by micro-batch; for memory use actor.use_dynamic_bsz); set it to false")
+    rm = cfg.reward.model
+    _need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
+          "reward_model.model.path): a Hugging Face sequence-classification model directory")
+    _need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
+    _choice("reward.reward_manager", cfg.reward.reward_manager, ("naive", "prime", "dapo", "batch"))
     inert = [k for k, on in (("data.return_raw_chat", cfg.data.return_raw_chat),
-                             ("trainer.use_legacy_worker_impl", cfg.trainer.use_legacy_worker_impl != "auto")) if on]
+                             ("trainer.use_legacy_worker_impl", cfg.trainer.use_legacy_worker_impl != "auto"),
+                             ("reward.model.use_reward_loop", rm.use_reward_loop),
+                             ("reward.model.rollout", bool(rm.rollout))) if on]
     if inert:
-        warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout server and worker classes, which "
-                      "posttrain does not have; set, but unused", stacklevel=3)
+        warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout and reward servers and worker classes, "
+                      "which posttrain does not have (it runs a reward model in transformers); set, but unused",
+                      stacklevel=3)
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:
@@ -742,7 +766,10 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
                                        "critic.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.fsdp_size",
                                        "critic.model.fsdp_size", "actor.use_torch_compile", "ref.use_torch_compile",
                                        "model.use_fused_kernels")},
-              "data.return_raw_chat": UNUSED, "trainer.use_legacy_worker_impl": UNUSED}
+              "data.return_raw_chat": UNUSED, "trainer.use_legacy_worker_impl": UNUSED,
+              "reward.model.use_reward_loop": UNUSED, "reward.model.rollout": UNUSED,
+              "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
+              "reward.reward_manager": "posttrain scores in worker processes whichever"}
 
 
 def describe_keys() -> str:

@@ -13,6 +13,9 @@ EXACT = {
     "critic.forward_micro_batch_size_per_gpu": "critic.forward_micro_batch_size",
     "actor_rollout_ref.nccl_timeout": "trainer.collective_timeout_s",  # seconds a collective may take
     "data.trust_remote_code": "model.trust_remote_code",  # verl's, for the tokenizer and processor
+    "reward_model.micro_batch_size_per_gpu": "reward.model.micro_batch_size",
+    "reward_model.num_workers": "reward.num_workers",  # verl's reward loop workers: our reward processes
+    "reward_model.reward_manager": "reward.reward_manager",
 }
 
 # Prefix renames: a verl key maps when the renamed key is one of ours.
@@ -27,6 +30,9 @@ PREFIXES = (
     ("critic.optim.", "critic."),
     ("critic.model.fsdp_config.", "critic.model."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),  # verl's DAPO recipe
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # ... and its newer spelling
+    ("reward_model.model.", "reward.model."),
+    ("reward_model.", "reward.model."),  # enable, use_reward_loop, rollout.*
 )
 
 # Accepted for compatibility and ignored, with the only value that makes sense.

@@ -146,7 +146,7 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
         out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
         [it.extra_info for it in items], decode_responses(run.tokenizer, out))
     with timed(m, "reward"):
-        batch.scores, reward_metrics = score_responses(run, batch)
+        batch.scores, reward_metrics = score_responses(run, batch, [items[g].messages for g in batch.group.tolist()])
         shaped = batch.scores
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
@@ -182,7 +182,7 @@ def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
         out, 1, [it.data_source for it in items], [it.ground_truth for it in items],
         [it.extra_info for it in items], decode_responses(run.tokenizer, out))
     with timed(m, "reward"):
-        scores, _ = score_responses(run, batch)  # its failures are printed; the counts stay the samples'
+        scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:
             scores = scores + overlong_penalty(batch.response_mask.sum(-1), run.cfg.data.max_response_length,
@@ -231,13 +231,17 @@ def filter_metric(batch: RolloutBatch, metric: str) -> torch.Tensor:
     return batch.scores if metric in ("acc", "score") else batch.token_level_scores.sum(-1)
 
 
-def score_responses(run: Run, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch.Tensor, dict[str, float]]:
     """-> scores [N] (0 where the reward function failed, or the response is
-    empty), metrics: failures by kind, and by data source where there are any."""
-    result = run.rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info)
+    empty), metrics: failures by kind, and by data source where there are any
+    (and a reward model's mean score). prompts: each row's prompt messages."""
+    result = run.rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
+                                     prompts=prompts)
     report_reward_errors(run, result)
     metrics = {"reward/num_errors": float(result.num_errors), "reward/num_timeouts": float(result.num_timeouts),
                "reward/num_crashes": float(result.num_crashes)}
+    if result.model_scores:
+        metrics["reward/rm_score/mean"] = sum(result.model_scores) / len(result.model_scores)
     for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
         metrics[f"reward/{source}/num_errors"] = float(count)
     return torch.tensor(result.scores, dtype=torch.float32), metrics
@@ -279,7 +283,8 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
         batch = RolloutBatch.from_rollout(
             out, params.n, [it.data_source for it in chunk], [it.ground_truth for it in chunk],
             [it.extra_info for it in chunk], decode_responses(tokenizer, out))
-        result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info)
+        result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
+                                     prompts=[chunk[g].messages for g in batch.group.tolist()])
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
         for source, score in zip(batch.data_source, result.scores):
             per_source[source].append(score)

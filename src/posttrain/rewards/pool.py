@@ -87,7 +87,8 @@ class RewardPool:
             self._fn = self.loader()
         return self._fn
 
-    def score_batch(self, data_sources, solution_strs, ground_truths, extra_infos) -> ScoreResult:
+    def score_batch(self, data_sources, solution_strs, ground_truths, extra_infos, prompts=None) -> ScoreResult:
+        """prompts: each response's prompt, unused here (a reward model reads them: rewards.model)."""
         calls = parallel_calls(data_sources, solution_strs, ground_truths, extra_infos)
         outcomes = [(0.0, OK, "")] * len(calls)
         todo = [i for i, call in enumerate(calls) if call[1] != ""]  # only EOS/special tokens: nothing to score

@@ -51,6 +51,7 @@ class ScoreResult:
     num_crashes: int = 0  # calls whose worker process died (segfault, os._exit, killed): see rewards.pool
     errors_by_source: dict[str, int] = field(default_factory=dict)  # data_source -> errors + timeouts + crashes
     messages: list[str] = field(default_factory=list)  # the first few distinct failures, one line each
+    model_scores: list[float] | None = None  # a reward model's score of each response (rewards.model), if any
 
 
 def as_score(value) -> float:
