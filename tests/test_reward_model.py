@@ -36,7 +36,10 @@ def test_scores_are_the_last_tokens_logit_whatever_the_batching(classifier_dir):
     rm = RewardModel(str(classifier_dir), micro_batch_size=2)
     prompts = [[{"role": "user", "content": "2+2="}], "7+8=", [{"role": "user", "content": "12+30="}]]
     responses = ["4", "15, I think", "42"]
-    got = rm.score(prompts, responses)  # 2 + 1 chats, padded to the longest of each pass
+    got = rm.score(prompts, responses)  # 2 + 1 chats, padded to the longest of each pass (by length)
+    unsorted = RewardModel(str(classifier_dir), micro_batch_size=2, remove_padding=False, param_offload=True)
+    assert unsorted.score(prompts, responses) == pytest.approx(got, abs=1e-5)  # the same scores, other passes
+    assert next(unsorted.model.parameters()).device.type == "cpu"  # offloaded: back in CPU memory after
     model = AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
     for p, r, s in zip(prompts, responses, got):
         ids = rm.tokenizer(rm.chat_text(p, r), return_tensors="pt", add_special_tokens=False)["input_ids"]

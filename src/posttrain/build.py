@@ -245,7 +245,8 @@ def make_rewards(cfg):
 
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
     model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
-                        max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code)
+                        max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code,
+                        remove_padding=r.model.use_remove_padding, param_offload=r.model.param_offload)
     return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s) if r.custom_fn else None)
 
 

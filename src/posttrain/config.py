@@ -211,6 +211,8 @@ class RewardModelConfig:
     micro_batch_size: int = 64  # chats per scoring pass (verl's reward_model.micro_batch_size_per_gpu)
     max_length: Optional[int] = None  # chats cut to this many of the reward model's tokens; null: not cut
     trust_remote_code: bool = False
+    use_remove_padding: bool = True  # chats of alike length share a scoring pass
+    param_offload: bool = False  # its weights wait in CPU memory between scoring calls (verl's fsdp_config.*)
     input_tokenizer: Optional[str] = None  # verl's: responses are decoded by the policy's tokenizer either way
     use_reward_loop: bool = False  # verl's choice of its reward workers; named unused
     rollout: Dict[str, Any] = field(default_factory=dict)  # verl's vLLM server for the model; named unused

@@ -31,6 +31,7 @@ PREFIXES = (
     ("critic.model.fsdp_config.", "critic.model."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),  # verl's DAPO recipe
     ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # ... and its newer spelling
+    ("reward_model.model.fsdp_config.", "reward.model."),
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),  # enable, use_reward_loop, rollout.*
 )

@@ -21,7 +21,10 @@ from posttrain.rewards.scoring import ScoreResult
 
 class RewardModel:
     def __init__(self, path: str, device: str = "cpu", micro_batch_size: int = 64, max_length: int | None = None,
-                 trust_remote_code: bool = False, dtype: torch.dtype = torch.float32):
+                 trust_remote_code: bool = False, dtype: torch.dtype = torch.float32, remove_padding: bool = True,
+                 param_offload: bool = False):
+        """remove_padding: chats of alike length share a pass (less padding); param_offload: the weights
+        wait in CPU memory between scoring calls and visit `device` for each."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from posttrain.errors import ModelError
@@ -33,13 +36,15 @@ class RewardModel:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         try:
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval().requires_grad_(False)
+                path, dtype=dtype, trust_remote_code=trust_remote_code).eval().requires_grad_(False)
         except (OSError, ValueError) as e:
             raise ModelError(f"reward model '{path}' does not load as a sequence-classification model "
                              f"({str(e).splitlines()[0][:200]}); reward.model.path needs one (a scalar head)") from e
         # the model finds each row's last real token by the pad id
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device, self.micro_batch_size, self.max_length = device, micro_batch_size, max_length
+        self.remove_padding, self.param_offload = remove_padding, param_offload
+        self.model.to("cpu" if param_offload else device)
 
     def chat_text(self, prompt, response: str) -> str:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -50,13 +55,23 @@ class RewardModel:
     def score(self, prompts: list, responses: list[str]) -> list[float]:
         """One score per (prompt messages, response text), in micro-batches."""
         texts = [self.chat_text(p, r) for p, r in zip(prompts, responses, strict=True)]
-        out: list[float] = []
-        for start in range(0, len(texts), self.micro_batch_size):
-            enc = self.tokenizer(texts[start:start + self.micro_batch_size], return_tensors="pt", padding=True,
-                                 add_special_tokens=False, truncation=self.max_length is not None,
-                                 max_length=self.max_length)
-            logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits  # [b, labels]
-            out += logits[:, -1].float().cpu().tolist()
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if self.remove_padding else range(len(texts))
+        order = list(order)
+        out = [0.0] * len(texts)
+        if self.param_offload:
+            self.model.to(self.device)
+        try:
+            for start in range(0, len(texts), self.micro_batch_size):
+                rows = order[start:start + self.micro_batch_size]
+                enc = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True,
+                                     add_special_tokens=False, truncation=self.max_length is not None,
+                                     max_length=self.max_length)
+                logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits  # [b, labels]
+                for i, v in zip(rows, logits[:, -1].float().cpu().tolist()):
+                    out[i] = v
+        finally:
+            if self.param_offload:
+                self.model.to("cpu")
         return out
 
 
