@@ -91,9 +91,13 @@ def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None
     remove_padding chunks of length-ordered rows, trimmed."""
     order = length_order(batch) if remove_padding else torch.arange(len(batch))
     ordered = batch.select(order) if remove_padding else batch
-    tokens = ordered.attention_mask.sum(-1).tolist()  # [N] real tokens of each row
-    return [(order[a:b], trim_padding(ordered.select(torch.arange(a, b))) if remove_padding else
-             ordered.select(torch.arange(a, b))) for a, b in spans(tokens, size, max_tokens)]
+    if max_tokens is None:
+        cuts = [(s, min(s + size, len(batch))) for s in range(0, len(batch), size)]
+        chunks = ordered.split(size)
+    else:
+        cuts = spans(ordered.attention_mask.sum(-1).tolist(), size, max_tokens)  # real tokens of each row
+        chunks = [ordered.select(torch.arange(a, b)) for a, b in cuts]
+    return [(order[a:b], trim_padding(mb) if remove_padding else mb) for (a, b), mb in zip(cuts, chunks)]
 
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
