@@ -265,3 +265,16 @@ def test_help_config_says_what_happens_to_each_verl_key():
             "[only this value; others refused]") in text
     assert "data.return_raw_chat: bool = False  [verl only: unused]" in text
     assert "Any other verl key is refused" in text
+
+
+def test_lora_is_refused_in_one_line_until_it_is_built():
+    msg = error(["model.path=/m", "actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=32",
+                 "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.layered_summon=True",
+                 "actor_rollout_ref.model.use_shm=True"])
+    assert msg == "model.lora_rank=32: LoRA is not supported yet; train all weights (model.lora_rank=0)"
+    assert "lora_adapter_path: LoRA is not supported" in error(["model.path=/m",
+                                                                "actor_rollout_ref.model.lora_adapter_path=/a"])
+    with pytest.warns(UserWarning, match="model.lora_alpha, model.target_modules: LoRA settings, and LoRA is off"):
+        c = load_config(None, ["model.path=/m", "actor_rollout_ref.model.lora_alpha=32",
+                               "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"])
+    assert c.model.target_modules == ["q_proj", "v_proj"]

@@ -60,6 +60,13 @@ class ModelConfig:
     # small attentions on the CPU as grouped matmuls instead of torch's fused SDPA kernel (models/attention.py)
     small_attention: bool = True
     use_fused_kernels: bool = False  # verl's fused log-prob kernels: posttrain has none (true is refused)
+    # LoRA is not supported yet: lora_rank > 0 (or an adapter) is refused; the others mean nothing without it
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: Optional[str] = None
+    lora_adapter_path: Optional[str] = None
+    use_shm: bool = False  # verl copies the model to /dev/shm first: posttrain reads it where it is
 
 
 @dataclass
@@ -98,6 +105,7 @@ class RolloutConfig:
     enforce_eager: Optional[bool] = None
     load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
+    layered_summon: bool = False  # verl's LoRA weight sync: nothing without model.lora_rank
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
     # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
     engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
@@ -659,6 +667,13 @@ def validate_verl_switches(cfg: Config) -> None:
               "torch.compile its passes; set it to false")
     _need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain has no fused log-prob kernels "
           "(its passes cut logits by micro-batch; for memory use actor.use_dynamic_bsz); set it to false")
+    m = cfg.model
+    _need(m.lora_rank == 0 and not m.lora_adapter_path,
+          f"model.lora_rank={m.lora_rank}{' and model.lora_adapter_path' if m.lora_adapter_path else ''}: LoRA is not "
+          "supported yet; train all weights (model.lora_rank=0)")
+    lora_only = [k for k, on in (("model.lora_alpha", m.lora_alpha != 16), ("model.target_modules",
+                                 m.target_modules != "all-linear"), ("model.exclude_modules", m.exclude_modules),
+                                 ("rollout.layered_summon", cfg.rollout.layered_summon)) if on]
     rm = cfg.reward.model
     _need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
           "reward_model.model.path): a Hugging Face sequence-classification model directory")
@@ -667,7 +682,10 @@ def validate_verl_switches(cfg: Config) -> None:
     inert = [k for k, on in (("data.return_raw_chat", cfg.data.return_raw_chat),
                              ("trainer.use_legacy_worker_impl", cfg.trainer.use_legacy_worker_impl != "auto"),
                              ("reward.model.use_reward_loop", rm.use_reward_loop),
-                             ("reward.model.rollout", bool(rm.rollout))) if on]
+                             ("reward.model.rollout", bool(rm.rollout)), ("model.use_shm", m.use_shm)) if on]
+    if lora_only:
+        warnings.warn(f"{', '.join(lora_only)}: LoRA settings, and LoRA is off (model.lora_rank=0); set, but unused",
+                      stacklevel=3)
     if inert:
         warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout and reward servers and worker classes, "
                       "which posttrain does not have (it runs a reward model in transformers); set, but unused",
@@ -771,7 +789,11 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "data.return_raw_chat": UNUSED, "trainer.use_legacy_worker_impl": UNUSED,
               "reward.model.use_reward_loop": UNUSED, "reward.model.rollout": UNUSED,
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
-              "reward.reward_manager": "posttrain scores in worker processes whichever"}
+              "reward.reward_manager": "posttrain scores in worker processes whichever",
+              "model.lora_rank": ONLY_OFF, "model.lora_adapter_path": "refused: LoRA is not supported yet",
+              **{k: "LoRA only: named unused" for k in ("model.lora_alpha", "model.target_modules",
+                                                       "model.exclude_modules", "rollout.layered_summon")},
+              "model.use_shm": UNUSED}
 
 
 def describe_keys() -> str:
