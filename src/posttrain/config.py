@@ -338,7 +338,7 @@ def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
 SCHEMA = schema()
 LIST_KEYS = {k for k, (t, _) in SCHEMA.items() if "List" in str(t)}
 DICT_KEYS = {k for k, (t, _) in SCHEMA.items() if "Dict" in str(t)}  # free-form: any key below them
-# rollout keys that configure vLLM's engine: the HF engine reports them as unused (build.engine_settings)
+# rollout keys that configure vLLM's engine: other engines name them as unused (unused_engine_settings)
 VLLM_SETTINGS = ("enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                  "enforce_eager", "load_format")
 
@@ -440,11 +440,8 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
 
 def _below_dict_key(key: str) -> str | None:
     """Our spelling of a key inside a free-form mapping (rollout.engine_kwargs.vllm.X), verl's prefixes mapped."""
-    for verl, ours in ((key, key), *((v, o) for v, o in aliases.PREFIXES if key.startswith(v))):
-        mapped = ours + key[len(verl):] if verl != key else key
-        if any(mapped.startswith(d + ".") for d in DICT_KEYS):
-            return mapped
-    return None
+    spellings = [key] + [ours + key[len(verl):] for verl, ours in aliases.PREFIXES if key.startswith(verl)]
+    return next((k for k in spellings if any(k.startswith(d + ".") for d in DICT_KEYS)), None)
 
 
 def _short(value, limit: int = 80) -> str:
@@ -592,6 +589,7 @@ def validate(cfg: Config) -> None:
     _choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
     _choice("ref.strategy", cfg.ref.strategy, ("fsdp", "fsdp2"))
     validate_verl_switches(cfg)
+    validate_reward_model(cfg)
     _choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
     _choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
@@ -650,6 +648,12 @@ def validate(cfg: Config) -> None:
     d.seed = tr.seed if d.seed is None else d.seed
 
 
+# set to anything but their default, these are named in one warning line as unused
+LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "rollout.layered_summon")
+VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
+                  "reward.model.rollout", "model.use_shm")
+
+
 def validate_verl_switches(cfg: Config) -> None:
     """verl's switches for what posttrain does not do: the value that means "off" is accepted (it is
     what posttrain does), any other is refused with the alternative; verl-only inputs are named as unused."""
@@ -671,18 +675,8 @@ def validate_verl_switches(cfg: Config) -> None:
     _need(m.lora_rank == 0 and not m.lora_adapter_path,
           f"model.lora_rank={m.lora_rank}{' and model.lora_adapter_path' if m.lora_adapter_path else ''}: LoRA is not "
           "supported yet; train all weights (model.lora_rank=0)")
-    lora_only = [k for k, on in (("model.lora_alpha", m.lora_alpha != 16), ("model.target_modules",
-                                 m.target_modules != "all-linear"), ("model.exclude_modules", m.exclude_modules),
-                                 ("rollout.layered_summon", cfg.rollout.layered_summon)) if on]
-    rm = cfg.reward.model
-    _need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
-          "reward_model.model.path): a Hugging Face sequence-classification model directory")
-    _need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
-    _choice("reward.reward_manager", cfg.reward.reward_manager, ("naive", "prime", "dapo", "batch"))
-    inert = [k for k, on in (("data.return_raw_chat", cfg.data.return_raw_chat),
-                             ("trainer.use_legacy_worker_impl", cfg.trainer.use_legacy_worker_impl != "auto"),
-                             ("reward.model.use_reward_loop", rm.use_reward_loop),
-                             ("reward.model.rollout", bool(rm.rollout)), ("model.use_shm", m.use_shm)) if on]
+    lora_only = [k for k in LORA_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
+    inert = [k for k in VERL_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
     if lora_only:
         warnings.warn(f"{', '.join(lora_only)}: LoRA settings, and LoRA is off (model.lora_rank=0); set, but unused",
                       stacklevel=3)
@@ -690,6 +684,14 @@ def validate_verl_switches(cfg: Config) -> None:
         warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout and reward servers and worker classes, "
                       "which posttrain does not have (it runs a reward model in transformers); set, but unused",
                       stacklevel=3)
+
+
+def validate_reward_model(cfg: Config) -> None:
+    rm = cfg.reward.model
+    _need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
+          "reward_model.model.path): a Hugging Face sequence-classification model directory")
+    _need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
+    _choice("reward.reward_manager", cfg.reward.reward_manager, ("naive", "prime", "dapo", "batch"))
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:
@@ -786,14 +788,11 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
                                        "critic.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.fsdp_size",
                                        "critic.model.fsdp_size", "actor.use_torch_compile", "ref.use_torch_compile",
                                        "model.use_fused_kernels")},
-              "data.return_raw_chat": UNUSED, "trainer.use_legacy_worker_impl": UNUSED,
-              "reward.model.use_reward_loop": UNUSED, "reward.model.rollout": UNUSED,
+              **{k: UNUSED for k in VERL_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
               "model.lora_rank": ONLY_OFF, "model.lora_adapter_path": "refused: LoRA is not supported yet",
-              **{k: "LoRA only: named unused" for k in ("model.lora_alpha", "model.target_modules",
-                                                       "model.exclude_modules", "rollout.layered_summon")},
-              "model.use_shm": UNUSED}
+              **{k: "LoRA only: named unused" for k in LORA_ONLY_KEYS}}
 
 
 def describe_keys() -> str:
