@@ -15,6 +15,7 @@ Prompts are exactly `length` tokens with the chat template applied, so that
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -57,15 +58,8 @@ def parameter_count(model_dir: Path) -> int:
     total = 0
     for f in Path(model_dir).glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:
-            total += sum(_numel(st.get_slice(k).get_shape()) for k in st.keys())
+            total += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     return total
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def prompt_rows(model_dir: Path, count: int, length: int, seed: int = 0) -> list[dict]:

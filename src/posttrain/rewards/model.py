@@ -55,8 +55,9 @@ class RewardModel:
     def score(self, prompts: list, responses: list[str]) -> list[float]:
         """One score per (prompt messages, response text), in micro-batches."""
         texts = [self.chat_text(p, r) for p, r in zip(prompts, responses, strict=True)]
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if self.remove_padding else range(len(texts))
-        order = list(order)
+        order = list(range(len(texts)))
+        if self.remove_padding:
+            order.sort(key=lambda i: len(texts[i]))
         out = [0.0] * len(texts)
         if self.param_offload:
             self.model.to(self.device)
