@@ -51,8 +51,8 @@ def test_misspelt_keys_name_the_nearest():
 
 
 def test_unsupported_verl_key():
-    msg = error(["actor_rollout_ref.actor.profiler.enable=true"])
-    assert "verl key 'actor_rollout_ref.actor.profiler.enable'" in msg and "not supported yet" in msg
+    msg = error(["actor_rollout_ref.actor.checkpoint.async_save=true"])
+    assert "verl key 'actor_rollout_ref.actor.checkpoint.async_save'" in msg and "not supported yet" in msg
     assert "--help-config" in msg
     assert "not supported; supported: grpo" in error(["algorithm.adv_estimator=opo"])
     assert "'neptune' is not one of: console, jsonl, tensorboard, wandb, mlflow" in error(["trainer.logger=[neptune]"])
@@ -158,6 +158,7 @@ def test_verl_keys_of_the_algorithm_family():
     (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=5"], "divisible by critic.ppo_mini_batch_size=5"),
     (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value must be > 0"),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=9"], "reward.overlong_buffer.len=9 must be"),
+    (["reward_model.reward_kwargs.max_resp_len=0"], "reward.overlong_buffer.max_resp_len must be > 0"),
     (["algorithm.filter_groups.metric=accuracy"], "algorithm.filter_groups.metric=accuracy is not one of"),
     (["actor.policy_loss.loss_mode=clip_cov"], "actor.policy_loss.loss_mode=clip_cov is not one of: vanilla, gspo, gpg"),
     (["algorithm.adv_estimator=opo"], "algorithm.adv_estimator=opo is not supported; supported: grpo"),
@@ -233,17 +234,64 @@ def test_verls_switches_for_what_posttrain_does_not_do():
         c = load_config(None, ["model.path=/m", *ok])
     assert c.trainer.collective_timeout_s == 1800 and c.model.trust_remote_code is True
     for override, message in [
-        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor.ulysses_sequence_parallel_size=2: sequence "
-                                                                      "parallelism (Ulysses) is not supported"),
-        ("critic.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=4"),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor.ulysses_sequence_parallel_size=2 must "
+                                                                      "divide the 1 workers"),
+        ("critic.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=4 differs from actor."),
         ("actor_rollout_ref.ref.fsdp_config.fsdp_size=8", "ref.fsdp_size=8: hybrid sharding is not supported"),
-        ("actor_rollout_ref.actor.use_torch_compile=True", "does not torch.compile its passes; set it to false"),
-        ("actor_rollout_ref.model.use_fused_kernels=True", "no fused log-prob kernels"),
+        ("actor_rollout_ref.model.fused_kernel_options.impl_backend=cuda", "impl_backend=cuda is not one of: torch"),
         ("actor_rollout_ref.rollout.name=sglang", "posttrain has no sglang engine; use rollout.name=vllm"),
     ]:
         assert message in error(["model.path=/m", override]), override
-    with pytest.warns(UserWarning, match="data.return_raw_chat, trainer.use_legacy_worker_impl: verl's switches"):
+    with pytest.warns(UserWarning, match="data.return_raw_chat, trainer.use_legacy_worker_impl: verl's settings"):
         load_config(None, ["model.path=/m", "data.return_raw_chat=True", "trainer.use_legacy_worker_impl=disable"])
+
+
+def test_verls_memory_and_compile_switches_reach_the_passes():
+    """use_fused_kernels, the entropy's chunking and checkpointing and torch.compile
+    are honoured (their effect: tests/test_fast_paths.py); a triton backend is named unused."""
+    import warnings
+
+    from posttrain.build import update_settings, worker_spec
+
+    keys = ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.entropy_checkpointing=true",
+            "++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+            "actor_rollout_ref.actor.use_torch_compile=True", "actor_rollout_ref.ref.use_torch_compile=True"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = load_config(None, ["model.path=/m", *keys])
+    o = update_settings(c).pass_options()
+    assert (o.fused, o.entropy_chunking, o.entropy_checkpointing, o.compile) == (True, True, True, True)
+    assert worker_spec(c, "/m", None, "cpu", 10).ref_torch_compile is True
+    with pytest.warns(UserWarning, match="model.fused_kernel_options.impl_backend=triton: verl's settings"):
+        c = load_config(None, ["model.path=/m", "actor_rollout_ref.model.use_fused_kernels=True",
+                               "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"])
+    assert c.model.use_fused_kernels
+
+
+def test_a_verl_dataset_class_is_refused_in_one_line():
+    assert error(["data.custom_cls.path=recipe/minicpmo/rl_dataset.py", "data.custom_cls.name=RLHFDataset"]) == (
+        "data.custom_cls.path=recipe/minicpmo/rl_dataset.py: a verl dataset class is not supported; posttrain reads "
+        "parquet rows itself (prompt, data_source, reward_model.ground_truth): write the data in that layout "
+        "(`posttrain preprocess` has examples) and leave data.custom_cls out")
+
+
+def test_critic_checkpoints_are_kept_with_the_actors():
+    ppo = ["algorithm.adv_estimator=gae", "trainer.max_actor_ckpt_to_keep=1"]
+    assert load_config(None, [*ppo, "trainer.max_critic_ckpt_to_keep=1"]).trainer.max_ckpt_to_keep == 1
+    with pytest.warns(UserWarning, match=r"trainer.max_critic_ckpt_to_keep \(no critic\): verl's settings"):
+        load_config(None, ["trainer.max_critic_ckpt_to_keep=3"])
+    assert error([*ppo, "trainer.max_critic_ckpt_to_keep=2"]) == (
+        "trainer.max_critic_ckpt_to_keep=2: a posttrain checkpoint holds the actor and the critic together; set "
+        "trainer.max_ckpt_to_keep (verl's max_actor_ckpt_to_keep, now 1) to the count you want for both")
+
+
+def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
+    with pytest.warns(UserWarning, match="rollout.multi_turn.format: settings of LoRA .* or multi-turn rollouts"):
+        c = load_config(None, ["model.path=/m", "actor_rollout_ref.rollout.multi_turn.format=chatml"])
+    assert c.rollout.multi_turn.format == "chatml"
+    assert error(["model.path=/m", "actor_rollout_ref.rollout.multi_turn.enable=True"]) == (
+        "rollout.multi_turn.enable=true: multi-turn rollouts with tools are not supported yet; set it to false "
+        "(one response per prompt)")
 
 
 def test_rows_with_images_are_refused_at_load(tmp_path):
@@ -261,20 +309,13 @@ def test_help_config_says_what_happens_to_each_verl_key():
     text = describe_keys()
     assert "actor_rollout_ref.actor.fsdp_config.param_offload -> actor.param_offload  [honoured]" in text
     assert "actor_rollout_ref.rollout.enforce_eager -> rollout.enforce_eager  [vLLM's engine" in text
-    assert ("actor_rollout_ref.actor.ulysses_sequence_parallel_size -> actor.ulysses_sequence_parallel_size  "
+    assert ("actor_rollout_ref.actor.fsdp_config.fsdp_size -> actor.fsdp_size  "
             "[only this value; others refused]") in text
+    assert ("actor_rollout_ref.ref.ulysses_sequence_parallel_size -> ref.ulysses_sequence_parallel_size  "
+            "[only the actor's value]") in text
+    assert "actor_rollout_ref.model.lora_rank -> model.lora_rank  [honoured]" in text
+    assert "actor_rollout_ref.model.use_fused_kernels -> model.use_fused_kernels  [honoured]" in text
     assert "data.return_raw_chat: bool = False  [verl only: unused]" in text
     assert "Any other verl key is refused" in text
 
 
-def test_lora_is_refused_in_one_line_until_it_is_built():
-    msg = error(["model.path=/m", "actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=32",
-                 "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.layered_summon=True",
-                 "actor_rollout_ref.model.use_shm=True"])
-    assert msg == "model.lora_rank=32: LoRA is not supported yet; train all weights (model.lora_rank=0)"
-    assert "lora_adapter_path: LoRA is not supported" in error(["model.path=/m",
-                                                                "actor_rollout_ref.model.lora_adapter_path=/a"])
-    with pytest.warns(UserWarning, match="model.lora_alpha, model.target_modules: LoRA settings, and LoRA is off"):
-        c = load_config(None, ["model.path=/m", "actor_rollout_ref.model.lora_alpha=32",
-                               "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"])
-    assert c.model.target_modules == ["q_proj", "v_proj"]

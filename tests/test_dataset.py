@@ -192,3 +192,19 @@ def test_sampler_options_and_errors():
     with pytest.raises(DataError, match="data.train_batch_size=4 is larger than the 3 prompts.*lower "
                                         "data.train_batch_size"):
         PromptSampler(3, 4)
+
+
+def test_apply_chat_template_kwargs_reach_the_template(tok):
+    """verl's data.apply_chat_template_kwargs (Qwen3's enable_thinking=false): handed to the template."""
+    from posttrain.config import load_config
+    from posttrain.errors import ConfigError
+
+    tok.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                         "{% if enable_thinking is defined and not enable_thinking %}/n{% endif %}")
+    plain = PromptDataset.build([row("12")], tok, 30)
+    cfg = load_config(None, ["+data.apply_chat_template_kwargs.enable_thinking=False"])
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
+    off = PromptDataset.build([row("12")], tok, 30, template_kwargs=cfg.data.apply_chat_template_kwargs)
+    assert plain[0].prompt_ids == ids(tok, "12") and off[0].prompt_ids == ids(tok, "12/n")
+    with pytest.raises(ConfigError, match="data.apply_chat_template_kwargs.tokenize: posttrain sets it"):
+        load_config(None, ["data.apply_chat_template_kwargs.tokenize=false"])

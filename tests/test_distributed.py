@@ -101,19 +101,28 @@ def cluster(ray_cluster):
 
 
 @pytest.mark.ray
-def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tmp_path):
+@pytest.mark.parametrize("variant", ["plain", "ulysses", "lora"])
+def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tmp_path, variant):
     """Same batch, same seed: log-probs, one PPO step (2 mini-batches x 2
-    micro-batches, KL loss, entropy bonus) and a second step all match one process."""
+    micro-batches, KL loss, entropy bonus) and a second step all match one
+    process. With Ulysses both workers take the same rows, each half of every
+    sequence's positions, for the actor, the reference and the critic; with
+    LoRA the sharded adapters train and the reference is the base."""
     from posttrain.distributed.group import WorkerGroup
 
+    sequence_parallel = 2 if variant == "ulysses" else 1
+    extra = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"] if variant == "lora" else []
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
                                   "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2",
-                                  "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=2", "critic.lr=1e-3"))
+                                  "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=2", "critic.lr=1e-3",
+                                  f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sequence_parallel}",
+                                  *extra))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
     local = Worker(spec)
     local.setup()
     group = WorkerGroup(spec, nnodes=1, per_node=2)
     try:
+        assert [w["sequence_parallel"] for w in group.info] == [sequence_parallel] * 2
         prompts = [[5 + i, 6, 7 + i % 3] for i in range(8)]
         for step in range(2):
             out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=4, temperature=1.0))

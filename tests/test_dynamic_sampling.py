@@ -121,6 +121,12 @@ def test_overlong_shaping_lowers_long_responses_and_seq_reward_filters_on_it(tin
     assert batch.token_level_scores.sum(-1).tolist() == [1.0, -0.5, -1.0, 1.0]
     assert m["reward/overlong_penalty/mean"] == pytest.approx(-1.5 / 4)
     assert m["reward/overlong_ratio"] == 0.5
+    # verl's DAPO reward manager counts back from reward_kwargs.max_resp_len: 4 here, so the buffer is
+    # lengths 3..4 -> length 2: 0, length 3: -0.5
+    run4 = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
+                                     "reward_model.reward_kwargs.max_resp_len=4"], [])
+    batch = rollout_and_score(run4, [run4.train_data[1], run4.train_data[2]], {})
+    assert batch.token_level_scores.sum(-1).tolist() == [1.0, 0.0, -0.5, 1.0]
     # D answers "4", "4": the same length and score -> uniform under both metrics; E "1", "55": varied
     run = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
                                     "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward"],

@@ -253,3 +253,110 @@ def test_reserved_cache_layer_writes_in_place_and_grows_when_full():
     got_k, got_v = layer.update(k, v)
     assert torch.equal(got_k, torch.cat([want_k[[3, 0], :, :4], k], dim=2)) and layer.get_seq_length() == 5
     assert torch.equal(got_v, torch.cat([want_v[[3, 0], :, :4], v], dim=2))
+
+
+# verl's memory switches: the same log-probs, entropy, loss and gradient, from fewer or smaller temporaries
+MEMORY_OPTIONS = {"fused": dict(fused_kernels=True), "entropy chunks": dict(entropy_chunking=True),
+                  "entropy checkpoint": dict(entropy_checkpointing=True),
+                  "all": dict(fused_kernels=True, entropy_chunking=True, entropy_checkpointing=True)}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 3 tokens (3 x the 40-token vocabulary): every pass is cut into many."""
+    from posttrain.training import fused, logprobs
+
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 3 * 40)
+    monkeypatch.setattr(logprobs, "ENTROPY_CHUNK", 3)
+
+
+@pytest.mark.parametrize("name", list(MEMORY_OPTIONS))
+def test_log_probs_and_entropy_are_the_same_with_the_memory_switches(random_qwen2, small_chunks, name):
+    b = make_batch(random_qwen2)
+    mask = b.response_mask.bool()
+    ref, ent_ref = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True,
+                                     options=PassOptions(False, False))
+    flags = {k.replace("fused_kernels", "fused"): v for k, v in MEMORY_OPTIONS[name].items()}
+    for rp, sp in ((False, False), (True, True)):  # the shared prompt's two calls use the fused head too
+        got, ent = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True,
+                                     options=PassOptions(rp, sp, **flags))
+        torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ent[mask], ent_ref[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MEMORY_OPTIONS))
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm"])
+def test_training_is_the_same_with_the_memory_switches(random_qwen2, small_chunks, name, mode):
+    b = make_batch(random_qwen2)
+    b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4, options=PassOptions(False, False))
+    b.old_log_probs = b.old_log_probs + 0.05 * b.response_mask
+    b.ref_log_probs = b.old_log_probs - 0.1 * b.response_mask
+    b.advantages = torch.linspace(-1, 1, len(b))[:, None] * b.response_mask
+    # an entropy bonus: its gradient must flow through the chunked / checkpointed / fused entropy as well
+    plain, m_plain = update(random_qwen2, b, loss_agg_mode=mode, entropy_coeff=0.3)
+    fast, m = update(random_qwen2, b, loss_agg_mode=mode, entropy_coeff=0.3, **MEMORY_OPTIONS[name])
+    assert plain.abs().sum() > 0
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-4)
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        assert m[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
+
+
+class LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the most elements any operation's output had."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.most = max(self.most, t.numel())
+        return out
+
+
+def test_the_fused_pass_never_holds_the_whole_logits(monkeypatch):
+    """model.use_fused_kernels: no tensor as large as [N, R, V] is made, forward or backward."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from posttrain.training import fused
+    from posttrain.training.logprobs import forward_responses
+    torch.manual_seed(0)
+    vocab = 4096  # the logits dominate: 8 rows x 12 response tokens x 4096 = 393k, the hidden states 8 x 22 x 16
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    n, p, r = 8, 10, 12
+    ids = torch.randint(2, vocab, (n, p + r))
+    mask, pos = torch.ones_like(ids), torch.arange(p + r).expand(n, -1)
+    whole, chunk = n * r * vocab, 16 * vocab  # 16 of the 96 tokens per chunk
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", chunk)
+    sizes = {}
+    for name, targets in (("plain", None), ("fused", ids[:, p:])):
+        with LargestTensor() as seen:
+            out = forward_responses(model, ids, mask, pos, r, targets=targets)
+            out.float().sum().backward()
+        sizes[name] = seen.most
+    assert sizes["plain"] >= whole
+    assert sizes["fused"] <= chunk < whole / 5, sizes  # the embedding matrix (vocab x 16) is as large as a chunk
+
+
+@pytest.mark.slow
+def test_torch_compile_gives_the_same_log_probs_entropy_and_update(random_qwen2):
+    """actor.use_torch_compile / ref.use_torch_compile: the log-prob and entropy functions
+    compiled (about 20 s of compiling on a CPU), the results those of the eager ones."""
+    from posttrain.training.logprobs import compiled, token_log_probs
+
+    b = make_batch(random_qwen2)
+    mask = b.response_mask.bool()
+    eager, ent_eager = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True)
+    got, ent = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True,
+                                 options=PassOptions(compile=True))
+    assert compiled(token_log_probs) is not token_log_probs  # a compiled function ran, once per process
+    torch.testing.assert_close(got[mask], eager[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[mask], ent_eager[mask], atol=1e-5, rtol=1e-5)
+    b.advantages = torch.linspace(-1, 1, len(b))[:, None] * b.response_mask
+    b.ref_log_probs = eager - 0.1 * b.response_mask
+    plain, _ = update(random_qwen2, b, entropy_coeff=0.3)
+    fast, _ = update(random_qwen2, b, entropy_coeff=0.3, torch_compile=True)
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-4)

@@ -99,5 +99,5 @@ def test_reward_model_config_errors():
         load_config(None, ["model.path=/m", "reward_model.enable=True"])
     with pytest.raises(ConfigError, match="reward.reward_manager=limited is not one of"):
         load_config(None, ["model.path=/m", "reward_model.reward_manager=limited"])
-    with pytest.warns(UserWarning, match="reward.model.use_reward_loop, reward.model.rollout: verl's switches"):
+    with pytest.warns(UserWarning, match="reward.model.use_reward_loop, reward.model.rollout: verl's settings"):
         load_config(None, ["model.path=/m", "reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm"])

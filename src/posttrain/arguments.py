@@ -75,6 +75,9 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
     ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")
     ex.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+    ex.add_argument("--adapter", action="store_true",
+                    help="a LoRA checkpoint: write its peft adapter directory (default: the base with the adapters "
+                         "merged, a plain model directory)")
 
     ck = sub.add_parser("checkpoints", help="list a run's checkpoints: step, size, validity, metrics")
     ck.add_argument("run_dir")

@@ -110,6 +110,7 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     return PromptDataset.build(
         rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
         filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
+        template_kwargs=cfg.data.apply_chat_template_kwargs,
     )
 
 
@@ -142,16 +143,41 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
         ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size,
         log_prob_max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
-        ref_log_prob_max_tokens=cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else None, temperature=r.temperature, rollout=r.name,
+        ref_log_prob_max_tokens=cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else None,
+        ref_torch_compile=cfg.ref.use_torch_compile, forward_prefetch=a.forward_prefetch,
+        ref_forward_prefetch=cfg.ref.forward_prefetch, freeze_vision_tower=a.freeze_vision_tower,
+        sequence_parallel=a.ulysses_sequence_parallel_size, lora=lora_settings(cfg),
+        temperature=r.temperature, rollout=r.name,
         rollout_micro_batch_size=r.micro_batch_size, rollout_shared_prefill=r.shared_prefill,
         rollout_remove_padding=r.remove_padding, rollout_early_stop=r.early_stop, tensor_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
         engine_kwargs=vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine,
         weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
-        mixed_precision="bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None,
+        mixed_precision=mixed_precision(cfg, device), reduce_dtype=a.mixed_precision.reduce_dtype,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
     )
+
+
+def lora_settings(cfg):
+    """models.lora.LoraSettings with LoRA on (model.lora_rank > 0 or an adapter to start from), else None."""
+    from posttrain.config import uses_lora
+    from posttrain.models.lora import LoraSettings
+
+    m = cfg.model
+    if not uses_lora(cfg):
+        return None
+    return LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, target_modules=m.target_modules,
+                        exclude_modules=m.exclude_modules, dropout=m.lora_dropout, adapter_path=m.lora_adapter_path)
+
+
+def mixed_precision(cfg, device: str) -> str | None:
+    """The compute dtype over the stored weights: actor.mixed_precision.param_dtype, else bf16 over
+    float32 weights on a GPU; None when it is the weights' own dtype (nothing to cast)."""
+    dtype = cfg.actor.mixed_precision.param_dtype
+    if dtype is None:
+        dtype = "bfloat16" if device == "cuda" and cfg.model.dtype == "float32" else None
+    return None if dtype == cfg.model.dtype else dtype
 
 
 def vllm_engine_kwargs(r) -> dict:
@@ -239,26 +265,36 @@ def make_rewards(cfg):
     """The run's rewards: rule functions in a RewardPool, or a reward model (reward.model.enable) on this
     process's GPU if it has one, with the pool only when a custom function combines the two."""
     r = cfg.reward
+    sandbox = None
+    if r.sandbox_fusion.url:  # code sources (apps, taco, ...) run in a SandboxFusion service: rewards.sandbox
+        from posttrain.rewards.sandbox import SandboxSettings
+
+        sf = r.sandbox_fusion
+        sandbox = SandboxSettings(sf.url, sf.max_concurrent, sf.memory_limit_mb)
     if not r.model.enable:
-        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s)
+        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox)
     from posttrain.rewards.model import ModelRewards, RewardModel
 
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
     model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
                         max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code,
                         remove_padding=r.model.use_remove_padding, param_offload=r.model.param_offload)
-    return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s) if r.custom_fn else None)
+    return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox)
+                        if r.custom_fn else None)
 
 
-def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float):
+def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float, sandbox=None):
     """The run's RewardPool (reward.custom_fn or the built-ins; num_workers None:
     min(8, CPUs)). The function is loaded here once, so a file that fails to
-    import stops the run now with its RewardError; the workers load their own."""
+    import stops the run now with its RewardError; the workers load their own.
+    sandbox (rewards.sandbox.SandboxSettings): where code sources run, its
+    max_concurrent shared by the workers."""
     from posttrain.rewards.pool import RewardPool, reward_loader
 
     if num_workers is None:
         num_workers = min(8, os.cpu_count() or 1)
-    pool = RewardPool(reward_loader(custom_fn), num_workers, timeout_s)
+    sandbox = sandbox.per_process(num_workers) if sandbox else None
+    pool = RewardPool(reward_loader(custom_fn, sandbox), num_workers, timeout_s)
     pool.load()
     return pool
 
@@ -283,6 +319,8 @@ def update_settings(cfg) -> UpdateSettings:
         loss_scale_factor=float(a.loss_scale_factor or cfg.data.max_response_length), entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=cfg.rollout.temperature,
         grad_clip=a.grad_clip, remove_padding=cfg.model.use_remove_padding, share_prompt=cfg.model.share_prompt,
+        fused_kernels=cfg.model.use_fused_kernels, entropy_chunking=a.entropy_from_logits_with_chunking,
+        entropy_checkpointing=a.entropy_checkpointing, torch_compile=a.use_torch_compile,
     )
 
 
@@ -354,6 +392,7 @@ def build_run(cfg):
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
         resumed_from=resume_from, flops=flops, peak_flops=peak,
+        profiler=make_profiler(cfg, run_dir, device, distributed),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -362,6 +401,39 @@ def build_run(cfg):
         set_aside(run_dir / "metrics.jsonl", keep_up_to=run.global_step)
         print(f"posttrain: resuming from {resume_from} (step {run.global_step})", file=sys.stderr)
     return run
+
+
+def make_profiler(cfg, run_dir: Path, device: str, distributed: bool):
+    """The run's profiling.StepProfiler (profiler.*). It profiles the loop's process, counted as rank 0: in one
+    process the only worker; on Ray workers the driver (the loop's phases as it dispatches and waits for them),
+    not the workers' passes. The roles whose enable and ranks pick rank 0 name the phases captured (discrete
+    when all of theirs are); none: nothing is profiled (torch_memory snapshots every listed step either way)."""
+    from posttrain.profiling import ROLE_PHASES, StepProfiler, rank_selected, tool_settings, warn
+
+    p = cfg.profiler
+    if p.tool is None or (p.steps is None and p.tool != "torch_memory"):
+        return StepProfiler()
+    read, _ = tool_settings(p.tool, {r: getattr(p, r).tool_config for r in ROLE_PHASES})
+    roles = [r for r in ROLE_PHASES if getattr(p, r).enable and rank_selected(0, getattr(p, r).all_ranks,
+                                                                               getattr(p, r).ranks)]
+    if not roles and p.tool != "torch_memory":
+        why = ", ".join(f"profiler.{r}.ranks={getattr(p, r).ranks}" for r in ROLE_PHASES if getattr(p, r).enable)
+        warn(f"profiler.tool={p.tool}: nothing is profiled: posttrain profiles the loop's process, rank 0, which "
+             f"no enabled role picks ({why or 'none is enabled'}); set e.g. profiler.actor.enable=true (verl's "
+             "actor_rollout_ref.actor.profiler.enable=True) with ranks [] or [0], or all_ranks=true")
+        return StepProfiler()
+    if distributed:
+        warn("profiler: the workers' passes run in Ray actors, which are not profiled yet: this profiles the driver "
+             "(the loop's phases as it dispatches and waits for them)")
+    settings = [read.get(r) or (read.get("actor", {}) if r == "rollout" else {}) for r in roles]
+    tm = p.torch_memory
+    return StepProfiler(
+        p.tool, p.steps, p.save_path or run_dir / "profile", continuous=p.continuous_steps,
+        discrete=bool(settings) and all(s.get("discrete", p.discrete) for s in settings),
+        phases=[ph for r in roles for ph in ROLE_PHASES[r]],
+        contents={c for s in settings for c in s.get("contents") or ()},
+        memory_max_entries=tm.trace_alloc_max_entries, memory_context=tm.context, memory_stacks=tm.stacks,
+        cuda=device == "cuda" and torch.cuda.is_available())  # a Ray driver may see no GPU
 
 
 def flop_model(model_dir: str):

@@ -121,8 +121,8 @@ def cmd_tiny_model(args) -> int:
 def cmd_export(args) -> int:
     from posttrain.checkpoint.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.output)
-    print(f"wrote a Hugging Face model directory to {out}")
+    out = export_checkpoint(args.checkpoint, args.output, adapter=args.adapter)
+    print(f"wrote {'a peft adapter' if args.adapter else 'a Hugging Face model'} directory to {out}")
     return 0
 
 

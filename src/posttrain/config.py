@@ -21,12 +21,19 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain import algorithm_presets
 from posttrain import config_aliases as aliases
-from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, POLICY_LOSSES
+from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
 from posttrain.errors import ConfigError
 from posttrain.text import invalid_text
 
+DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # metrics.jsonl is always written; sinks.py: the rest
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
+@dataclass
+class CustomDatasetClass:
+    path: Optional[str] = None
+    name: Optional[str] = None
 
 
 @dataclass
@@ -45,6 +52,15 @@ class DataConfig:
     truncation: str = "error"  # error | left | right, when not filtering
     image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
     return_raw_chat: bool = False  # verl's input for its async rollout server; posttrain tokenizes the chat itself
+    # verl's own dataset class (its RLHFDataset API): not supported, posttrain reads the parquet rows itself
+    custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
+    # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FusedKernelOptions:
+    impl_backend: Optional[str] = None  # verl's torch | triton: posttrain's chunked pass is torch either way
 
 
 @dataclass
@@ -59,13 +75,18 @@ class ModelConfig:
     share_prompt: bool = True
     # small attentions on the CPU as grouped matmuls instead of torch's fused SDPA kernel (models/attention.py)
     small_attention: bool = True
-    use_fused_kernels: bool = False  # verl's fused log-prob kernels: posttrain has none (true is refused)
-    # LoRA is not supported yet: lora_rank > 0 (or an adapter) is refused; the others mean nothing without it
+    # log-probs and entropy from the last hidden states a chunk of tokens at a time, the [N, R, V] logits never
+    # whole (training/fused.py): verl's fused kernels' memory saving, in torch
+    use_fused_kernels: bool = False
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    # LoRA (models/lora.py, peft): with lora_rank > 0 (or an adapter to start from) only low-rank adapters on
+    # target_modules train, the base is frozen and is the reference model; the checkpoint holds the adapters
     lora_rank: int = 0
-    lora_alpha: int = 16
-    target_modules: Any = "all-linear"
-    exclude_modules: Optional[str] = None
-    lora_adapter_path: Optional[str] = None
+    lora_alpha: float = 16  # the adapters' scale is lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # all-linear (every linear layer but the output) or names: [q_proj, v_proj]
+    exclude_modules: Any = None
+    lora_dropout: float = 0.0
+    lora_adapter_path: Optional[str] = None  # a peft adapter directory to start from (its rank and targets)
     use_shm: bool = False  # verl copies the model to /dev/shm first: posttrain reads it where it is
 
 
@@ -76,6 +97,20 @@ class ValKwargs:
     top_k: int = -1
     n: int = 1
     do_sample: bool = False
+
+
+@dataclass
+class MultiTurnConfig:
+    """verl's multi-turn rollouts with tools: not built yet (enable=true is refused); its other keys, set while
+    it is off, are named unused."""
+
+    enable: bool = False
+    format: str = "hermes"  # the tool-call markup
+    max_assistant_turns: Optional[int] = None
+    max_user_turns: Optional[int] = None
+    tool_config_path: Optional[str] = None
+    interaction_config_path: Optional[str] = None
+    max_tool_response_length: int = 256
 
 
 @dataclass
@@ -105,16 +140,26 @@ class RolloutConfig:
     enforce_eager: Optional[bool] = None
     load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
-    layered_summon: bool = False  # verl's LoRA weight sync: nothing without model.lora_rank
+    layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
     # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
     engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # vanilla (PPO-clip, token ratios) | gspo (sequence ratio) | gpg (no ratio)
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """FSDP2's mixed precision of the policy (verl's fsdp_config.mixed_precision.*)."""
+
+    param_dtype: Optional[str] = None  # compute dtype over the stored weights; null: bfloat16 on GPUs, none on CPUs
+    reduce_dtype: str = "float32"  # gradients are reduced across workers in this dtype
+    buffer_dtype: str = "float32"  # FSDP1's: FSDP2 keeps buffers as stored (another value is named unused)
 
 
 @dataclass
@@ -148,12 +193,20 @@ class ActorConfig:
     reuse_on_policy_log_probs: bool = True
     strategy: str = "fsdp2"
     fsdp_size: int = -1  # -1: shard over every worker (verl's fsdp_config.fsdp_size; hybrid sharding is refused)
-    ulysses_sequence_parallel_size: int = 1  # sequence parallelism is not supported: > 1 is refused
-    use_torch_compile: bool = False  # posttrain does not torch.compile its passes: true is refused
+    # Ulysses sequence parallelism: groups of this many workers take the same rows and split each sequence's
+    # positions (training/ulysses.py); it must divide the workers and the model's attention heads
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False  # the log-prob and entropy functions torch.compile'd (the model is not)
+    entropy_from_logits_with_chunking: bool = False  # the entropy 2048 tokens at a time: smaller temporaries
+    entropy_checkpointing: bool = False  # the entropy's temporaries recomputed in the backward instead of kept
     # FSDP2's CPUOffloadPolicy: sharded parameters and gradients live in CPU memory, copied to the GPU layer by
     # layer for each pass, and the optimizer steps on the CPU (needs FSDP2 workers: trainer.use_ray or > 1 GPU)
     param_offload: bool = False
     optimizer_offload: bool = False  # the optimizer's state moves to the CPU between updates
+    forward_prefetch: bool = False  # FSDP2: each layer gathers the next one's parameters as it starts
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    use_orig_params: bool = False  # FSDP1's flag: FSDP2 always keeps the original parameters (named unused)
+    freeze_vision_tower: bool = False  # a vision-language model's image encoder keeps its weights
 
 
 @dataclass
@@ -161,12 +214,14 @@ class RefConfig:
     log_prob_micro_batch_size: int = 64
     strategy: str = "fsdp2"
     fsdp_size: int = -1
-    ulysses_sequence_parallel_size: int = 1
-    use_torch_compile: bool = False
+    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's (one size for all of a worker's models)
+    use_torch_compile: bool = False  # the reference pass's log-prob function torch.compile'd
+    entropy_from_logits_with_chunking: bool = False  # verl's: the reference pass computes no entropy (unused)
     # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
     log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
     param_offload: bool = False
+    forward_prefetch: bool = False  # as actor.forward_prefetch, for the reference's FSDP2 shards
 
 
 @dataclass
@@ -187,6 +242,14 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """PF-PPO's policy filtration (algorithm.use_pf_ppo): the update's rows redrawn, favouring reliable rewards."""
+
+    reweight_method: str = "pow"  # pow | max_min | max_random (algorithms.pf_ppo_weights)
+    weight_pow: float = 2.0
+
+
+@dataclass
 class AlgorithmConfig:
     name: Optional[str] = None  # a preset: one of ALGORITHMS (algorithm_presets.py); your keys win
     adv_estimator: str = "grpo"
@@ -197,6 +260,8 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    use_pf_ppo: bool = False  # after GAE, as verl: needs adv_estimator=gae
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
 
 @dataclass
@@ -205,9 +270,12 @@ class OverlongBufferConfig:
     -penalty_factor over the last `len` tokens before data.max_response_length."""
 
     enable: bool = False
-    len: Optional[int] = None  # tokens; null: a fifth of data.max_response_length
+    len: Optional[int] = None  # tokens; null: a fifth of max_resp_len
     penalty_factor: float = 1.0
     log: bool = True
+    # the length the penalty is counted back from (verl's reward_model.reward_kwargs.max_resp_len);
+    # null: data.max_response_length
+    max_resp_len: Optional[int] = None
 
 
 @dataclass
@@ -227,6 +295,15 @@ class RewardModelConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """A SandboxFusion service that runs code sources' responses against their tests (rewards.sandbox)."""
+
+    url: Optional[str] = None  # its /run_code endpoint; null: code sources (apps, taco, ...) score 0 as errors
+    max_concurrent: int = 64  # requests in flight, shared equally by the reward processes (each at least 1)
+    memory_limit_mb: int = 1024  # per program run
+
+
+@dataclass
 class RewardConfig:
     custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
@@ -234,6 +311,7 @@ class RewardConfig:
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 
 @dataclass
@@ -254,7 +332,7 @@ class CriticConfig:
     critic model's LM with a scalar value head."""
 
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    ulysses_sequence_parallel_size: int = 1
+    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's
     lr: float = 1e-5
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -288,6 +366,8 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # with resume_mode=resume_path (verl's spelling)
     async_save: bool = True  # write checkpoints in a background thread
     max_ckpt_to_keep: Optional[int] = None  # keep the newest K checkpoints; None: all
+    # verl keeps the critic's apart; a posttrain checkpoint holds both, so it may only equal max_ckpt_to_keep
+    max_critic_ckpt_to_keep: Optional[int] = None
     keep_top_k: Optional[int] = None  # also keep the best K by keep_top_k_metric
     keep_top_k_metric: str = "val/score/mean"
     keep_top_k_mode: str = "max"  # max | min
@@ -308,6 +388,44 @@ class TrainerConfig:
 
 
 @dataclass
+class ProfilerRoleConfig:
+    """verl's <role>.profiler: whether the role's phases (profiling.ROLE_PHASES) are profiled, on which ranks.
+    Null: off / rank 0 (rollout's: the actor's, as in verl, whose actor worker also generates)."""
+
+    enable: Optional[bool] = None
+    all_ranks: Optional[bool] = None
+    ranks: Optional[List[int]] = None  # [] or null: rank 0
+    tool_config: Dict[str, Any] = field(default_factory=dict)  # <tool>.discrete, <torch|npu>.contents read
+
+
+@dataclass
+class TorchMemoryConfig:
+    """profiler.tool=torch_memory: torch.cuda.memory._record_memory_history's settings."""
+
+    trace_alloc_max_entries: int = 100_000
+    stack_depth: int = 32  # verl's; torch records whole stacks (named unused)
+    context: Optional[str] = "all"  # alloc | state | all | null
+    stacks: str = "all"  # python | all
+
+
+@dataclass
+class ProfilerConfig:
+    """Step profiling (profiling.py): verl's global_profiler.* and per-role profiler.*."""
+
+    tool: Optional[str] = None  # torch | nsys | torch_memory | npu (torch's profiler); null: off
+    steps: Optional[List[int]] = None  # RL steps, counted from 1; null: none (torch_memory: every step)
+    continuous_steps: bool = False  # consecutive listed steps in one capture
+    discrete: bool = False  # a capture per enabled role's phase instead of per step (default of tool_config.*.discrete)
+    save_path: Optional[str] = None  # null: RUN_DIR/profile
+    torch_memory: TorchMemoryConfig = field(default_factory=TorchMemoryConfig)
+    global_tool_config: Dict[str, Any] = field(default_factory=dict)  # verl's nsys launch options, ...: unused
+    actor: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    ref: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    rollout: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    critic: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -318,6 +436,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
@@ -516,6 +635,9 @@ def _type_error(merged, layer: dict) -> ConfigError:
         try:
             OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
         except _REFUSED:
+            if key not in SCHEMA:  # below a free-form mapping (rollout.engine_kwargs.vllm.X): e.g. a date
+                return ConfigError(f"config key '{key}' expects a number, text, true/false or a list of them, got "
+                                   f"{_short(value)}; fix the value")
             kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
             return ConfigError(f"config key '{key}' expects {kind}, got {_short(value)}; fix the value")
     return ConfigError(f"config values {_short(layer, 200)} do not fit the config's types; fix them")
@@ -571,8 +693,20 @@ def validate(cfg: Config) -> None:
           f"reward.num_workers must be >= 0 (0: score in the trainer process) or null (min(8, CPUs)), "
           f"got {cfg.reward.num_workers}")
     _need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
-    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    for key in ("model.dtype", "actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
+                "actor.mixed_precision.buffer_dtype"):
+        section, leaf = key.rsplit(".", 1)
+        value = DTYPE_SPELLINGS.get(_get(cfg, key), _get(cfg, key))  # verl's bf16 / fp32 / fp16
+        setattr(_get(cfg, section), leaf, value)
+        if value is not None:
+            _choice(key, value, ("float32", "bfloat16", "float16"))
     _choice("data.truncation", d.truncation, ("error", "left", "right"))
+    _need(not d.custom_cls.path, f"data.custom_cls.path={_show(d.custom_cls.path)}: a verl dataset class is not "
+          "supported; posttrain reads parquet rows itself (prompt, data_source, reward_model.ground_truth): write "
+          "the data in that layout (`posttrain preprocess` has examples) and leave data.custom_cls out")
+    taken = sorted({"conversation", "tokenize", "add_generation_prompt", "return_dict"} & set(d.apply_chat_template_kwargs))
+    _need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
+                     "for the assistant's turn); leave it out")
     _need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
           "rollout.name=vllm (GPUs) or hf")
     _choice("rollout.name", r.name, ("hf", "vllm"))
@@ -596,6 +730,10 @@ def validate(cfg: Config) -> None:
     _choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
     _need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
           "trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N directory>")
+    _need(tr.max_critic_ckpt_to_keep in (None, tr.max_ckpt_to_keep) or alg.adv_estimator not in NEEDS_CRITIC,
+          f"trainer.max_critic_ckpt_to_keep={tr.max_critic_ckpt_to_keep}: a posttrain checkpoint holds the actor and "
+          f"the critic together; set trainer.max_ckpt_to_keep (verl's max_actor_ckpt_to_keep, now "
+          f"{tr.max_ckpt_to_keep}) to the count you want for both")
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
         _need(_get(cfg, key) is None or _get(cfg, key) > 0, f"{key} must be a positive integer or null")
     _need(alg.adv_estimator in ADV_ESTIMATORS,
@@ -611,12 +749,17 @@ def validate(cfg: Config) -> None:
           f"{alg.gamma} and {alg.lam}")
     _need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
+    if alg.use_pf_ppo:
+        _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
+        _need(alg.adv_estimator in NEEDS_CRITIC, f"algorithm.use_pf_ppo=true resamples the batch after GAE (as verl): "
+              f"it needs algorithm.adv_estimator=gae, got {alg.adv_estimator}")
     _need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
     _need(tr.critic_warmup == 0 or alg.adv_estimator in NEEDS_CRITIC,
           f"trainer.critic_warmup={tr.critic_warmup} needs a critic: set algorithm.adv_estimator=gae "
           "(or algorithm.name=ppo), or trainer.critic_warmup=0")
     validate_critic(cfg)
     validate_overlong(cfg)
+    validate_profiler(cfg)
     for sink in tr.logger:
         _need(sink in LOGGERS, f"trainer.logger {sink!r} is not one of: {', '.join(LOGGERS)} (metrics.jsonl is always "
                                "written in the run directory)")
@@ -633,10 +776,12 @@ def validate(cfg: Config) -> None:
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
     validate_token_budgets(cfg)
-    world = tr.nnodes * tr.n_gpus_per_node
+    world = tr.nnodes * tr.n_gpus_per_node // a.ulysses_sequence_parallel_size  # groups that take their own rows
     _need((a.ppo_mini_batch_size * r.n) % world == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by the "
-          f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node): each takes an equal share of every mini-batch")
+          f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node"
+          f"{' / actor.ulysses_sequence_parallel_size' if world != tr.nnodes * tr.n_gpus_per_node else ''}): each "
+          "takes an equal share of every mini-batch")
     if a.use_kl_loss and alg.use_kl_in_reward:
         warnings.warn("both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is penalised twice",
                       stacklevel=2)
@@ -649,41 +794,70 @@ def validate(cfg: Config) -> None:
 
 
 # set to anything but their default, these are named in one warning line as unused
-LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "rollout.layered_summon")
+LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout")
+
+
+def uses_lora(cfg: Config) -> bool:
+    return cfg.model.lora_rank > 0 or bool(cfg.model.lora_adapter_path)
 VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
-                  "reward.model.rollout", "model.use_shm")
+                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
 
 
 def validate_verl_switches(cfg: Config) -> None:
     """verl's switches for what posttrain does not do: the value that means "off" is accepted (it is
     what posttrain does), any other is refused with the alternative; verl-only inputs are named as unused."""
-    ulysses = "sequence parallelism (Ulysses) is not supported; for long sequences use actor.use_dynamic_bsz and " \
-              "model.enable_gradient_checkpointing"
-    for sec in ("actor", "ref", "critic"):
-        n = _get(cfg, f"{sec}.ulysses_sequence_parallel_size")
-        _need(n == 1, f"{sec}.ulysses_sequence_parallel_size={n}: {ulysses}; set it to 1")
+    validate_sequence_parallel(cfg)
     for sec in ("actor", "ref", "critic.model"):
         n = _get(cfg, f"{sec}.fsdp_size")
         _need(n == -1, f"{sec}.fsdp_size={n}: hybrid sharding is not supported, FSDP2 shards over every worker; "
                        "set it to -1")
-    for sec in ("actor", "ref"):
-        _need(not _get(cfg, f"{sec}.use_torch_compile"), f"{sec}.use_torch_compile=true: posttrain does not "
-              "torch.compile its passes; set it to false")
-    _need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain has no fused log-prob kernels "
-          "(its passes cut logits by micro-batch; for memory use actor.use_dynamic_bsz); set it to false")
+    backend = cfg.model.fused_kernel_options.impl_backend
+    _need(backend in (None, "torch", "triton"), f"model.fused_kernel_options.impl_backend={_show(backend)} is not one "
+          "of: torch, triton")
     m = cfg.model
-    _need(m.lora_rank == 0 and not m.lora_adapter_path,
-          f"model.lora_rank={m.lora_rank}{' and model.lora_adapter_path' if m.lora_adapter_path else ''}: LoRA is not "
-          "supported yet; train all weights (model.lora_rank=0)")
-    lora_only = [k for k in LORA_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
+    _need(m.lora_rank >= 0, f"model.lora_rank must be >= 0 (0: train all weights), got {m.lora_rank}")
+    _need(0 <= m.lora_dropout < 1, f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+    _need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
+    _need(not cfg.rollout.multi_turn.enable, "rollout.multi_turn.enable=true: multi-turn rollouts with tools are not "
+          "supported yet; set it to false (one response per prompt)")
+    lora_only = [k for k in LORA_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
+    lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and _get(cfg, k) != SCHEMA[k][1]]
     inert = [k for k in VERL_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
+    if cfg.trainer.max_critic_ckpt_to_keep is not None and cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
+        inert.append("trainer.max_critic_ckpt_to_keep (no critic)")
+    if cfg.data.custom_cls.name and not cfg.data.custom_cls.path:
+        inert.append("data.custom_cls.name (no path)")
+    if cfg.actor.mixed_precision.buffer_dtype != "float32":
+        inert.append(f"actor.mixed_precision.buffer_dtype={cfg.actor.mixed_precision.buffer_dtype}")
+    if backend == "triton" or (backend and not m.use_fused_kernels):
+        inert.append(f"model.fused_kernel_options.impl_backend={backend}")  # our fused pass is torch code
     if lora_only:
-        warnings.warn(f"{', '.join(lora_only)}: LoRA settings, and LoRA is off (model.lora_rank=0); set, but unused",
-                      stacklevel=3)
+        warnings.warn(f"{', '.join(lora_only)}: settings of LoRA (off: model.lora_rank=0) or multi-turn rollouts "
+                      "(rollout.multi_turn.enable=false), which are off; set, but unused", stacklevel=3)
     if inert:
-        warnings.warn(f"{', '.join(inert)}: verl's switches for its rollout and reward servers and worker classes, "
-                      "which posttrain does not have (it runs a reward model in transformers); set, but unused",
+        warnings.warn(f"{', '.join(inert)}: verl's settings for what posttrain does its own way (its servers, "
+                      "worker classes, kernels: `posttrain train --help-config` says each); set, but unused",
                       stacklevel=3)
+
+
+def validate_sequence_parallel(cfg: Config) -> None:
+    """Ulysses: one size for a worker's models (the reference's and critic's null: the actor's), dividing
+    the workers; each group of that many workers takes the same rows."""
+    size = cfg.actor.ulysses_sequence_parallel_size
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    _need(size >= 1, f"actor.ulysses_sequence_parallel_size must be >= 1, got {size}")
+    for sec in (cfg.ref, cfg.critic):
+        sec.ulysses_sequence_parallel_size = sec.ulysses_sequence_parallel_size or size
+    for key in ("ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
+        _need(_get(cfg, key) == size, f"{key}={_get(cfg, key)} differs from actor.ulysses_sequence_parallel_size="
+              f"{size}: posttrain's workers hold the actor, reference and critic together and split sequences "
+              "one way for all of them; set them equal (or leave this one out)")
+    if size == 1:
+        return
+    _need(world % size == 0, f"actor.ulysses_sequence_parallel_size={size} must divide the {world} workers "
+          "(trainer.nnodes x trainer.n_gpus_per_node)")
+    _need(not cfg.model.use_fused_kernels, f"model.use_fused_kernels=true with actor.ulysses_sequence_parallel_size="
+          f"{size}: the fused pass does not split sequences yet; turn one of them off")
 
 
 def validate_reward_model(cfg: Config) -> None:
@@ -692,6 +866,12 @@ def validate_reward_model(cfg: Config) -> None:
           "reward_model.model.path): a Hugging Face sequence-classification model directory")
     _need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
     _choice("reward.reward_manager", cfg.reward.reward_manager, ("naive", "prime", "dapo", "batch"))
+    sf = cfg.reward.sandbox_fusion
+    _need(not sf.url or (sf.url.startswith(("http://", "https://")) and sf.url.isprintable() and " " not in sf.url),
+          f"reward.sandbox_fusion.url must be an http:// or https:// URL (a SandboxFusion /run_code endpoint), "
+          f"got {_show(sf.url)}")
+    for key in ("max_concurrent", "memory_limit_mb"):
+        _need(getattr(sf, key) > 0, f"reward.sandbox_fusion.{key} must be > 0, got {getattr(sf, key)}")
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:
@@ -749,20 +929,64 @@ def validate_critic(cfg: Config) -> None:
     _need(d.train_batch_size % c.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by critic.ppo_mini_batch_size="
           f"{c.ppo_mini_batch_size}")
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
     _need((c.ppo_mini_batch_size * n) % world == 0,
           f"critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size * n} sequences must be divisible by the "
           f"{world} workers")
 
 
 def validate_overlong(cfg: Config) -> None:
-    ob, max_len = cfg.reward.overlong_buffer, cfg.data.max_response_length
+    ob = cfg.reward.overlong_buffer
+    ob.max_resp_len = cfg.data.max_response_length if ob.max_resp_len is None else ob.max_resp_len
+    max_len = ob.max_resp_len
+    _need(max_len > 0, f"reward.overlong_buffer.max_resp_len must be > 0, got {max_len}")
     if ob.len is None:
         ob.len = max(1, max_len // 5)
     if ob.enable:
-        _need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..data.max_response_length="
-              f"{max_len} (the penalty grows over the last len tokens of a response)")
+        _need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
+              f"max_resp_len={max_len} (the penalty grows over the last len tokens before it)")
         _need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
+
+
+def validate_profiler(cfg: Config) -> None:
+    """profiler.*: checked; the roles' nulls filled (rollout's from the actor's, as verl's colocated worker;
+    the others': off, rank 0); what posttrain does not use named in one warning line."""
+    from posttrain.profiling import CONTENTS, ROLE_PHASES, TOOLS, tool_settings
+
+    p, tm = cfg.profiler, cfg.profiler.torch_memory
+    _need(p.tool is None or p.tool in TOOLS,
+          f"profiler.tool={_show(p.tool)} (verl's global_profiler.tool) is not one of: {', '.join(TOOLS)}")
+    _need(all(s > 0 for s in p.steps or ()), f"profiler.steps must list RL steps counted from 1, got {p.steps}")
+    _need(tm.trace_alloc_max_entries > 0, "profiler.torch_memory.trace_alloc_max_entries must be > 0")
+    _choice("profiler.torch_memory.context", tm.context, (None, "alloc", "state", "all"))
+    _choice("profiler.torch_memory.stacks", tm.stacks, ("python", "all"))
+    for name in ROLE_PHASES:  # the actor's first
+        role, base = getattr(p, name), p.actor if name == "rollout" else ProfilerRoleConfig(False, False, [])
+        role.enable = base.enable if role.enable is None else role.enable
+        role.all_ranks = base.all_ranks if role.all_ranks is None else role.all_ranks
+        role.ranks = list(base.ranks) if role.ranks is None else role.ranks
+        _need(all(r >= 0 for r in role.ranks), f"profiler.{name}.ranks must be ranks >= 0, got {role.ranks}")
+    for key in [f"profiler.{name}.tool_config" for name in ROLE_PHASES] + ["profiler.global_tool_config"]:
+        _need(all(isinstance(v, dict) for v in _get(cfg, key).values()),
+              f"{key} maps a tool's name to its settings ({key}.nsys.discrete=true)")
+    read, unused = tool_settings(p.tool, {name: getattr(p, name).tool_config for name in ROLE_PHASES})
+    for name, settings in read.items():
+        contents = settings.get("contents") or []
+        discrete = settings.get("discrete", False)
+        _need(isinstance(discrete, bool),
+              f"profiler.{name}.tool_config.{p.tool}.discrete must be true or false, got {_short(discrete)}")
+        _need(isinstance(contents, list) and all(c in CONTENTS for c in contents),
+              f"profiler.{name}.tool_config.{p.tool}.contents={_short(contents)} must list some of: "
+              f"{', '.join(CONTENTS)}")
+    unused += [f"profiler.global_tool_config.{t}.{k}" for t, kw in p.global_tool_config.items()
+               for k, v in kw.items() if v not in (None, {})]
+    unused += ["profiler.torch_memory.stack_depth"] * (tm.stack_depth != SCHEMA["profiler.torch_memory.stack_depth"][1])
+    unused += ["profiler.steps (profiler.tool is null)"] * (p.tool is None and bool(p.steps))
+    npu = ("profiler.tool=npu: posttrain runs on CUDA or the CPU, not Ascend NPUs; traced with torch's profiler "
+           "instead (torch_npu's profiler is its API), chrome traces in profiler.save_path") if p.tool == "npu" else ""
+    if npu or unused:
+        warnings.warn("; ".join(filter(None, [npu, unused and f"{', '.join(unused)}: set, but unused"])),
+                      stacklevel=3)
 
 
 # ---------------------------------------------------------------- output
@@ -784,15 +1008,21 @@ def save_config(cfg: Config, path: str | Path) -> None:
 ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
 KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
               "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
-              **{k: ONLY_OFF for k in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size",
-                                       "critic.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.fsdp_size",
-                                       "critic.model.fsdp_size", "actor.use_torch_compile", "ref.use_torch_compile",
-                                       "model.use_fused_kernels")},
+              **{k: ONLY_OFF for k in ("actor.fsdp_size", "ref.fsdp_size", "critic.model.fsdp_size")},
+              **{f"{k}.ulysses_sequence_parallel_size": "only the actor's value" for k in ("ref", "critic")},
+              "model.fused_kernel_options.impl_backend": "triton: named unused (the fused pass is torch code)",
+              "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
+              "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
               **{k: UNUSED for k in VERL_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
-              "model.lora_rank": ONLY_OFF, "model.lora_adapter_path": "refused: LoRA is not supported yet",
-              **{k: "LoRA only: named unused" for k in LORA_ONLY_KEYS}}
+              **{k: "LoRA only: named unused" for k in LORA_ONLY_KEYS},
+              "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
+              "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
+              **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"
+                 for r in ("actor", "ref", "rollout", "critic") for k in ("ranks", "all_ranks")},
+              **{f"profiler.{r}.tool_config": "<tool>.discrete, <torch|npu>.contents read; the rest named unused"
+                 for r in ("actor", "ref", "rollout", "critic")}}
 
 
 def describe_keys() -> str:
@@ -806,6 +1036,7 @@ def describe_keys() -> str:
     for verl, ours in sorted(aliases.alias_table(SCHEMA).items()):
         lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours, 'honoured')}]")
     lines.append(f"  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  [{ENGINE}]")
+    lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  [named unused]")
     lines.append("")
     lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
     return "\n".join(lines)

@@ -16,10 +16,30 @@ EXACT = {
     "reward_model.micro_batch_size_per_gpu": "reward.model.micro_batch_size",
     "reward_model.num_workers": "reward.num_workers",  # verl's reward loop workers: our reward processes
     "reward_model.reward_manager": "reward.reward_manager",
+    "global_profiler.tool": "profiler.tool",
+    "global_profiler.steps": "profiler.steps",
+    "global_profiler.save_path": "profiler.save_path",
+    "global_profiler.discrete": "profiler.discrete",
+    "global_profiler.profile_continuous_steps": "profiler.continuous_steps",
+    "global_profiler.global_tool_config.nsys.discrete": "profiler.discrete",
+    "reward_model.reward_kwargs.max_resp_len": "reward.overlong_buffer.max_resp_len",  # verl's DAPO reward manager
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "model.dtype",  # the dtype the policy's weights are kept in
+    # verl's nested LoRA spelling (its Megatron configs)
+    "actor_rollout_ref.model.lora.rank": "model.lora_rank",
+    "actor_rollout_ref.model.lora.alpha": "model.lora_alpha",
+    "actor_rollout_ref.model.lora.dropout": "model.lora_dropout",
+    "actor_rollout_ref.model.lora.target_modules": "model.target_modules",
+    "actor_rollout_ref.model.lora.exclude_modules": "model.exclude_modules",
 }
 
 # Prefix renames: a verl key maps when the renamed key is one of ours.
 PREFIXES = (
+    ("actor_rollout_ref.actor.profiler.", "profiler.actor."),  # before the generic actor_rollout_ref.* ones
+    ("actor_rollout_ref.ref.profiler.", "profiler.ref."),
+    ("actor_rollout_ref.rollout.profiler.", "profiler.rollout."),
+    ("critic.profiler.", "profiler.critic."),
+    ("global_profiler.global_tool_config.torch_memory.", "profiler.torch_memory."),
+    ("global_profiler.global_tool_config.", "profiler.global_tool_config."),  # the rest: named unused
     ("actor_rollout_ref.actor.optim.", "actor."),
     ("actor_rollout_ref.actor.fsdp_config.", "actor."),
     ("actor_rollout_ref.ref.fsdp_config.", "ref."),
@@ -33,6 +53,7 @@ PREFIXES = (
     ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # ... and its newer spelling
     ("reward_model.model.fsdp_config.", "reward.model."),
     ("reward_model.model.", "reward.model."),
+    ("reward_model.sandbox_fusion.", "reward.sandbox_fusion."),  # before the catch-all below
     ("reward_model.", "reward.model."),  # enable, use_reward_loop, rollout.*
 )
 
@@ -44,7 +65,8 @@ CUSTOM_REWARD_PATH = "custom_reward_function.path"
 CUSTOM_REWARD_NAME = "custom_reward_function.name"
 
 # Key prefixes that only verl uses: an unknown key under them is "not supported yet".
-VERL_PREFIXES = ("actor_rollout_ref.", "critic.", "reward_model.", "custom_reward_function.", "ray_init.")
+VERL_PREFIXES = ("actor_rollout_ref.", "critic.", "reward_model.", "custom_reward_function.", "ray_init.",
+                 "global_profiler.")
 
 
 def to_canonical(key: str, canonical_keys) -> str | None:

@@ -18,12 +18,16 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, varied_groups
+from posttrain.algorithms import (
+    NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, pf_ppo_resample, pf_ppo_weights,
+    varied_groups,
+)
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
+from posttrain.profiling import StepProfiler
 from posttrain.redact import redact_text
 from posttrain.rewards.pool import RewardPool
 from posttrain.rollout.base import SamplingParams, decode_responses
@@ -55,12 +59,15 @@ class Run:
     flops: object = None  # flops.ModelFlops of the policy (None: its config lacks a field MFU needs)
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
     guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
+    profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
     reward_messages_shown: set = field(default_factory=set)
     warned: set = field(default_factory=set)  # warnings printed once per run
 
     def __post_init__(self):
         if self.guard is None:
             self.guard = NonfiniteGuard(self.cfg.trainer.max_nonfinite_steps)
+        if self.profiler is None:
+            self.profiler = StepProfiler()
 
     @property
     def has_ref(self) -> bool:
@@ -113,6 +120,8 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=batch.reward_baselines)
         if batch.reward_baselines is not None:  # ReMax: the greedy responses' scores, one per row
             m["critic/reward_baseline/mean"] = float(batch.reward_baselines.mean())
+        if cfg.algorithm.use_pf_ppo:  # PF-PPO: the update trains on rows redrawn by how reliable their reward is
+            batch = pf_ppo_batch(batch, cfg.algorithm.pf_ppo, seed=cfg.trainer.seed * 1_000_003 + run.global_step)
     # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
     #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule).
     #    A NaN or inf in their inputs skips both (the weights stay as they are)
@@ -130,6 +139,13 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     # 7. a step whose inputs, losses or gradient norm were not finite is counted (train() stops after a streak)
     m["actor/nonfinite_steps"] = run.guard.observe(run.global_step + 1, fault or update_fault(m))
     return m, batch
+
+
+def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
+    """PF-PPO (verl's algorithm.use_pf_ppo): as many rows as the batch has, drawn
+    with replacement with weights from each row's summed token-level score."""
+    weights = pf_ppo_weights(batch.token_level_scores.sum(-1), pf.reweight_method, pf.weight_pow)
+    return batch.select(pf_ppo_resample(weights, torch.Generator().manual_seed(seed)))
 
 
 def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
@@ -150,8 +166,7 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
         shaped = batch.scores
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
-            penalty = overlong_penalty(batch.response_mask.sum(-1), run.cfg.data.max_response_length, ob.len,
-                                       ob.penalty_factor)
+            penalty = overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len, ob.penalty_factor)
             shaped = shaped + penalty
             if ob.log:
                 reward_metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
@@ -185,8 +200,8 @@ def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
         scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:
-            scores = scores + overlong_penalty(batch.response_mask.sum(-1), run.cfg.data.max_response_length,
-                                               ob.len, ob.penalty_factor)
+            scores = scores + overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len,
+                                               ob.penalty_factor)
     return scores
 
 
@@ -346,7 +361,9 @@ def train(run: Run) -> dict[str, float]:
             logger.log(m, run.global_step)
         while run.global_step < run.total_steps:
             metrics: dict = {}
-            with timed(metrics, "step"):  # as in verl, the step's time includes its validation and save
+            # as in verl, the step's time includes its validation and save (not the profiler's start and stop);
+            # its phases' timed() blocks are the profiler's phases
+            with run.profiler.step(run.global_step + 1), timed(metrics, "step"):
                 epoch, indices = run.sampler.next_batch()
                 step_metrics, batch = rl_step(run, [run.train_data[i] for i in indices])
                 metrics.update(step_metrics)
@@ -381,6 +398,7 @@ def train(run: Run) -> dict[str, float]:
         logger.close()
         run.writer.close()
         run.actor.shutdown()
+        run.profiler.close()
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary

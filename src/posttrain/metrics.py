@@ -17,13 +17,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from posttrain.profiling import phase
+
 
 @contextmanager
 def timed(metrics: dict, name: str):
-    """Adds the block's wall time to metrics[f"timing_s/{name}"]."""
+    """Adds the block's wall time to metrics[f"timing_s/{name}"]; in a profiled step the block is a
+    profiler phase (profiling.phase: a record_function or NVTX range named `name`)."""
     start = time.perf_counter()
     try:
-        yield
+        with phase(name):
+            yield
     finally:
         key = f"timing_s/{name}"
         metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +31,8 @@ from posttrain.training.actor import (
     UpdateSettings, make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
 )
 from posttrain.training.critic import CriticSettings
-from posttrain.training.logprobs import PassOptions, compute_log_probs
+from posttrain.training.fused import check_fusable
+from posttrain.training.logprobs import compute_log_probs
 
 
 @dataclass
@@ -71,6 +74,12 @@ class WorkerSpec:
     ref_log_prob_micro_batch_size: int = 64
     log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
     ref_log_prob_max_tokens: int | None = None
+    ref_torch_compile: bool = False  # ref.use_torch_compile: the reference pass's log-prob function compiled
+    forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
+    ref_forward_prefetch: bool = False
+    freeze_vision_tower: bool = False  # a vision-language model's image encoder does not train
+    sequence_parallel: int = 1  # Ulysses: workers per group that split each sequence's positions
+    lora: object = None  # models.lora.LoraSettings: adapters train, the base is frozen (and is the reference)
     temperature: float = 1.0
     rollout: str = "hf"
     rollout_micro_batch_size: int | None = None
@@ -86,6 +95,7 @@ class WorkerSpec:
     # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's
     # gathered parameters with several workers, and torch.autocast's in every pass (`Worker.autocast`)
     mixed_precision: str | None = None
+    reduce_dtype: str = "float32"  # FSDP2's gradient reduction across workers (actor.mixed_precision.reduce_dtype)
     seed: int = 0
     collective_timeout_s: float = 600.0
     threads: int | None = None  # torch threads in a worker process
@@ -112,6 +122,7 @@ class Worker:
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
+        self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
 
     # ------------------------------------------------------------ building
 
@@ -119,7 +130,7 @@ class Worker:
         """Join the process group (world_size > 1), load and shard the models,
         make the optimizer and the rollout engine. -> where this worker runs."""
         from posttrain.models import load_model, load_tokenizer
-        from posttrain.models.loader import eos_token_ids
+        from posttrain.models.loader import eos_token_ids, freeze_vision_tower
         from posttrain.quiet import quiet_libraries
         from posttrain.training.parallelize import parallelize
 
@@ -135,23 +146,37 @@ class Worker:
         kwargs = dict(dtype=s.dtype, trust_remote_code=s.trust_remote_code, device=device,
                       small_attention=s.small_attention)
         self.tokenizer = load_tokenizer(s.model_dir, trust_remote_code=s.trust_remote_code)
-        self.policy = load_model(s.policy_dir or s.model_dir, **kwargs)
+        if s.lora is None:
+            self.policy = load_model(s.policy_dir or s.model_dir, **kwargs)
+        else:  # the base model, frozen, with adapters: fresh, or a checkpoint's (policy_dir) or lora_adapter_path
+            from posttrain.models.lora import add_adapters
+
+            self.policy = add_adapters(load_model(s.model_dir, **kwargs), s.lora, s.policy_dir)
         eos = eos_token_ids(self.tokenizer, self.policy)
+        if s.update.fused_kernels:
+            check_fusable(self.policy)
+        if s.freeze_vision_tower and not freeze_vision_tower(self.policy) and self.rank == 0:
+            warnings.warn(f"actor.freeze_vision_tower=true: {type(self.policy).__name__} has no vision tower; "
+                          "every parameter trains", stacklevel=2)
         rollout_model = self.policy
         if self.distributed:
             rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout == "hf" else None
             parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
-                        offload_params=s.param_offload)
+                        offload_params=s.param_offload, forward_prefetch=s.forward_prefetch,
+                        reduce_dtype=s.reduce_dtype)
         elif s.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
-        if s.need_ref:
+        if s.need_ref and s.lora is None:  # with LoRA the reference is the policy's base: its adapters switched off
             self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
             if self.distributed:
-                parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref_param_offload)
+                parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref_param_offload,
+                            forward_prefetch=s.ref_forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps)
         if s.critic is not None:
             self._setup_critic(s.critic, kwargs)
+        if s.sequence_parallel > 1 and self.distributed:  # after the rollout's copy was made: it samples whole rows
+            self._setup_sequence_parallel(s.sequence_parallel)
         self.engine = self._make_engine(rollout_model, eos)
         if s.weights_from_policy:
             self.sync_weights()
@@ -161,7 +186,7 @@ class Worker:
         dtype = getattr(torch, s.mixed_precision or s.dtype)
         device_name, peak = device_peak_flops(device, dtype)
         return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id,
-                "device_name": device_name, "peak_flops": peak}
+                "device_name": device_name, "peak_flops": peak, "sequence_parallel": self.sp.size if self.sp else 1}
 
     def _setup_critic(self, c: CriticSpec, kwargs: dict) -> None:
         from posttrain.models import load_value_model
@@ -182,6 +207,22 @@ class Worker:
             self.critic.gradient_checkpointing_enable()
         self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
         self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps)
+
+    def _setup_sequence_parallel(self, size: int) -> None:
+        """Groups of `size` consecutive ranks split each sequence's positions (training/ulysses.py)."""
+        import torch.distributed as dist
+
+        from posttrain.errors import ConfigError
+        from posttrain.training.ulysses import SequenceParallel, use_ulysses
+
+        groups = [dist.new_group(list(range(r, r + size))) for r in range(0, self.world_size, size)]  # every rank
+        self.sp = SequenceParallel(groups[self.rank // size], size, self.rank % size)  # makes every group
+        for model in (self.policy, self.ref, self.critic):
+            if model is not None:
+                try:
+                    use_ulysses(model, self.sp)
+                except ValueError as e:
+                    raise ConfigError(f"actor.{e}; pick a size that divides it") from None
 
     @property
     def distributed(self) -> bool:
@@ -228,12 +269,16 @@ class Worker:
 
     def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
         """-> log-probs [N, R] of batch.responses under the policy or the reference."""
-        model = self.policy if which == "policy" else self.ref
+        from posttrain.models.lora import base_only
+
         s = self.spec
+        lora_ref = which != "policy" and s.lora is not None  # the reference is the base: the policy, adapters off
+        model = self.policy if which == "policy" or lora_ref else self.ref
         size, budget = ((s.log_prob_micro_batch_size, s.log_prob_max_tokens) if which == "policy"
                         else (s.ref_log_prob_micro_batch_size, s.ref_log_prob_max_tokens))
-        options = PassOptions(s.update.remove_padding, s.update.share_prompt)
-        with self.autocast():
+        options = dataclasses.replace(s.update.pass_options(compile=None if which == "policy" else s.ref_torch_compile),
+                                      sp=self.sp)
+        with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
@@ -242,7 +287,7 @@ class Worker:
         mini-batches' loss denominators, when the rows are split over workers."""
         with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
             metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
-                                    mini_totals=mini_totals, world_size=self.world_size)
+                                    mini_totals=mini_totals, world_size=self.world_size, sp=self.sp)
         self.scheduler.step()
         return metrics
 
@@ -252,7 +297,8 @@ class Worker:
 
         c = self.spec.critic.update
         with self.autocast():
-            return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding, c.forward_max_tokens)
+            return compute_values(self.critic, batch, c.forward_micro_batch_size, c.remove_padding, c.forward_max_tokens,
+                                  self.sp)
 
     def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One clipped value-loss update of the critic over `batch` (needs
@@ -261,7 +307,7 @@ class Worker:
 
         with self.autocast(), optimizer_state_on_device(self.critic_optimizer, self.spec.critic.optimizer_offload):
             metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
-                                    mini_totals=mini_totals, world_size=self.world_size)
+                                    mini_totals=mini_totals, world_size=self.world_size, sp=self.sp)
         self.critic_scheduler.step()
         return metrics
 

@@ -13,7 +13,9 @@ from posttrain.algorithms.losses import (
     LOSS_AGG_MODES, POLICY_LOSSES, agg_loss, entropy_from_logits, get_policy_loss, gpg_policy_loss, gspo_policy_loss, masked_mean,
     ppo_policy_loss,
 )
-from posttrain.algorithms.shaping import overlong_penalty, varied_groups
+from posttrain.algorithms.shaping import (
+    PF_PPO_METHODS, overlong_penalty, pf_ppo_resample, pf_ppo_weights, varied_groups,
+)
 
 __all__ = [
     "ADV_ESTIMATORS", "NEEDS_CRITIC", "compute_advantages", "gae_advantages", "get_adv_estimator", "grpo_advantages",
@@ -22,5 +24,5 @@ __all__ = [
     "AdaptiveKLController", "FixedKLController",
     "apply_kl_penalty", "kl_penalty", "make_kl_controller", "LOSS_AGG_MODES", "POLICY_LOSSES", "agg_loss",
     "entropy_from_logits", "get_policy_loss", "gpg_policy_loss", "gspo_policy_loss", "masked_mean", "ppo_policy_loss",
-    "overlong_penalty", "varied_groups",
+    "overlong_penalty", "varied_groups", "PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_resample",
 ]

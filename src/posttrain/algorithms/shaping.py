@@ -46,3 +46,34 @@ def varied_groups(metric: torch.Tensor, index) -> torch.Tensor:
         if len(members) == 1 or bool((values != values[0]).any()):
             keep[members] = True
     return keep
+
+
+PF_PPO_METHODS = ("pow", "max_min", "max_random")
+
+
+def pf_ppo_weights(scores: torch.Tensor, method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:
+    """PF-PPO's sampling weights (policy filtration: verl's algorithm.use_pf_ppo):
+    [B] sequence scores -> [B] weights > 0 that favour reliable rewards.
+
+    pow: |score| ** weight_pow; max_min: 1 for the batch's highest and lowest
+    score, else 0; max_random: 0.4 for the highest, else 0.1. Every weight
+    gets 1e-8 so that all-zero weights still sample.
+
+    Example: scores [1, -0.5, 0, 2], pow 2 -> [1, 0.25, 1e-8, 4];
+    max_min -> [1e-8, 1, 1e-8, 1]; max_random -> [0.1, 0.1, 0.1, 0.4].
+    """
+    if method == "pow":
+        weights = scores.abs().pow(weight_pow)
+    elif method == "max_min":
+        weights = ((scores == scores.max()) | (scores == scores.min())).float()
+    elif method == "max_random":
+        weights = torch.where(scores == scores.max(), 0.4, 0.1)
+    else:
+        raise ValueError(f"PF-PPO reweight method {method!r} is not one of: {', '.join(PF_PPO_METHODS)}")
+    return torch.clamp(weights + 1e-8, min=1e-8)
+
+
+def pf_ppo_resample(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[B] weights -> [B] row indices drawn with replacement in proportion to
+    them: the batch the update trains on (as large as the one sampled)."""
+    return torch.multinomial(weights, weights.shape[0], replacement=True, generator=generator)

@@ -8,6 +8,8 @@ from pathlib import Path
 from posttrain.checkpoint.manifest import STEP_DIR, latest_valid, verify
 from posttrain.errors import CheckpointError
 
+ADAPTER_CONFIG = "adapter_config.json"  # models.lora's: a LoRA checkpoint's actor/ holds the adapters only
+
 
 def resolve(path: str | Path) -> Path:
     """A global_step_N directory, or a run directory (its newest valid checkpoint)."""
@@ -20,9 +22,11 @@ def resolve(path: str | Path) -> Path:
     return found.path
 
 
-def export_checkpoint(checkpoint: str | Path, output: str | Path) -> Path:
+def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool = False) -> Path:
     """Verify the checkpoint, then write its actor/ (config, safetensors,
-    tokenizer with its chat template, generation config) to `output`."""
+    tokenizer with its chat template, generation config) to `output`. A LoRA
+    checkpoint's adapters are merged into its base model (the run's
+    model.path), or with `adapter` written as a peft adapter directory."""
     ckpt = resolve(checkpoint)
     problem = verify(ckpt) if ckpt.is_dir() else "not a directory"
     if problem:
@@ -32,9 +36,17 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path) -> Path:
         raise CheckpointError(f"output directory '{out}' is not empty; choose a new --output")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    lora = (ckpt / "actor" / ADAPTER_CONFIG).is_file()
+    if adapter and not lora:
+        raise CheckpointError(f"'{ckpt}' holds no LoRA adapters (it trained every weight); export it without --adapter")
+    if lora and (ckpt / "actor_dcp").is_dir():
+        raise CheckpointError(f"'{ckpt}' is a sharded LoRA checkpoint: exporting those is not supported yet; resume "
+                              "it in one process and save, or export a one-process checkpoint")
     shutil.copytree(ckpt / "actor", tmp)
     if (ckpt / "actor_dcp").is_dir():
         gather_shards(ckpt, tmp)
+    if lora and not adapter:
+        merge_adapters(ckpt, tmp)
     if out.exists():
         out.rmdir()
     tmp.rename(out)
@@ -56,4 +68,27 @@ def gather_shards(ckpt: Path, out: Path) -> None:
     load_full_model(ckpt / "actor_dcp", model)
     from safetensors.torch import save_file
 
+    save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def merge_adapters(ckpt: Path, out: Path) -> None:
+    """A LoRA checkpoint's actor/ copied to `out` -> a plain model directory:
+    the base model (the run's model.path) with the adapters merged in, saved
+    in place of the adapter files."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from posttrain.checkpoint.state import model_tensors
+    from posttrain.models.loader import load_model
+
+    base = json.loads((ckpt / "trainer_state.json").read_text()).get("model_dir")
+    if not base or not Path(base).is_dir():
+        raise CheckpointError(f"'{ckpt}' holds LoRA adapters for the base model '{base}', which is not there; put the "
+                              "base model back, or export the adapters alone with --adapter")
+    from posttrain.models.lora import LoraSettings, add_adapters
+
+    model = add_adapters(load_model(base), LoraSettings(rank=0), ckpt / "actor").merge_and_unload()
+    for name in (ADAPTER_CONFIG, "adapter_model.safetensors"):
+        (out / name).unlink()
     save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})

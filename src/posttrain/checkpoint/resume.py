@@ -19,7 +19,7 @@ from posttrain.text import one_line
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.
 MAY_DIFFER = ("trainer.", "data.val_files", "data.val_batch_size", "data.val_max_samples", "rollout.val_kwargs.",
-              "reward.timeout_s")
+              "reward.timeout_s", "profiler.")  # profiler.*: e.g. resume to profile a later step
 MUST_MATCH = ("trainer.seed",)
 
 

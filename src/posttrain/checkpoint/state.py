@@ -70,13 +70,18 @@ class Snapshot:
     metrics: dict = field(default_factory=dict)
     shards: Path | None = None  # instead of model/optimizer/scheduler: a directory of worker shards
     critic: dict | None = None  # one process with a critic: see critic_snapshot
+    adapter_config: str | None = None  # LoRA: `model` holds the adapters only (peft's names), this their config
 
 
 def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, metrics) -> Snapshot:
-    """A one-process run's state, copied to CPU."""
+    """A one-process run's state, copied to CPU (a LoRA model's: its adapters)."""
+    from posttrain.models.lora import adapter_config_json, adapter_tensors, is_lora
+
+    lora = is_lora(model)
     return Snapshot(
         step=step,
-        model=model_tensors(model),
+        model=adapter_tensors(model) if lora else model_tensors(model),
+        adapter_config=adapter_config_json(model) if lora else None,
         optimizer=copy.deepcopy(optimizer.state_dict()),
         scheduler=copy.deepcopy(scheduler.state_dict()),
         rng=capture_rng(generators),

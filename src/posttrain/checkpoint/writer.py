@@ -111,6 +111,10 @@ class CheckpointWriter:
             for entry in Path(snap.shards).iterdir():
                 os.replace(entry, tmp / entry.name)
             Path(snap.shards).rmdir()
+        elif snap.adapter_config is not None:  # LoRA: the adapters alone, as peft saves them; the base is model.path
+            save_file(snap.model, str(tmp / "actor" / "adapter_model.safetensors"), metadata={"format": "pt"})
+            (tmp / "actor" / "adapter_config.json").write_text(snap.adapter_config)
+            torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
         else:
             save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})
             torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")

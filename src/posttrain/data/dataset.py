@@ -33,9 +33,11 @@ class PromptItem:
     index: int = 0  # row index in the files as read (concatenated)
 
 
-def encode_prompt(tokenizer, messages) -> list[int]:
+def encode_prompt(tokenizer, messages, template_kwargs: dict | None = None) -> list[int]:
     """Token ids of `messages` through the chat template, ready for the
-    assistant's turn (add_generation_prompt=True).
+    assistant's turn (add_generation_prompt=True). `template_kwargs` are
+    handed to the template (data.apply_chat_template_kwargs: Qwen3's
+    enable_thinking=false, gpt-oss's reasoning_effort=medium).
 
     A tokenizer without a chat template (a base model) gets the message
     contents joined by newlines, with a one-time warning; a plain string is
@@ -45,7 +47,8 @@ def encode_prompt(tokenizer, messages) -> list[int]:
     if isinstance(messages, str):
         return list(tokenizer.encode(messages, add_special_tokens=False))
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                            **(template_kwargs or {}))
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in ids]
     _warn_no_template(tokenizer)
@@ -90,7 +93,8 @@ class PromptDataset:
 
     @classmethod
     def build(cls, rows: list[dict], tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
-              filter_overlong: bool = True, truncation: str = "error", name: str = "train") -> PromptDataset:
+              filter_overlong: bool = True, truncation: str = "error", name: str = "train",
+              template_kwargs: dict | None = None) -> PromptDataset:
         """Tokenize rows (as read_rows gives them). A prompt over
         max_prompt_length tokens is dropped and counted (filter_overlong, as
         verl's filter_overlong_prompts), else cut (truncation left|right) or
@@ -112,7 +116,7 @@ class PromptDataset:
         for i, row in zip(indices, rows):
             reason = check_row(row, prompt_key)
             if reason is None:
-                ids, reason = _encode_row(tokenizer, row[prompt_key])
+                ids, reason = _encode_row(tokenizer, row[prompt_key], template_kwargs)
             if reason is not None:
                 skipped.append((i, reason))
                 continue
@@ -142,10 +146,10 @@ class PromptDataset:
         return cls(items, dropped, getattr(rows, "num_invalid", 0) + len(skipped))
 
 
-def _encode_row(tokenizer, messages) -> tuple[list[int], str | None]:
+def _encode_row(tokenizer, messages, template_kwargs: dict | None = None) -> tuple[list[int], str | None]:
     """-> (prompt ids, None), or ([], why the prompt cannot be used)."""
     try:
-        ids = encode_prompt(tokenizer, messages)
+        ids = encode_prompt(tokenizer, messages, template_kwargs)
     except Exception as e:  # noqa: BLE001 - a chat template may refuse one row (raise_exception("roles must alternate"))
         text = (str(e).strip().splitlines() or [""])[0][:120]
         return [], f"the tokenizer refused the prompt ({type(e).__name__}: {text})"

@@ -96,13 +96,20 @@ class WorkerGroup:
     def compute_values(self, batch) -> torch.Tensor:
         return self._per_row("compute_values", batch)
 
+    @property
+    def sp(self) -> int:
+        """Workers per sequence-parallel group: they take the same rows (Ulysses splits their positions)."""
+        return self.spec.sequence_parallel
+
     def _per_row(self, verb: str, batch, *args) -> torch.Tensor:
-        """A no-grad pass giving [N, R]: rows balanced by tokens over the workers."""
+        """A no-grad pass giving [N, R]: rows balanced by tokens over the
+        workers (over the sequence-parallel groups: each group's first answers)."""
         lengths = batch.attention_mask.sum(-1).tolist()
-        parts = balanced_partition(lengths, self.world_size)
-        outs = self._call_all_with(verb, [(tensors_only(batch.select(p)), *args) for p in parts])
+        parts = balanced_partition(lengths, self.world_size // self.sp)
+        outs = self._call_all_with(verb, [(tensors_only(batch.select(parts[w // self.sp])), *args)
+                                          for w in range(self.world_size)])
         result = torch.zeros(batch.responses.shape, dtype=torch.float32)
-        for rows, out in zip(parts, outs):
+        for rows, out in zip(parts, outs[::self.sp]):
             result[torch.tensor(rows)] = out
         return result
 
@@ -119,9 +126,10 @@ class WorkerGroup:
         mini-batches' loss denominators travel along so the summed gradients
         are those of one process."""
         lengths = batch.attention_mask.sum(-1).tolist()
-        shards = minibatch_shards(lengths, mini_batch_size, self.world_size)
+        shards = minibatch_shards(lengths, mini_batch_size, self.world_size // self.sp)  # one per data-parallel group
         totals = [loss_units(m.response_mask, loss_agg_mode) for m in batch.split(mini_batch_size)]
-        outs = self._call_all_with(verb, [(tensors_only(batch.select(s)), totals) for s in shards])
+        outs = self._call_all_with(verb, [(tensors_only(batch.select(shards[w // self.sp])), totals)
+                                          for w in range(self.world_size)])
         # grad norm, lr and skips are the same on every worker; losses are averaged over workers
         return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
 

@@ -105,6 +105,23 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     return model.to(device)
 
 
+VISION_TOWERS = ("visual", "vision_tower", "vision_model", "vpm", "image_encoder")  # Qwen-VL, LLaVA, SigLIP, MiniCPM-V
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop training a vision-language model's image encoder (verl's
+    actor.freeze_vision_tower): its parameters keep their values and get no
+    optimizer state. -> the number of parameters frozen (0: a text-only model)."""
+    frozen = 0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in VISION_TOWERS:
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.requires_grad_(False)
+                    frozen += p.numel()
+    return frozen
+
+
 def _remote_code_hint(e: Exception) -> str:
     """The fix when transformers refused to run a model directory's own Python code."""
     if "custom code" not in str(e) and "trust_remote_code" not in str(e):

@@ -12,13 +12,20 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")   # 1.0
     compute_score("math_dapo", "...\\nAnswer: 0.75", "\\frac{3}{4}")                     # 1.0 (wrong: -1.0, as verl)
     compute_score("aime2024", "\\boxed{204}", "204")                                  # 1.0 (any "aime*" name)
+    compute_score("apps", "```python\\nprint(input())\\n```", '{"inputs": ["7"], "outputs": ["7"]}',
+                  sandbox_fusion_url="http://127.0.0.1:8080/run_code")                 # 1.0, run by SandboxFusion
+
+verl's code sources (SANDBOX_SOURCES) are scored by a SandboxFusion service
+(rewards.sandbox): the one this process was configured with
+(reward.sandbox_fusion.url), or verl's keyword arguments, as a verl reward
+file passes them to verl's default_compute_score.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from posttrain.rewards import arith, countdown, gsm8k, math
+from posttrain.rewards import arith, countdown, gsm8k, math, sandbox
 
 # data_source -> fn(solution_str, ground_truth) -> float
 REWARD_FNS: dict[str, Callable] = {
@@ -40,6 +47,8 @@ REWARD_FNS: dict[str, Callable] = {
     **{f"numina_{name}": math.compute_score_answer_line
        for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")},
 }
+# verl's code sources: run against their test cases by a SandboxFusion service (reward.sandbox_fusion.url)
+SANDBOX_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 
 
 def reward_fn_for(data_source: str) -> Callable:
@@ -49,6 +58,12 @@ def reward_fn_for(data_source: str) -> Callable:
         fn = countdown.compute_score  # TinyZero matches any name containing "countdown"
     if fn is None and isinstance(data_source, str) and data_source.startswith("aime"):
         fn = math.compute_score_dapo  # as verl: aime2024, aime25, ...
+    if fn is None and data_source in SANDBOX_SOURCES:
+        if sandbox.configured() is None:
+            raise ValueError(f"no built-in reward for data_source '{data_source}' without a code sandbox: set "
+                             "reward.sandbox_fusion.url (verl's reward_model.sandbox_fusion.url) to a SandboxFusion "
+                             "/run_code URL")
+        fn = sandbox.compute_score
     if fn is None:
         raise ValueError(
             f"no built-in reward for data_source '{data_source}': pass reward.custom_fn=FILE.py:FUNCTION "
@@ -57,10 +72,16 @@ def reward_fn_for(data_source: str) -> Callable:
     return fn
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None) -> float:
-    """The score of one response by its row's data_source (extra_info is
-    accepted for verl's signature; the built-in rewards do not use it)."""
+def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, sandbox_fusion_url=None,
+                  concurrent_semaphore=None, memory_limit_mb=None) -> float:
+    """The score of one response by its row's data_source. The signature is verl's
+    default_compute_score's: extra_info is accepted (the built-in rewards do not use it),
+    and verl's sandbox_fusion_url (with concurrent_semaphore and memory_limit_mb), when given,
+    scores a code source in that sandbox."""
+    if sandbox_fusion_url and data_source in SANDBOX_SOURCES:
+        return sandbox.compute_score(solution_str, ground_truth, url=sandbox_fusion_url,
+                                     memory_limit_mb=memory_limit_mb, semaphore=concurrent_semaphore)
     return float(reward_fn_for(data_source)(solution_str, ground_truth))
 
 
-__all__ = ["REWARD_FNS", "compute_score", "reward_fn_for"]
+__all__ = ["REWARD_FNS", "SANDBOX_SOURCES", "compute_score", "reward_fn_for"]

@@ -54,15 +54,26 @@ def builtin_rewards():
     return compute_score
 
 
-def reward_loader(custom_fn: str | None):
+def reward_loader(custom_fn: str | None, sandbox=None):
     """The picklable loader of reward.custom_fn=FILE.py:FUNCTION (its path made
-    absolute: a worker may start in another directory), or of the built-ins."""
-    if not custom_fn:
-        return builtin_rewards
-    from posttrain.rewards.custom import load_reward_fn, parse_spec
+    absolute: a worker may start in another directory), or of the built-ins.
+    sandbox (rewards.sandbox.SandboxSettings): the process that loads them sends
+    code sources there, also when a custom file calls the built-ins' dispatcher."""
+    loader = builtin_rewards
+    if custom_fn:
+        from posttrain.rewards.custom import load_reward_fn, parse_spec
 
-    path, name = parse_spec(custom_fn)
-    return functools.partial(load_reward_fn, f"{path.resolve()}:{name}")
+        path, name = parse_spec(custom_fn)
+        loader = functools.partial(load_reward_fn, f"{path.resolve()}:{name}")
+    return functools.partial(with_sandbox, sandbox, loader) if sandbox else loader
+
+
+def with_sandbox(settings, loader):
+    """Loader: configure this process's sandbox (rewards.sandbox), then loader()."""
+    from posttrain.rewards import sandbox
+
+    sandbox.configure(settings)
+    return loader()
 
 
 def in_process(fn, timeout_s: float = 10.0) -> RewardPool:

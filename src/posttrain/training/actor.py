@@ -10,8 +10,8 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
-from posttrain.algorithms.losses import agg_loss, entropy_from_logits, get_policy_loss
-from posttrain.training.logprobs import can_share_prompt, micro_batches, response_logits, token_log_probs
+from posttrain.algorithms.losses import agg_loss, get_policy_loss
+from posttrain.training.logprobs import PassOptions, log_probs_and_entropy, micro_batches
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,15 @@ class UpdateSettings:
     remove_padding: bool = True  # model.use_remove_padding: length-ordered, trimmed micro-batches
     micro_max_tokens: int | None = None  # actor.use_dynamic_bsz: micro-batches of at most this many tokens
     share_prompt: bool = True  # model.share_prompt: each distinct prompt's tokens run once per micro-batch
+    fused_kernels: bool = False  # model.use_fused_kernels (training/fused.py)
+    entropy_chunking: bool = False  # actor.entropy_from_logits_with_chunking
+    entropy_checkpointing: bool = False  # actor.entropy_checkpointing
+    torch_compile: bool = False  # actor.use_torch_compile: log-prob and entropy functions compiled
+
+    def pass_options(self, compile: bool | None = None) -> PassOptions:
+        """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's)."""
+        return PassOptions(self.remove_padding, self.share_prompt, self.fused_kernels, self.entropy_chunking,
+                           self.entropy_checkpointing, self.torch_compile if compile is None else compile)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas) -> torch.optim.Optimizer:
@@ -81,19 +90,18 @@ def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mod
     return loss_units(micro_mask, loss_agg_mode) / total if total > 0 else 0.0
 
 
-def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
+def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch (with grad) and its detached metrics.
 
     Without old_log_probs (an update that is exactly on-policy: one epoch, one
     mini-batch, so the weights are still those that sampled) the old log-probs
     are this forward's own, detached: the ratio is 1 and its gradient that of
     the log-prob, as with a separate no-grad pass over the same weights."""
-    logits = response_logits(
-        model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
-        mb.response_length, s.temperature, s.share_prompt and can_share_prompt(model),
-    )  # [n, R, V]
     mask = mb.response_mask.to(device)
-    log_prob = token_log_probs(logits, mb.responses.to(device))  # [n, R]
+    # the entropy is reported either way; it is in the graph only as a bonus in the loss
+    options = dataclasses.replace(s.pass_options(), sp=sp)  # sp: this worker's sequence-parallel group
+    log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, options,
+                                                  entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
     pol = get_policy_loss(s.loss_mode)(
         old_log_prob, log_prob, mb.advantages.to(device), mask,
@@ -106,11 +114,11 @@ def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict
         return agg_loss(x, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
 
     if s.entropy_coeff != 0:
-        entropy = agg(entropy_from_logits(logits))
+        entropy = agg(entropy_tok)
         loss = loss - s.entropy_coeff * entropy
-    else:  # reported, but kept out of the graph
+    else:
         with torch.no_grad():
-            entropy = agg(entropy_from_logits(logits))
+            entropy = agg(entropy_tok)
     metrics = {
         "actor/pg_loss": pol["pg_loss"].item(),
         "actor/pg_clipfrac": float(pol["pg_clipfrac"]),
@@ -128,7 +136,7 @@ def micro_loss(model, mb, s: UpdateSettings, device) -> tuple[torch.Tensor, dict
 
 
 def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[float] | None = None,
-                  world_size: int = 1) -> dict[str, float]:
+                  world_size: int = 1, sp=None) -> dict[str, float]:
     """`ppo_epochs` passes over `batch` in mini-batches; one optimizer step per
     mini-batch, gradients accumulated over its micro-batches. A mini-batch
     whose gradient norm is not finite is skipped (no weight change).
@@ -144,8 +152,9 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     """
     device = next(model.parameters()).device
     s = pinned_loss_scale(s, batch)
-    return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device), s.mini_batch_size,
+    return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device, sp), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
+                       sp_size=sp.size if sp is not None else 1,
                        prefix="actor", remove_padding=s.remove_padding, max_tokens=s.micro_max_tokens)
 
 
@@ -160,6 +169,7 @@ def pinned_loss_scale(settings, batch):
 
 def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_batch_size: int, epochs: int,
                 loss_agg_mode: str, grad_clip: float, mini_totals: list[float] | None = None, world_size: int = 1,
+                sp_size: int = 1,
                 prefix: str = "actor", remove_padding: bool = False, max_tokens: int | None = None
                 ) -> dict[str, float]:
     """The update loop shared by the actor and the critic: `epochs` passes
@@ -184,7 +194,10 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     model.train()
     sums: dict[str, float] = {}
     grad_norms, losses, skipped, counted = [], [], 0, 0
-    minis = batch.split(mini_batch_size // world_size)
+    # sequence parallelism (sp_size > 1): the sp_size workers of a group hold the same rows, each computes the
+    # whole loss and its own positions' part of the gradient: the parts add up over the group, the metrics
+    # (the same on each) are counted once per group
+    minis = batch.split(mini_batch_size * sp_size // world_size)
     micros = [[mb for _, mb in micro_batches(mini, micro_batch_size, remove_padding, max_tokens)] for mini in minis]
     micro_per_epoch = sum(len(m) for m in micros)
     bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
@@ -199,6 +212,7 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
                 w = loss_units(mb.response_mask, loss_agg_mode) / total * world_size if total > 0 else 0.0
                 loss, m = loss_fn(mb)
                 (loss * w).backward()  # a NaN loss makes NaN gradients: the norm below catches both
+                w /= sp_size
                 mini_loss += float(loss.detach()) * w  # x world_size: the group averages over workers
                 for key, v in m.items():
                     # weighted as the loss is: a mini-batch's weights add up to world_size over the workers,

@@ -29,17 +29,24 @@ class CriticSettings:
     forward_max_tokens: int | None = None  # ... and value passes' micro-batches
 
 
-def response_values(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+def response_values(model, input_ids, attention_mask, position_ids, response_length: int, sp=None) -> torch.Tensor:
     """-> values [N, R] (float32): V at the position that predicts each
     response token, i.e. of the state before the token is chosen (the same
-    positions as `logprobs.response_logits`)."""
+    positions as `logprobs.response_logits`). sp: this worker's
+    sequence-parallel group (training/ulysses.py), its positions gathered."""
+    length = input_ids.shape[1]
+    if sp is not None:
+        from posttrain.training import ulysses
+
+        local, _ = ulysses.sharded_forward(model, input_ids, attention_mask, position_ids, sp)  # [N, L'/P, 1]
+        return ulysses.gather(local[..., 0].float(), sp)[:, length - response_length - 1:length - 1]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     return out.logits[:, -response_length - 1:-1, 0].float()  # [N, R]
 
 
 @torch.no_grad()
 def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = True,
-                   max_tokens: int | None = None) -> torch.Tensor:
+                   max_tokens: int | None = None, sp=None) -> torch.Tensor:
     """Values [N, R] of `batch` in micro-batches (of `micro_batch_size` rows or
     `max_tokens` tokens), no grad, zero outside the response mask."""
     was_training = model.training
@@ -49,19 +56,19 @@ def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = T
     try:
         for rows, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
             v = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                mb.position_ids.to(device), mb.response_length)
+                                mb.position_ids.to(device), mb.response_length, sp)
             values[rows, :mb.response_length] = v.cpu() * mb.response_mask
     finally:
         model.train(was_training)
     return values
 
 
-def critic_micro_loss(model, mb, s: CriticSettings, device) -> tuple[torch.Tensor, dict[str, float]]:
+def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss of one micro-batch (with grad) and its metrics.
     mb needs values (the critic's before the update) and returns."""
     mask = mb.response_mask.to(device)
     vpreds = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                             mb.position_ids.to(device), mb.response_length)  # [n, R]
+                             mb.position_ids.to(device), mb.response_length, sp)  # [n, R]
     out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
                      loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
     return out["vf_loss"], {
@@ -72,12 +79,12 @@ def critic_micro_loss(model, mb, s: CriticSettings, device) -> tuple[torch.Tenso
 
 
 def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[float] | None = None,
-                  world_size: int = 1) -> dict[str, float]:
+                  world_size: int = 1, sp=None) -> dict[str, float]:
     """`ppo_epochs` passes of the clipped value loss over `batch` in
     mini-batches (see `actor.run_updates`); -> critic/* metrics."""
     device = next(model.parameters()).device
     s = pinned_loss_scale(s, batch)
-    return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device),
+    return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device, sp),
                        s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,
-                       mini_totals, world_size, prefix="critic", remove_padding=s.remove_padding,
-                       max_tokens=s.micro_max_tokens)
+                       mini_totals, world_size, sp_size=sp.size if sp is not None else 1, prefix="critic",
+                       remove_padding=s.remove_padding, max_tokens=s.micro_max_tokens)

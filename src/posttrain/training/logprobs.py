@@ -17,12 +17,16 @@ by default, each switched off by its flag for debugging):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
+from posttrain.training.fused import stats_head
 
 FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R]
 
@@ -33,6 +37,11 @@ class PassOptions:
 
     remove_padding: bool = True
     share_prompt: bool = True
+    fused: bool = False  # model.use_fused_kernels: log-probs and entropy chunk by chunk from the hidden states
+    entropy_chunking: bool = False  # actor.entropy_from_logits_with_chunking: entropy a chunk of tokens at a time
+    entropy_checkpointing: bool = False  # actor.entropy_checkpointing: the entropy recomputed in the backward
+    compile: bool = False  # actor.use_torch_compile (ref's for its pass): log-prob and entropy torch.compile'd
+    sp: object = None  # training.ulysses.SequenceParallel: this worker's positions of each sequence only
 
 
 def trim_padding(mb):
@@ -101,25 +110,36 @@ def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None
 
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
-                      share_prompt: bool = False) -> torch.Tensor:
+                      share_prompt: bool = False, targets: torch.Tensor | None = None,
+                      temperature: float = 1.0) -> torch.Tensor:
     """The model's output (`.logits`: vocabulary logits, or a value head's
     outputs) at the positions that predict each response token. -> [N, R, C]
 
     Only those positions are projected (`logits_to_keep`), which matters for
     150k-token vocabularies. With share_prompt, each distinct prompt of the
-    rows is run once and its key/value cache shared by its rows.
+    rows is run once and its key/value cache shared by its rows. With
+    `targets` [N, R] (model.use_fused_kernels) the output layer is stood in
+    for (training/fused.py): -> [N, R, 2], log p(target) / temperature's
+    distribution and its entropy, the logits never whole.
     """
     if share_prompt:
-        out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length)
+        out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length, targets,
+                                     temperature)
         if out is not None:
             return out
     # the last token predicts nothing we score, and no earlier position attends to it: it is left out
-    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-                use_cache=False, logits_to_keep=response_length)
+    with _head(model, targets, temperature):
+        out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                    position_ids=position_ids[:, :-1], use_cache=False, logits_to_keep=response_length)
     return out.logits[:, -response_length:, :]  # position t predicts token t+1
 
 
-def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int):
+def _head(model, targets, temperature, rows=None):
+    return contextlib.nullcontext() if targets is None else stats_head(model, targets, temperature, rows)
+
+
+def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int, targets=None,
+                           temperature: float = 1.0):
     """`forward_responses` with each distinct prompt run once; None when no
     two rows share a prompt (the plain pass is as cheap)."""
     prompt_width = input_ids.shape[1] - response_length
@@ -136,20 +156,24 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     # one row of each distinct prompt (which one does not matter: they hold the same tokens and positions)
     first = torch.zeros(unique.shape[0], dtype=torch.long, device=input_ids.device)
     first.scatter_(0, inverse, torch.arange(rows, device=input_ids.device))
-    head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
-                 position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
+    fused = targets is not None
+    with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
+        head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
+                     position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
     cache = head.past_key_values  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
     if blocks:
         cache.batch_repeat_interleave(rows // unique.shape[0])
     else:
         cache.batch_select_indices(inverse)
-    first_token = head.logits[inverse, -1:, :]  # [N, 1, C]: the last prompt position predicts response token 0
+    # [N, 1, C]: the last prompt position predicts response token 0 (the fused head took each row's already)
+    first_token = head.logits[:, -1:, :] if fused else head.logits[inverse, -1:, :]
     if response_length == 1:
         return first_token
     # response position t predicts token t+1; the last response token predicts nothing we score: left out
-    tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
-                 position_ids=position_ids[:, prompt_width:-1], past_key_values=cache, use_cache=True,
-                 logits_to_keep=response_length - 1)
+    with _head(model, targets[:, 1:] if fused else None, temperature):
+        tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
+                     position_ids=position_ids[:, prompt_width:-1], past_key_values=cache, use_cache=True,
+                     logits_to_keep=response_length - 1)
     return torch.cat([first_token, tail.logits], dim=1)
 
 
@@ -169,11 +193,83 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+ENTROPY_CHUNK = 2048  # tokens per piece with entropy_chunking
+
+
+def chunked_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """entropy_from_logits over ENTROPY_CHUNK tokens at a time: the softmax's
+    temporaries are one piece's, not the whole [N, R, V]. -> [N, R]"""
+    flat = logits.reshape(-1, logits.shape[-1])
+    return torch.cat([entropy_from_logits(flat[i:i + ENTROPY_CHUNK])
+                      for i in range(0, flat.shape[0], ENTROPY_CHUNK)]).reshape(logits.shape[:-1])
+
+
+@functools.cache
+def compiled(fn):
+    """`fn` torch.compile'd once per process (shapes vary: dynamic)."""
+    return torch.compile(fn, dynamic=True)
+
+
+def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOptions, with_entropy: bool = True,
+                          entropy_grad: bool = False):
+    """-> (log_prob [n, R], entropy [n, R] or None) of micro-batch `mb`'s
+    responses under `model`; the entropy carries a gradient only with
+    `entropy_grad` (an entropy bonus in the loss)."""
+    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
+    tokens = mb.responses.to(device)
+    if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
+        return _sequence_parallel_stats(model, mb, device, temperature, options, with_entropy, entropy_grad)
+    share = options.share_prompt and can_share_prompt(model)
+    if options.fused:
+        out = forward_responses(model, *args, share, targets=tokens, temperature=temperature)  # [n, R, 2]
+        entropy = out[..., 1] if entropy_grad else out[..., 1].detach()
+        return out[..., 0], entropy if with_entropy else None
+    logits = response_logits(model, *args, temperature, share)  # [n, R, V]
+    return _stats(logits, tokens, options, with_entropy, entropy_grad)
+
+
+def _stats(logits, tokens, options: PassOptions, with_entropy: bool, entropy_grad: bool):
+    """logits [n, T, V], tokens [n, T] -> (log p(token) [n, T], entropy [n, T] or None)."""
+    log_prob = (compiled(token_log_probs) if options.compile else token_log_probs)(logits, tokens)
+    if not with_entropy:
+        return log_prob, None
+    fn = chunked_entropy if options.entropy_chunking else entropy_from_logits
+    fn = compiled(fn) if options.compile else fn
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        if options.entropy_checkpointing and torch.is_grad_enabled():  # its [n, R, V] temporaries not kept
+            return log_prob, checkpoint(fn, logits, use_reentrant=False)
+        return log_prob, fn(logits)
+
+
+def _sequence_parallel_stats(model, mb, device, temperature, options, with_entropy, entropy_grad):
+    """log_probs_and_entropy with the positions split over the sequence-parallel
+    group: each worker's logits are its 1/P of the positions; the per-position
+    log-probs and entropies are gathered, so every worker returns the whole."""
+    from posttrain.training import ulysses
+
+    sp, width = options.sp, mb.response_length
+    ids = mb.input_ids.to(device)
+    prompt_width = ids.shape[1] - width
+    # position t predicts token t + 1; the last token predicts nothing we score
+    logits, padded = ulysses.sharded_forward(model, ids[:, :-1], mb.attention_mask[:, :-1].to(device),
+                                             mb.position_ids[:, :-1].to(device), sp)  # [n, L'/P, V]
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = ulysses.shard(ulysses.pad_positions(ids[:, 1:], sp.size), sp)  # [n, L'/P]
+    log_prob, entropy = _stats(logits, targets, options, with_entropy, entropy_grad)
+    cols = slice(prompt_width - 1, prompt_width - 1 + width)  # the positions that predict the response
+    log_prob = ulysses.gather(log_prob, sp)[:, cols]
+    return log_prob, ulysses.gather(entropy, sp)[:, cols] if with_entropy else None
+
+
 def can_share_prompt(model) -> bool:
     """Whether a pass may carry a key/value cache through `model`: not with
     activation checkpointing, whose recomputation would append to it twice."""
     if getattr(model, "_posttrain_ac", False):  # parallelize(activation_checkpointing=True)
         return False
+    if hasattr(model, "get_base_model"):  # peft (LoRA): the wrapped model says
+        model = model.get_base_model()
     hf = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"  # transformers < 5 names it so
     return not getattr(model, hf, False)
@@ -191,18 +287,15 @@ def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    share = options.share_prompt and can_share_prompt(model)
     log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
     entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
     try:
         for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
-            logits = response_logits(
-                model, mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
-                mb.response_length, temperature, share)
+            log_prob, entropy = log_probs_and_entropy(model, mb, device, temperature, options, with_entropy)
             width = mb.response_length
-            log_probs[rows, :width] = token_log_probs(logits, mb.responses.to(device)).cpu()
+            log_probs[rows, :width] = log_prob.cpu()
             if with_entropy:
-                entropies[rows, :width] = entropy_from_logits(logits).cpu()
+                entropies[rows, :width] = entropy.cpu()
     finally:
         model.train(was_training)
     return log_probs, entropies

@@ -22,6 +22,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The repeated blocks of a Hugging Face causal LM (`model.model.layers`
     for Llama/Qwen/Mistral-style models)."""
+    if hasattr(model, "get_base_model"):  # a peft model (LoRA): its wrapped causal LM's layers
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
@@ -32,12 +34,18 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = None,
                 activation_checkpointing: bool = False, reshard_after_forward: bool = True,
-                offload_params: bool = False) -> torch.nn.Module:
+                offload_params: bool = False, forward_prefetch: bool = False,
+                reduce_dtype: str = "float32") -> torch.nn.Module:
     """Shard `model` in place over `mesh` (a 1-D DeviceMesh; None: the
     default process group) and return it.
 
     param_dtype: compute dtype of gathered parameters (e.g. "bfloat16" on
-    GPUs); None keeps the stored dtype. Gradients are reduced in fp32.
+    GPUs); None keeps the stored dtype. Gradients are reduced in
+    `reduce_dtype` (fp32 unless verl's mixed_precision.reduce_dtype says otherwise).
+    forward_prefetch (verl's fsdp_config.forward_prefetch): each layer starts
+    the next one's all-gather as its forward begins, overlapping the
+    communication with its compute (FSDP2 otherwise gathers a layer when it is
+    reached, or after the previous layer's forward with reshard_after_forward).
     """
     if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -46,11 +54,16 @@ def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = 
         for i, layer in enumerate(layers):
             layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
         model._posttrain_ac = True  # recomputed layers: no pass may carry a key/value cache through them
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype] if param_dtype else None, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype] if param_dtype else None,
+                              reduce_dtype=DTYPES[reduce_dtype])
     # pinned host memory makes the copies to a GPU asynchronous; a CPU run has no GPU to copy to
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload_params else OffloadPolicy()
-    for layer in decoder_layers(model):
+    layers = list(decoder_layers(model))
+    for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    if forward_prefetch:
+        for layer, following in zip(layers, layers[1:]):
+            layer.set_modules_to_forward_prefetch([following])
     return model
