@@ -1016,7 +1016,7 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               **{k: UNUSED for k in VERL_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
-              **{k: "LoRA only: named unused" for k in LORA_ONLY_KEYS},
+              **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
               "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
               "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
               **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"

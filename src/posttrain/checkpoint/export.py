@@ -36,12 +36,12 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool 
         raise CheckpointError(f"output directory '{out}' is not empty; choose a new --output")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    lora = (ckpt / "actor" / ADAPTER_CONFIG).is_file()
+    lora = (ckpt / "actor" / ADAPTER_CONFIG).is_file() or trained_adapters(ckpt)
     if adapter and not lora:
         raise CheckpointError(f"'{ckpt}' holds no LoRA adapters (it trained every weight); export it without --adapter")
     if lora and (ckpt / "actor_dcp").is_dir():
-        raise CheckpointError(f"'{ckpt}' is a sharded LoRA checkpoint: exporting those is not supported yet; resume "
-                              "it in one process and save, or export a one-process checkpoint")
+        raise CheckpointError(f"'{ckpt}' is a sharded LoRA checkpoint: exporting those is not supported yet; export "
+                              "a checkpoint of a one-process LoRA run")
     shutil.copytree(ckpt / "actor", tmp)
     if (ckpt / "actor_dcp").is_dir():
         gather_shards(ckpt, tmp)
@@ -51,6 +51,17 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool 
         out.rmdir()
     tmp.rename(out)
     return out
+
+
+def trained_adapters(ckpt: Path) -> bool:
+    """Whether the run that wrote `ckpt` trained LoRA adapters (its saved config says)."""
+    import yaml
+
+    try:
+        model = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return bool(model.get("lora_rank")) or bool(model.get("lora_adapter_path"))
 
 
 def gather_shards(ckpt: Path, out: Path) -> None:

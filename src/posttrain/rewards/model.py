@@ -30,7 +30,8 @@ class RewardModel:
         from posttrain.errors import ModelError
         from posttrain.models import check_model_dir
 
-        check_model_dir(path)
+        check_model_dir(path, fix="point reward_model.model.path (reward.model.path) at a Hugging Face "
+                              "sequence-classification model directory")
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
