@@ -126,3 +126,20 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 def test_a_real_cpu_measurement_is_plausible():
     peak = F.measure_cpu_peak_flops(threads=1, n=256, reps=2)
     assert 1e8 < peak < 1e13  # between a slow laptop core and far beyond any CPU core
+
+
+def test_frozen_weights_count_one_backward_pass():
+    """LoRA: the base's weight gradients are not computed, so a training pass is
+    forward + one backward (the activations' gradients), 2/3 of a full one."""
+    import dataclasses
+
+    from posttrain.flops import ModelFlops
+
+    full = ModelFlops(matmul_params=1000, attn_width=10)
+    lora = dataclasses.replace(full, backward_factor=1.0)
+    s = torch.tensor([4, 6])
+    # forward: 2*1000*(4+6) + 4*10*(16+36) = 20000 + 2080 = 22080; x3 full, x2 frozen
+    assert full.training(s) == 3 * 22080 and lora.training(s) == 2 * 22080
+    g = torch.tensor([0, 0])
+    assert lora.training_shared(torch.tensor([3, 3]), torch.tensor([2, 4]), g) == pytest.approx(
+        2 / 3 * full.training_shared(torch.tensor([3, 3]), torch.tensor([2, 4]), g))

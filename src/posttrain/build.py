@@ -6,6 +6,8 @@ components themselves take plain arguments.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import random
@@ -380,6 +382,8 @@ def build_run(cfg):
     spec = worker_spec(cfg, model_dir, policy_dir, device, total_steps, critic_dir)
     actor, workers = make_actor(cfg, spec, run_dir)
     flops, peak = flop_model(model_dir), peak_flops_of(tr.peak_flops, workers)
+    if flops is not None and lora_settings(cfg) is not None:  # frozen base: no weight gradients to count
+        flops = dataclasses.replace(flops, backward_factor=1.0)
     # config.yaml (here and in every checkpoint) is read by people, reports and other runs: no credential
     # in it. A resume compares it with redaction in mind (checkpoint.check_compatible).
     config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))

@@ -18,7 +18,7 @@ h*E per layer for the MLP: only the experts a token goes through.
 - A training pass over a sequence of s real tokens: forward 2*N*s +
   4*L*nh*hd*s^2 (every token against every key, as attention kernels and
   verl/PaLM count it, causal mask not subtracted), backward twice the
-  forward. Activation recomputation (gradient checkpointing) is not useful
+  forward (once with frozen weights: LoRA). Activation recomputation (gradient checkpointing) is not useful
   work and is not counted.
 - A rollout of r tokens after a prompt of p: the prompt's prefill (a
   forward over p tokens, p^2 attention pairs), then each of the r-1 tokens
@@ -68,6 +68,9 @@ class ModelFlops:
     matmul_params: int  # N above: weights a token multiplies through
     attn_width: int  # L * nh * hd: the attention FLOPs per key are 4x this
     head_params: int = 0  # h * vocab: the LM head's share of matmul_params
+    # backward / forward: 2 (gradients of the activations and of the weights); 1 when the weights are frozen
+    # (LoRA: only the activations' gradients; the adapters' own are not counted, a fraction of a percent)
+    backward_factor: float = 2.0
 
     @classmethod
     def from_config(cls, c: dict) -> "ModelFlops":
@@ -99,7 +102,7 @@ class ModelFlops:
     def training(self, seq_lengths: torch.Tensor) -> float:
         """Forward + backward over sequences of these real lengths [B]."""
         s = seq_lengths.double()
-        return 3.0 * float((2.0 * self.matmul_params * s + 4.0 * self.attn_width * s * s).sum())
+        return (1.0 + self.backward_factor) * float((2.0 * self.matmul_params * s + 4.0 * self.attn_width * s * s).sum())
 
     def training_shared(self, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor,
                         group: torch.Tensor) -> float:
@@ -113,7 +116,7 @@ class ModelFlops:
         pg = p[[ids.index(g) for g in dict.fromkeys(ids)]]  # one prompt per group
         prompts = 2.0 * self.matmul_params * pg + 4.0 * self.attn_width * pg * pg
         responses = 2.0 * self.matmul_params * r + 4.0 * self.attn_width * r * (p + r)
-        return 3.0 * float(prompts.sum() + responses.sum())
+        return (1.0 + self.backward_factor) * float(prompts.sum() + responses.sum())
 
     def rollout(self, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, samples_per_prefill: int = 1
                 ) -> float:
