@@ -776,7 +776,7 @@ def validate(cfg: Config) -> None:
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
     validate_token_budgets(cfg)
-    world = tr.nnodes * tr.n_gpus_per_node // a.ulysses_sequence_parallel_size  # groups that take their own rows
+    world = data_parallel_groups(cfg)
     _need((a.ppo_mini_batch_size * r.n) % world == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by the "
           f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node"
@@ -795,12 +795,18 @@ def validate(cfg: Config) -> None:
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout")
+VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
+                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon",
+                  "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
 
 
 def uses_lora(cfg: Config) -> bool:
     return cfg.model.lora_rank > 0 or bool(cfg.model.lora_adapter_path)
-VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
-                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
+
+
+def data_parallel_groups(cfg: Config) -> int:
+    """Workers that take rows of their own: all of them, or their Ulysses groups."""
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
 
 
 def validate_verl_switches(cfg: Config) -> None:
@@ -929,7 +935,7 @@ def validate_critic(cfg: Config) -> None:
     _need(d.train_batch_size % c.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by critic.ppo_mini_batch_size="
           f"{c.ppo_mini_batch_size}")
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
+    world = data_parallel_groups(cfg)
     _need((c.ppo_mini_batch_size * n) % world == 0,
           f"critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size * n} sequences must be divisible by the "
           f"{world} workers")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -276,8 +275,7 @@ class Worker:
         model = self.policy if which == "policy" or lora_ref else self.ref
         size, budget = ((s.log_prob_micro_batch_size, s.log_prob_max_tokens) if which == "policy"
                         else (s.ref_log_prob_micro_batch_size, s.ref_log_prob_max_tokens))
-        options = dataclasses.replace(s.update.pass_options(compile=None if which == "policy" else s.ref_torch_compile),
-                                      sp=self.sp)
+        options = s.update.pass_options(compile=None if which == "policy" else s.ref_torch_compile, sp=self.sp)
         with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from posttrain.checkpoint.manifest import STEP_DIR, latest_valid, verify
 from posttrain.errors import CheckpointError
-
-ADAPTER_CONFIG = "adapter_config.json"  # models.lora's: a LoRA checkpoint's actor/ holds the adapters only
+from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a LoRA checkpoint's actor/ holds these only
 
 
 def resolve(path: str | Path) -> Path:
@@ -100,6 +99,6 @@ def merge_adapters(ckpt: Path, out: Path) -> None:
     from posttrain.models.lora import LoraSettings, add_adapters
 
     model = add_adapters(load_model(base), LoraSettings(rank=0), ckpt / "actor").merge_and_unload()
-    for name in (ADAPTER_CONFIG, "adapter_model.safetensors"):
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         (out / name).unlink()
     save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})

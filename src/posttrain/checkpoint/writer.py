@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from posttrain.checkpoint.manifest import fsync_path, list_checkpoints, write_manifest
 from posttrain.checkpoint.state import Snapshot
 from posttrain.errors import CheckpointError
+from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 # A pause between writing the files and the manifest, for tests that kill a
 # process in the middle of a save. Not for production use.
@@ -112,8 +113,8 @@ class CheckpointWriter:
                 os.replace(entry, tmp / entry.name)
             Path(snap.shards).rmdir()
         elif snap.adapter_config is not None:  # LoRA: the adapters alone, as peft saves them; the base is model.path
-            save_file(snap.model, str(tmp / "actor" / "adapter_model.safetensors"), metadata={"format": "pt"})
-            (tmp / "actor" / "adapter_config.json").write_text(snap.adapter_config)
+            save_file(snap.model, str(tmp / "actor" / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            (tmp / "actor" / ADAPTER_CONFIG).write_text(snap.adapter_config)
             torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, tmp / "optimizer.pt")
         else:
             save_file(snap.model, str(tmp / "actor" / "model.safetensors"), metadata={"format": "pt"})

@@ -24,6 +24,7 @@ import torch
 from posttrain.errors import ConfigError, ModelError
 
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # peft's wrappers in front of the base model's names
 
 
@@ -91,11 +92,8 @@ def adapter_config_json(model) -> str:
     """adapter_config.json's text for `model`'s adapters (peft's own format)."""
     import json
 
-    config = model.peft_config["default"].to_dict()
-    config["target_modules"] = sorted(config["target_modules"]) if isinstance(
-        config.get("target_modules"), (set, list)) else config.get("target_modules")
-    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-    return json.dumps(config, indent=2, default=str)
+    config = model.peft_config["default"].to_dict()  # sets (target_modules) sorted: the same file every time
+    return json.dumps({k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}, indent=2, default=str)
 
 
 def lora_scaling(model) -> float:

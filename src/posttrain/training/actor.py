@@ -41,10 +41,11 @@ class UpdateSettings:
     entropy_checkpointing: bool = False  # actor.entropy_checkpointing
     torch_compile: bool = False  # actor.use_torch_compile: log-prob and entropy functions compiled
 
-    def pass_options(self, compile: bool | None = None) -> PassOptions:
-        """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's)."""
+    def pass_options(self, compile: bool | None = None, sp=None) -> PassOptions:
+        """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's;
+        `sp`: this worker's sequence-parallel group)."""
         return PassOptions(self.remove_padding, self.share_prompt, self.fused_kernels, self.entropy_chunking,
-                           self.entropy_checkpointing, self.torch_compile if compile is None else compile)
+                           self.entropy_checkpointing, self.torch_compile if compile is None else compile, sp)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas) -> torch.optim.Optimizer:
@@ -99,8 +100,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     the log-prob, as with a separate no-grad pass over the same weights."""
     mask = mb.response_mask.to(device)
     # the entropy is reported either way; it is in the graph only as a bonus in the loss
-    options = dataclasses.replace(s.pass_options(), sp=sp)  # sp: this worker's sequence-parallel group
-    log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, options,
+    log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
                                                   entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
     pol = get_policy_loss(s.loss_mode)(
