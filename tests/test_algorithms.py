@@ -141,6 +141,31 @@ def test_ppo_policy_loss_clip_cases():
         get_policy_loss("sapo")
 
 
+def test_ppo_policy_loss_without_dual_clip():
+    # the six tokens of test_ppo_policy_loss_clip_cases; clip_ratio_c=None (NeMo-RL's ratio_clip_c: null) leaves
+    # token 6 (A = -1, r = 5) at max(5.0, 1.2) = 5.0 instead of min(3, 5.0) = 3.0:
+    # token-mean (-1.1 - 1.2 - 0.5 + 0.8 + 1.5 + 5.0) / 6 = 4.5 / 6 = 0.75 (with 3.0: 2.5 / 6)
+    old = torch.full((1, 6), -1.0)
+    adv = T([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0]])
+    losses, grads = {}, {}
+    for c in (3.0, None):
+        logp = (old + torch.log(T([[1.1, 1.5, 0.5, 0.5, 1.5, 5.0]]))).requires_grad_()
+        out = ppo_policy_loss(old, logp, adv, torch.ones(1, 6), clip_ratio_c=c)
+        out["pg_loss"].backward()
+        losses[c], grads[c] = out, logp.grad
+    assert losses[3.0]["pg_loss"].item() == pytest.approx(2.5 / 6, abs=1e-6)
+    assert losses[None]["pg_loss"].item() == pytest.approx(0.75, abs=1e-6)
+    assert losses[None]["pg_clipfrac_lower"].item() == 0.0
+    assert losses[3.0]["pg_clipfrac_lower"].item() == pytest.approx(1 / 6)
+    assert losses[None]["pg_clipfrac"].item() == pytest.approx(1 / 3)  # the ordinary clip is unchanged
+    # token 6 now has a gradient: d(-A r)/d logp = -A r = 5 / 6 (the dual clip's constant -A c has none)
+    torch.testing.assert_close(grads[None], T([[-1.1 / 6, 0.0, -0.5 / 6, 0.0, 1.5 / 6, 5.0 / 6]]))
+    torch.testing.assert_close(grads[3.0], T([[-1.1 / 6, 0.0, -0.5 / 6, 0.0, 1.5 / 6, 0.0]]))
+    # the other losses accept None too (they have no dual clip)
+    for name in ("gspo", "gpg"):
+        get_policy_loss(name)(old, old, adv, torch.ones(1, 6), clip_ratio_c=None)
+
+
 def test_ppo_policy_loss_grad_only_through_log_prob():
     old = torch.zeros(1, 2, requires_grad=True)
     adv = T([[1.0, -1.0]], requires_grad=True)

@@ -172,7 +172,7 @@ def test_gae_lam_zero_is_one_step_td_and_empty_cases():
 
 def test_dispatcher_registry_and_errors():
     assert set(ADV_ESTIMATORS) == {"grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                   "grpo_passk", "remax", "gpg"}
+                                   "grpo_passk", "remax", "gpg", "grpo_loo"}
     assert NEEDS_CRITIC == frozenset({"gae"})
     rewards, mask = T([[0.0, 1.0], [0.0, 0.0]]), torch.ones(2, 2)
     # every estimator gets only the arguments it takes (no TypeError for the extras)

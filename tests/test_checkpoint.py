@@ -83,6 +83,39 @@ def test_resume_refuses_another_config(tmp_path, data, tiny_model_dir):
         run(overrides(tiny_model_dir, data, tmp_path / "r", 2, "trainer.resume_mode=disable"))
 
 
+def test_resume_compares_the_new_training_keys_and_tolerates_older_checkpoints(tmp_path):
+    """algorithm.overlong_filtering and actor.* change training: they must match; trainer.max_epochs and
+    trainer.val_at_end may change. A checkpoint written before a key existed (not in its config.yaml) resumes
+    while the key is at its default."""
+    import yaml
+
+    from posttrain.checkpoint.resume import check_compatible
+    from posttrain.config import config_to_dict
+
+    def checkpoint(cfg: dict, drop=()):
+        ckpt = tmp_path / f"ck{len(list(tmp_path.iterdir()))}"
+        ckpt.mkdir()
+        saved = json.loads(json.dumps(cfg))
+        for key in drop:
+            section, leaf = key.split(".")
+            del saved[section][leaf]
+        (ckpt / "config.yaml").write_text(yaml.safe_dump(saved))
+        (ckpt / "trainer_state.json").write_text(json.dumps({"model_dir": "m"}))
+        return ckpt
+
+    base = config_to_dict(load_config())
+    ck = checkpoint(base)
+    check_compatible(ck, config_to_dict(load_config(None, ["trainer.max_epochs=3", "trainer.val_at_end=false"])), "m")
+    for key, value in (("algorithm.overlong_filtering", "true"), ("actor.clip_ratio_c", "null"),
+                       ("actor.lr_warmup_start_factor", "0.5"), ("algorithm.adv_estimator", "grpo_loo")):
+        with pytest.raises(ConfigError, match=f"{key}: "):
+            check_compatible(ck, config_to_dict(load_config(None, [f"{key}={value}"])), "m")
+    older = checkpoint(base, drop=("algorithm.overlong_filtering", "actor.lr_warmup_start_factor"))
+    check_compatible(older, base, "m")  # the keys at their defaults: what the older run did
+    with pytest.raises(ConfigError, match="algorithm.overlong_filtering: None -> True"):
+        check_compatible(older, config_to_dict(load_config(None, ["algorithm.overlong_filtering=true"])), "m")
+
+
 def spawn(args, **env):
     return subprocess.Popen([POSTTRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **env})
@@ -166,8 +199,46 @@ def test_retention_keeps_newest_and_best(tmp_path, data, tiny_model_dir):
     infos = list_checkpoints(run_dir)
     scores = {i.step: i.metrics["critic/score/mean"] for i in infos}
     assert {4, 5} <= set(scores)
-    best_kept = max(scores, key=scores.get)
+    best_kept = max(scores, key=lambda step: (scores[step], step))  # a tie: the newer step
     assert len(infos) == (2 if best_kept in (4, 5) else 3)
+
+
+def fake_checkpoints(run_dir, metrics: dict, metric="val/score/mean", **retention):
+    """Valid checkpoints global_step_<step> (a file and a manifest each) saved with `metric` = value (None: not
+    saved with it), then pruned as after a save. -> the steps kept."""
+    from posttrain.checkpoint.manifest import write_manifest
+
+    for step, value in metrics.items():
+        d = run_dir / "checkpoints" / f"global_step_{step}"
+        d.mkdir(parents=True)
+        (d / "rng.pt").write_bytes(b"x")
+        write_manifest(d, step, {"training/global_step": float(step)} | ({} if value is None else {metric: value}))
+    CheckpointWriter(run_dir, {}, "", async_save=False, metric=metric, **retention)._prune()
+    return [i.step for i in list_checkpoints(run_dir) if i.valid]
+
+
+def test_keep_top_k_ranks_unscored_checkpoints_last_and_ties_by_the_newer_step(tmp_path):
+    from posttrain.checkpoint.writer import ranked
+
+    # top-2 of {2: 0.5, 4: 0.7, 6: none}: 4 and 2; 6 stays as the newest
+    assert fake_checkpoints(tmp_path / "a", {2: 0.5, 4: 0.7, 6: None}, keep_top_k=2) == [2, 4, 6]
+    # ... and once 8 (none) is newer, 6 goes: unscored ones rank after every scored one
+    assert fake_checkpoints(tmp_path / "b", {2: 0.5, 4: 0.7, 6: None, 8: None}, keep_top_k=2) == [2, 4, 8]
+    # a tie keeps the newer step: {2: 0.7, 4: 0.7, 6: 0.5, 8: 0.1}, top 1 -> 4 (and 8, the newest)
+    assert fake_checkpoints(tmp_path / "c", {2: 0.7, 4: 0.7, 6: 0.5, 8: 0.1}, keep_top_k=1) == [4, 8]
+    # mode min: the lowest first, a tie the newer: {2: 0.1, 4: 0.1, 6: 0.3, 8: 0.9} top 2 -> 4, 2 (8 newest)
+    assert fake_checkpoints(tmp_path / "d", {2: 0.1, 4: 0.1, 6: 0.3, 8: 0.9}, keep_top_k=2, mode="min") == [2, 4, 8]
+    # fewer scored checkpoints than k: the newest unscored ones fill the rest (k = 3: 4 scored, then 8 and 6)
+    assert fake_checkpoints(tmp_path / "e", {2: None, 4: 0.5, 6: None, 8: None, 10: None},
+                            keep_top_k=3) == [4, 8, 10]
+    # with max_to_keep too: the union (newest 2: 8, 10; best 1: 4)
+    assert fake_checkpoints(tmp_path / "f", {2: 0.9, 4: 1.0, 6: 0.2, 8: None, 10: None},
+                            keep_top_k=1, max_to_keep=2) == [4, 8, 10]
+    # a NaN or non-numeric value counts as missing; the order itself, best first
+    info = [i for i in list_checkpoints(tmp_path / "a")]
+    assert [i.step for i in ranked(info, "val/score/mean", "max")] == [4, 2, 6]
+    assert [i.step for i in ranked(info, "val/score/mean", "min")] == [2, 4, 6]
+    assert fake_checkpoints(tmp_path / "g", {2: float("nan"), 4: "x", 6: 0.0, 8: 0.0}, keep_top_k=1) == [8]
 
 
 def test_async_write_errors_surface(tmp_path, tiny_model_dir):

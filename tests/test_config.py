@@ -164,10 +164,35 @@ def test_verl_keys_of_the_algorithm_family():
     (["algorithm.adv_estimator=opo"], "algorithm.adv_estimator=opo is not supported; supported: grpo"),
     (["algorithm.lam=1.5"], "algorithm.lam in \\[0, 1\\]"),
     (["algorithm.name=grpo_passk", "rollout.n=1", "actor.ppo_micro_batch_size=32"], "it needs rollout.n >= 2"),
+    (["algorithm.adv_estimator=grpo_loo", "rollout.n=1", "actor.ppo_micro_batch_size=32"],
+     "grpo_loo compares each sample .* it needs rollout.n >= 2"),
+    (["actor.clip_ratio_c=1.0"], "actor.clip_ratio_c must be > 1, or null"),
+    (["actor.lr_warmup_start_factor=0"], "actor.lr_warmup_start_factor must be in \\(0, 1\\]"),
+    (["critic.lr_warmup_start_factor=1.5"], "critic.lr_warmup_start_factor must be in \\(0, 1\\]"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs must be >= 1 or null"),
+    (["algorithm.overlong_filtering=true", "rollout.ignore_eos=true"], "every one would be filtered"),
 ])
 def test_algorithm_family_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_nemo_rl_grpo_keys_load_and_reach_the_update():
+    from posttrain.build import critic_spec, update_settings, worker_spec
+
+    cfg = load_config()
+    assert cfg.actor.clip_ratio_c == 3.0 and cfg.actor.lr_warmup_start_factor is None
+    assert not cfg.algorithm.overlong_filtering and cfg.trainer.max_epochs is None and cfg.trainer.val_at_end
+    cfg = load_config(None, ["algorithm.name=grpo_loo", "actor.clip_ratio_c=null", "actor.lr_warmup_start_factor=0.1",
+                             "critic.lr_warmup_start_factor=0.5", "algorithm.overlong_filtering=true",
+                             "trainer.max_epochs=2", "trainer.val_at_end=false"])
+    assert cfg.algorithm.adv_estimator == "grpo_loo" and cfg.algorithm.norm_adv_by_std_in_grpo
+    assert cfg.actor.clip_ratio_c is None and update_settings(cfg).clip_ratio_c is None
+    assert worker_spec(cfg, "m", None, "cpu", 10).warmup_start_factor == 0.1
+    assert critic_spec(cfg, "m", 10).warmup_start_factor == 0.5
+    assert (cfg.algorithm.overlong_filtering, cfg.trainer.max_epochs, cfg.trainer.val_at_end) == (True, 2, False)
+    # verl's spelling of the dual clip takes null too
+    assert load_config(None, ["actor_rollout_ref.actor.clip_ratio_c=null"]).actor.clip_ratio_c is None
 
 
 def test_the_readme_table_of_algorithms_matches_the_presets():

@@ -56,6 +56,9 @@ def test_concat_rollouts_repads_prompts_left_and_responses_right():
     assert out.prompt_mask.tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
     assert out.response_ids.tolist() == [[3, 0, 0], [4, 4, 9]]
     assert out.response_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert out.truncated is None  # the parts did not say
+    a.truncated, b.truncated = torch.tensor([False]), torch.tensor([True])
+    assert concat_rollouts([a, b], pad_token_id=0).truncated.tolist() == [False, True]
 
 
 def test_hf_names_drop_wrapper_parts():

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from posttrain.algorithms import (
-    compute_advantages, explained_variance, gae_advantages, grpo_passk_advantages, gspo_policy_loss, masked_whiten,
+    compute_advantages, explained_variance, gae_advantages, grpo_loo_advantages, grpo_passk_advantages,
+    gspo_policy_loss, masked_whiten,
     overlong_penalty, reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages, value_loss,
     varied_groups,
 )
@@ -59,6 +60,41 @@ def test_rloo_leave_one_out_and_a_group_of_one():
     close(rloo_advantages(outcome([1, 1, 1, 1], full), full, [0, 0, 0, 0])[0], torch.zeros(4, 2))
 
 
+def test_grpo_loo_compares_each_sample_with_the_others_only():
+    # scores [1, 0, 0, 0], one group:
+    # row 0: others [0, 0, 0]: baseline 0, std 0 -> not divided: A = 1 - 0 = 1
+    # rows 1-3: others [1, 0, 0]: baseline 1/3; unbiased std: deviations 2/3, -1/3, -1/3,
+    #   var (4/9 + 1/9 + 1/9) / 2 = 1/3, std sqrt(1/3) = 0.577350 -> A = (0 - 1/3) / (0.577350 + 1e-6) = -0.577349
+    a = -(1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    full = torch.ones(4, 2)
+    adv, ret = grpo_loo_advantages(outcome([1, 0, 0, 0], full), full, [0, 0, 0, 0])
+    close(adv, [[1.0, 1.0], [a, a], [a, a], [a, a]], atol=1e-6)
+    assert ret is adv
+    # norm_adv_by_std_in_grpo=False: score - baseline, never divided: [1, -1/3, -1/3, -1/3]
+    adv, _ = grpo_loo_advantages(outcome([1, 0, 0, 0], full), full, [0, 0, 0, 0], norm_adv_by_std_in_grpo=False)
+    close(adv[:, 0], [1.0, -1 / 3, -1 / 3, -1 / 3])
+    # undivided, it is RLOO's advantage in every group of two or more: score - mean of the others
+    scores, groups = torch.rand(12, 1), [0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3]
+    close(grpo_loo_advantages(scores, torch.ones(12, 1), groups, norm_adv_by_std_in_grpo=False)[0],
+          rloo_advantages(scores, torch.ones(12, 1), groups)[0])
+    # scores [2, 0, 1] (group 0, rows 0-2; row 1 one token long) and [5] alone (group 1, row 3):
+    # row 0: others [0, 1]: baseline 0.5, std sqrt(0.5) = 0.707107 -> 1.5 / 0.707108 = 2.121318
+    # row 1: others [2, 1]: baseline 1.5, std 0.707107 -> -1.5 / 0.707108 = -2.121318, on its one token
+    # row 2: others [2, 0]: baseline 1, std sqrt(2) -> 0 / 1.414215 = 0
+    # row 3: a group of one: advantage 0 (its baseline is its own score)
+    mask = T([[1, 1], [1, 0], [1, 1], [1, 1]])
+    adv, _ = grpo_loo_advantages(T([[0.0, 2.0], [0.0, 0.0], [0.0, 1.0], [0.0, 5.0]]), mask, [0, 0, 0, 1])
+    b = 1.5 / (math.sqrt(0.5) + 1e-6)
+    close(adv, [[b, b], [-b, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    # a group of two: one other score, whose std is undefined (NaN -> 0): not divided, A = +-(r0 - r1)
+    adv, _ = grpo_loo_advantages(T([[3.0], [1.0]]), torch.ones(2, 1), [0, 0])
+    close(adv, [[2.0], [-2.0]])
+    # all equal: 0 everywhere, never NaN; the dispatcher passes norm_adv_by_std_in_grpo and epsilon
+    close(grpo_loo_advantages(full, full, [0, 0, 0, 0])[0], torch.zeros(4, 2))
+    adv, _ = compute_advantages("grpo_loo", outcome([1, 0, 0, 0], full), full, [0, 0, 0, 0], epsilon=1.0)
+    close(adv[1], [-(1 / 3) / (math.sqrt(1 / 3) + 1.0)] * 2)
+
+
 def test_reinforce_pp_returns_to_go_and_batch_whitening():
     rewards = T([[0.0, 0.0, 1.0], [0.0, 5.0, 1.0], [0.0, 3.0, 0.0]])
     mask = T([[1, 1, 1], [1, 0, 1], [0, 0, 0]])
@@ -97,7 +133,8 @@ def test_grpo_passk_only_the_best_sample_gains():
         grpo_passk_advantages(T([[1.0], [0.0]]), torch.ones(2, 1), [0, 1])
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk"])
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
+                                  "grpo_loo"])
 def test_zero_length_responses_and_fully_masked_batches(name):
     for rewards, mask in ((torch.zeros(4, 0), torch.zeros(4, 0)), (torch.zeros(4, 3), torch.zeros(4, 3))):
         adv, ret = compute_advantages(name, rewards, mask, [0, 0, 1, 1])

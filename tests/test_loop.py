@@ -110,3 +110,69 @@ def test_kl_in_the_reward_with_an_adaptive_controller(tmp_path, tiny_model_dir):
     assert coeffs[1] < coeffs[0]  # KL 0 < target: the controller lowers the coefficient
     assert steps[-1]["actor/reward_kl_penalty"] > 0  # two mini-batches a step at lr 1e-2: the policy moved away
     assert run.kl_ctrl.value == pytest.approx(coeffs[-1] * (1 + min(max(steps[-1]["actor/reward_kl_penalty"] / 0.01 - 1, -0.2), 0.2) * 16 / 10))
+
+
+def test_training_steps_total_epochs_and_max_epochs():
+    from types import SimpleNamespace
+
+    from posttrain.build import training_steps
+
+    def tr(total_epochs=1, total_training_steps=None, max_epochs=None):
+        return SimpleNamespace(total_epochs=total_epochs, total_training_steps=total_training_steps,
+                               max_epochs=max_epochs)
+
+    # 10 prompts, 4 a step (drop_last): 2 steps an epoch
+    assert training_steps(tr(total_epochs=3), 2) == 6
+    assert training_steps(tr(total_epochs=3, total_training_steps=25), 2) == 25  # verl: the step count wins
+    assert training_steps(tr(total_training_steps=25, max_epochs=2), 2) == 4  # NeMo-RL: min(25, 2 x 2)
+    assert training_steps(tr(total_training_steps=3, max_epochs=2), 2) == 3
+    assert training_steps(tr(total_epochs=5, max_epochs=2), 2) == 4
+
+
+def tiny_run(tmp_path, model_dir, *extra):
+    """8 prompts, 4 a step: an epoch is 2 steps; validated on 4 prompts. -> (run, summary, logged lines)"""
+    rows = read_rows(str(default_test_parquet()))
+    write_rows(rows[:8], tmp_path / "train.parquet")
+    write_rows(rows[8:12], tmp_path / "val.parquet")
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+        f"data.val_files={tmp_path / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
+        "data.max_response_length=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2",
+        f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]", "trainer.val_before_train=false", *extra])
+    run = build_run(cfg)
+    summary = train(run)
+    return run, summary, [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_max_epochs_caps_total_training_steps(tmp_path, tiny_model_dir):
+    run, summary, lines = tiny_run(tmp_path, tiny_model_dir, "trainer.total_training_steps=10", "trainer.max_epochs=2")
+    assert run.total_steps == 4 and summary["steps"] == 4
+    assert [x["training/epoch"] for x in lines if "training/epoch" in x] == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("val_at_end, test_freq, validated", [
+    (True, -1, [3]),        # today's rule: the last step validates
+    (False, -1, []),        # no final validation
+    (False, 2, [2]),        # ... periodic ones still run; 3 is no multiple of 2
+    (False, 3, [3]),        # the last step is a test_freq multiple: it validates anyway
+])
+def test_val_at_end(tmp_path, tiny_model_dir, val_at_end, test_freq, validated):
+    _, summary, lines = tiny_run(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                                 f"trainer.test_freq={test_freq}", f"trainer.val_at_end={val_at_end}")
+    assert [x["training/global_step"] for x in lines if "val/score/mean" in x] == validated
+    assert ("val_after" in summary) == bool(validated)
+
+
+def test_overlong_filtering_in_a_run(tmp_path, trained_tiny_model_dir):
+    """The step reports the share of rows it filtered; response lengths still count them. With a 3-token
+    limit the embedded model's 3-digit answers are cut (filtered) and its 2-digit ones end with their EOS on
+    the last token (kept, though response_length/clip_ratio counts them as at the limit)."""
+    _, _, lines = tiny_run(tmp_path, trained_tiny_model_dir, "trainer.total_training_steps=2",
+                           "data.max_response_length=3", "algorithm.overlong_filtering=true")
+    steps = [x for x in lines if "critic/score/mean" in x]
+    assert len(steps) == 2
+    for x in steps:
+        assert 0 < x["actor/overlong_filtered_ratio"] <= x["response_length/clip_ratio"]
+        assert x["response_length/max"] == 3
+    _, _, off = tiny_run(tmp_path / "off", trained_tiny_model_dir, "trainer.total_training_steps=1")
+    assert "actor/overlong_filtered_ratio" not in off[-1]

@@ -62,6 +62,24 @@ def test_stops_at_eos_and_pads_after_it(random_qwen2):
     assert ignoring.response_mask.sum().item() == 15
 
 
+def test_truncated_marks_the_responses_that_ran_out_of_tokens(random_qwen2):
+    params = SamplingParams(max_new_tokens=5, do_sample=False)
+    free = HFRolloutEngine(random_qwen2, [39], pad_token_id=0, progress=False).generate(PROMPTS, params)
+    first = free.response_ids[:, 0].tolist()
+    # EOS = the first prompt's first greedy token: that response ends at once, the others (unless they meet it)
+    # run to the limit
+    out = HFRolloutEngine(random_qwen2, [first[0]], pad_token_id=0, progress=False).generate(PROMPTS, params)
+    ended = [bool((out.response_ids[i][out.response_mask[i].bool()] == first[0]).any()) for i in range(3)]
+    assert out.truncated.tolist() == [not e for e in ended] and ended[0]
+    assert all(out.response_mask[i].sum() == 5 for i in range(3) if not ended[i])
+    # an EOS on the very last allowed token is an ending, not a cut; chunked and whole agree
+    every = HFRolloutEngine(random_qwen2, first, pad_token_id=0, micro_batch_size=1, progress=False)
+    assert every.generate(PROMPTS, SamplingParams(max_new_tokens=1, do_sample=False)).truncated.tolist() == [False] * 3
+    # ignore_eos: nothing ends, every response is cut at the limit
+    ignoring = every.generate(PROMPTS, SamplingParams(max_new_tokens=3, n=2, ignore_eos=True))
+    assert ignoring.truncated.tolist() == [True] * 6
+
+
 def test_sampling_is_reproducible_by_seed_and_varies_across_samples(random_qwen2):
     params = SamplingParams(max_new_tokens=5, n=8, temperature=1.0)
     a = HFRolloutEngine(random_qwen2, [1], 0, seed=3, progress=False).generate(PROMPTS, params)

@@ -244,3 +244,68 @@ def test_ctrl_c_stops_following_and_stop_stops_the_job(ray_cluster, cluster_env,
     rc, out, err = posttrain(cluster_env, *address, "--logs", job_id, "--follow")
     assert rc == 130 and re.search(r"^step 1/", out, re.M), out + err  # a stopped job's status
 
+
+
+# --- a NeMo-RL user's job: its config layout, override keys and runtime-env JSON -----------------
+
+def nemo_rl_job(tiny_model_dir, ckpt_dir, steps):
+    """The seed's NeMo-RL command line, its model swapped for the tiny one, its sizes for this machine's,
+    Megatron swapped for FSDP2 (and the learning rate FSDP2's optimizer needs, which the file leaves out)."""
+    return ["train", "--config", "grpo_seed.yaml", f"policy.model_name={tiny_model_dir}",
+            "policy.megatron_cfg.converter_type=Qwen2ForCausalLM", "policy.megatron_cfg.enabled=false",
+            "policy.dtensor_cfg.enabled=true", "++policy.optimizer.kwargs.lr=1e-6",
+            "logger.wandb_enabled=False", "cluster.num_nodes=1", "cluster.gpus_per_node=2",
+            "logger.wandb.name=nemo-rl-grpo-test1", f"grpo.max_num_steps={steps}",
+            "grpo.num_generations_per_prompt=4", "grpo.num_prompts_per_step=4", "policy.train_global_batch_size=16",
+            "checkpointing.enabled=True", "checkpointing.save_period=2", "checkpointing.keep_top_k=2",
+            "checkpointing.metric_name=null", f"checkpointing.checkpoint_dir={ckpt_dir}", "data.dataset_name=DeepScaler",
+            "policy.max_total_sequence_length=160", "policy.generation.max_new_tokens=16", "trainer.device=cpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_nemo_rl_job_with_a_runtime_env_json_saves_every_2_keeps_2_and_resumes(
+        ray_cluster, cluster_env, tiny_model_dir, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "nemo_rl"
+    work = tmp_path / "nemo-rl"  # the job's working directory: its config files, as in a NeMo-RL checkout
+    work.mkdir()
+    for f in ("grpo_base.yaml", "grpo_seed.yaml"):
+        shutil.copy(data / f, work / f)
+    raw = tmp_path / "raw"  # DeepScaleR's layout: problem / answer / solution
+    raw.mkdir()
+    (raw / "deepscaler.json").write_text(json.dumps(
+        [{"problem": f"What is {a} + {b}?", "answer": str(a + b), "solution": f"\\boxed{{{a + b}}}"}
+         for a in range(1, 7) for b in range(1, 7)]))  # 36 prompts: 9 steps in grpo.max_num_epochs=1
+    data_dir = tmp_path / "posttrain-data"
+    assert main(["preprocess", "math", "--input", str(raw / "deepscaler.json"), "--split", "train",
+                 "--output-dir", str(data_dir / "deepscaler")]) == 0
+    runtime_env = tmp_path / "ray_runtime_env_nemo.json"
+    runtime_env.write_text(json.dumps({"env_vars": {
+        "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_notarealtoken", "WANDB_API_KEY": "notarealkey",
+        "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "POSTTRAIN_DATA": str(data_dir)}}))
+    ckpt = tmp_path / "nemo_rl_ckpt" / "nemo-rl-grpo-test1"
+    submit = [*submit_args(ray_cluster), "--working-dir", str(work), "--runtime-env", str(runtime_env), "--"]
+
+    rc, out, err = posttrain(cluster_env, *submit, *nemo_rl_job(tiny_model_dir, ckpt, 4), timeout=540)
+    assert rc == 0, out + err
+    assert "hf_notarealtoken" not in out + err
+    assert sorted(p.name for p in (ckpt / "checkpoints").glob("global_step_*")) == ["global_step_2", "global_step_4"]
+    steps = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "step" in s and "actor/pg_loss" in s] == [1, 2, 3, 4]
+    import yaml
+
+    saved = yaml.safe_load((ckpt / "checkpoints" / "global_step_4" / "config.yaml").read_text())
+    assert saved["rollout"]["n"] == 4 and saved["data"]["train_batch_size"] == 4
+    assert saved["actor"]["ppo_mini_batch_size"] == 16 // 4  # train_global_batch_size counts samples
+    assert saved["algorithm"]["adv_estimator"] == "grpo_loo" and saved["trainer"]["max_ckpt_to_keep"] == 2
+    assert saved["trainer"]["n_gpus_per_node"] == 2 and saved["actor"]["lr"] == 1e-6
+
+    # the node is taken away; the same command with a larger step count resumes from step 4, keeps the newest 2
+    rc, out, err = posttrain(cluster_env, *submit, *nemo_rl_job(tiny_model_dir, ckpt, 6), timeout=540)
+    assert rc == 0, out + err
+    assert sorted(p.name for p in (ckpt / "checkpoints").glob("global_step_*")) == ["global_step_4", "global_step_6"]
+    steps = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "step" in s and "actor/pg_loss" in s] == [1, 2, 3, 4, 5, 6]

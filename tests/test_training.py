@@ -102,6 +102,60 @@ def test_update_moves_weights_towards_positive_advantage(random_qwen2):
     assert m["actor/grad_norm"] > 0
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_overlong_filtering_leaves_truncated_rows_out_of_the_update(random_qwen2, mode):
+    """algorithm.overlong_filtering: a truncated row counts in its group's advantages, then adds nothing to
+    the update (policy loss, KL loss, entropy bonus, the counts the loss is averaged over): the update is the
+    one of the other rows alone."""
+    import dataclasses
+
+    from posttrain.algorithms import grpo_advantages
+    from posttrain.loop import overlong_filtered, truncated_rows
+
+    b = make_batch()  # responses [11, 12, EOS], [13, EOS], [14, 15, 16], [EOS]; EOS = 1, limit 3 tokens
+    b.truncated = torch.tensor([False, False, True, False])  # row 2 reached the limit without an EOS
+    # advantages with every row: group 1 (rows 2, 3) scores [1, 0] -> +-0.707107; row 3 keeps its -0.707107
+    b.advantages, _ = grpo_advantages(place_on_last_token(torch.tensor([1.0, 0.0, 1.0, 0.0]), b.response_mask),
+                                      b.response_mask, b.group.tolist())
+    assert b.advantages[3, 0].item() == pytest.approx(-0.707106, abs=1e-5)
+    b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4)
+    b.old_log_probs = b.old_log_probs + 0.05
+    b.ref_log_probs = b.old_log_probs - 0.1
+    m = {}
+    filtered = overlong_filtered(b, 3, m)
+    assert m == {"actor/overlong_filtered_ratio": 0.25}
+    assert filtered.response_mask.tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    assert b.response_mask[2].tolist() == [1, 1, 1]  # the step's batch keeps it: response_length/* counts it
+    # an engine that does not report truncation: every response as long as the limit (rows 0 and 2)
+    assert truncated_rows(dataclasses.replace(b, truncated=None), 3).tolist() == [True, False, True, False]
+    none = {}
+    kept = b.select([0, 1, 3])
+    assert overlong_filtered(kept, 3, none) is kept and none == {"actor/overlong_filtered_ratio": 0.0}
+
+    settings = UpdateSettings(mini_batch_size=4, micro_batch_size=2, loss_agg_mode=mode, grad_clip=1e9,
+                              use_kl_loss=True, kl_loss_coef=0.5, entropy_coeff=0.01)
+
+    def update(batch):
+        model = copy.deepcopy(random_qwen2)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        metrics = update_policy(model, opt, batch, dataclasses.replace(settings, mini_batch_size=len(batch)))
+        return torch.cat([(p0 - p.detach()).flatten() for p0, p in zip(before, model.parameters())]), metrics
+
+    step, metrics = update(filtered)
+    alone, alone_metrics = update(b.select([0, 1, 3]))  # the batch without the truncated row
+    assert step.abs().sum() > 0
+    torch.testing.assert_close(step, alone, atol=1e-6, rtol=1e-4)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert metrics[key] == pytest.approx(alone_metrics[key], rel=1e-4, abs=1e-6)
+    # whatever the truncated row holds (advantages, old log-probs) changes nothing
+    filtered.advantages = filtered.advantages.clone()
+    filtered.advantages[2] = 100.0
+    filtered.old_log_probs = filtered.old_log_probs.clone()
+    filtered.old_log_probs[2] = -30.0
+    torch.testing.assert_close(update(filtered)[0], alone, atol=1e-6, rtol=1e-4)
+
+
 def test_nonfinite_gradient_skips_the_update(random_qwen2):
     b = make_batch()
     b.old_log_probs, _ = compute_log_probs(random_qwen2, b, 4)
@@ -140,6 +194,38 @@ def test_warmup_schedule():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+
+
+def test_warmup_with_a_start_factor_is_torchs_linear_lr():
+    """actor.lr_warmup_start_factor=s: s + (1 - s) * min(step, W) / W, NeMo-RL's LinearLR warm-up."""
+    from posttrain.training.actor import make_lr_scheduler, warmup_lr_factor
+
+    # W = 4, s = 0.2: 0.2 + 0.8 * [0, 1, 2, 3, 4, 4] / 4 = [0.2, 0.4, 0.6, 0.8, 1, 1]
+    # W = 3, s = 0.1: 0.1 + 0.9 * [0, 1, 2, 3, 3] / 3 = [0.1, 0.4, 0.7, 1, 1]
+    # W = 4, s = None (verl's, unchanged): (step + 1) / 4 = [0.25, 0.5, 0.75, 1, 1, 1]; W = 0: no warm-up
+    assert [warmup_lr_factor(t, 4, 0.2) for t in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+    assert [warmup_lr_factor(t, 3, 0.1) for t in range(5)] == pytest.approx([0.1, 0.4, 0.7, 1.0, 1.0])
+    assert [warmup_lr_factor(t, 4) for t in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    assert warmup_lr_factor(0, 0, 0.2) == 1.0 and warmup_lr_factor(0, 0) == 1.0
+    for s in (0.2, 1.0, 1 / 3):  # the scheduler gives torch's LinearLR, stepped once per update
+        ours = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+        torchs = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+        sched = make_lr_scheduler(ours, warmup_steps=5, start_factor=s)
+        ref = torch.optim.lr_scheduler.LinearLR(torchs, start_factor=s, end_factor=1.0, total_iters=5)
+        for _ in range(8):
+            assert ours.param_groups[0]["lr"] == pytest.approx(torchs.param_groups[0]["lr"])
+            ours.step(), torchs.step(), sched.step(), ref.step()
+    # a scheduler resumed from its state_dict goes on where it was
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_lr_scheduler(opt, 4, 0.2)
+    for _ in range(2):
+        opt.step(), sched.step()
+    opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched2 = make_lr_scheduler(opt2, 4, 0.2)
+    opt2.load_state_dict(opt.state_dict()), sched2.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.6)
+    opt2.step(), sched2.step()
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.8)
 
 
 # ---------------------------------------------------------------- token-budget micro-batches (use_dynamic_bsz)

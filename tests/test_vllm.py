@@ -41,6 +41,7 @@ def test_request_outputs_become_a_prompt_major_padded_rollout():
     assert out.response_mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
     expected = torch.tensor([[-0.1, -0.2, -0.3, 0], [-0.5, 0, 0, 0], [-1.0] * 4, [-0.7, -0.8, 0, 0]])
     assert torch.allclose(out.log_probs, expected)
+    assert out.truncated.tolist() == [False, False, True, False]  # finish_reason "length": cut off at max_tokens
     plain = to_rollout_output(outs, [[1, 2, 3], [4]], n=2, pad_token_id=0, eos_token_ids=[2, 5], want_logprobs=False)
     assert plain.log_probs is None and torch.equal(plain.response_ids, out.response_ids)
 

@@ -56,6 +56,10 @@ ALGORITHMS: dict[str, Preset] = {
     "grpo_passk": Preset(
         "Tang et al. 2025, inference-time objectives: pass@k (arXiv:2503.19595)",
         {"algorithm.adv_estimator": "grpo_passk"}),
+    "grpo_loo": Preset(
+        "NeMo-RL's GRPO: a leave-one-out baseline and std (the baseline of RLOO, Ahmadian et al. 2024, "
+        "arXiv:2402.14740)",
+        {"algorithm.adv_estimator": "grpo_loo", "algorithm.norm_adv_by_std_in_grpo": True}),
 }
 
 

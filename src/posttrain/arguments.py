@@ -46,8 +46,12 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
 
     t = sub.add_parser("train", help="run RL training (no arguments: the embedded tiny default on the CPU)",
                        description="posttrain train [CONFIG.yaml] [key=value ...]. verl keys are accepted "
-                                   "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config.")
+                                   "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config. NeMo-RL's "
+                                   "config files and keys too (--config grpo_math_1B.yaml grpo.max_num_steps=20): "
+                                   "docs/coming-from-nemo-rl.md.")
     t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    t.add_argument("--config", metavar="CONFIG.yaml", help="the config file (as the first argument; NeMo-RL's "
+                   "spelling): posttrain's, verl's keys or NeMo-RL's layout with its `defaults:` files")
     t.add_argument("--help-config", action="store_true", help="list every config key, its type and default")
 
     pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
@@ -113,11 +117,11 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     return {name: parser for name, parser in sub.choices.items()}
 
 
-def split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """[CONFIG.yaml] [key=value ...] -> (config path or None, overrides)."""
+def split_train_args(args: list[str], config: str | None = None) -> tuple[str | None, list[str]]:
+    """[CONFIG.yaml] [key=value | ~key ...] (and --config CONFIG.yaml) -> (config path or None, overrides)."""
     config_path, overrides = None, []
     for i, arg in enumerate(args):
-        if "=" in arg:
+        if "=" in arg or (arg.startswith("~") and len(arg) > 1):  # ~key: Hydra's delete (NeMo-RL's overrides)
             overrides.append(arg)
         elif i == 0 and arg.endswith((".yaml", ".yml")):
             config_path = arg
@@ -125,4 +129,6 @@ def split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
             raise ConfigError(
                 f"unexpected argument '{arg}'; pass a config file first (CONFIG.yaml) and then key=value overrides"
             )
-    return config_path, overrides
+    if config is not None and config_path is not None:
+        raise ConfigError(f"two config files ({config} by --config, {config_path} as the first argument); pass one")
+    return config or config_path, overrides

@@ -9,6 +9,7 @@ adjacent). P = padded prompt length, R = padded response length.
     responses       [N, R]    the response part of input_ids
     response_mask   [N, R]    1 on generated tokens (EOS included)
     group           [N]       prompt index within the step: GRPO's groups
+    truncated       [N] bool  the response ran out of tokens before an EOS (None: the engine did not say)
     scores          [N]       the reward function's score of each sequence (before any shaping)
     reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
@@ -41,6 +42,7 @@ class RolloutBatch:
     ground_truth: list[Any] = field(default_factory=list)
     extra_info: list[Any] = field(default_factory=list)
     response_text: list[str] = field(default_factory=list)
+    truncated: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
@@ -73,6 +75,7 @@ class RolloutBatch:
             ground_truth=rep(ground_truth),
             extra_info=rep(extra_info),
             response_text=list(response_text),
+            truncated=getattr(out, "truncated", None),  # an engine's output without it: not known
         )
 
     def __len__(self) -> int:

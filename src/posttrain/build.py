@@ -101,10 +101,39 @@ def model_dir_of(cfg) -> str:
     return cfg.model.path or str(ensure_tiny_model())
 
 
-def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
+def data_files(cfg) -> tuple[list[str], list[str] | None]:
+    """The run's train and validation files, resolved once: data.train_files, else data.dataset_name's file
+    (data.named.resolve), else the embedded arith task; data.val_files, else data.val_dataset_name's file, else
+    the default of the training data (the embedded task's test split; a named set's own test split or its
+    paired set, when prepared: named.default_validation), else none."""
+    from posttrain.data import named
+
+    d = cfg.data
+    train, val, default_val = d.train_files, d.val_files, None
+    if train is None and d.dataset_name is not None:
+        train = [str(named.resolve(d.dataset_name, "train"))]
+        if val is None and d.val_dataset_name is None and not d.val_split_size:  # else: held out of train
+            found = named.default_validation(d.dataset_name)
+            default_val = str(found) if found is not None else None
+    elif train is None:
+        train_file, default_val = embedded_data_files()
+        train = [train_file]
+    if val is None and d.val_dataset_name is not None:
+        val = [str(named.resolve(d.val_dataset_name, "test"))]
+    elif val is None and default_val is not None:
+        val = [default_val]
+    return train, val
+
+
+def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None, templates=None):
+    """files' rows as a PromptDataset; `templates`: data.prompts.PromptTemplates (None: read the config's
+    data.prompt_file / system_prompt_file, if any)."""
     from posttrain.data.dataset import PromptDataset
+    from posttrain.data.prompts import read_templates
     from posttrain.data.schema import read_rows
 
+    if templates is None:
+        templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     rows = read_rows(files, prompt_key=cfg.data.prompt_key)
     if max_samples is not None:
         rows = rows[:max_samples]
@@ -112,8 +141,28 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None):
     return PromptDataset.build(
         rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
         filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
-        template_kwargs=cfg.data.apply_chat_template_kwargs,
+        template_kwargs=cfg.data.apply_chat_template_kwargs, templates=templates,
     )
+
+
+def hold_out(train, val, share: float, seed: int | None, max_samples: int | None = None):
+    """data.val_split_size (NeMo-RL's split_validation_size): with no validation set, a seeded random
+    `share` of the training prompts (at least one) becomes the validation set and leaves training.
+    -> (train, val); with a validation set given, both unchanged (and one line says so)."""
+    from posttrain.data.dataset import PromptDataset
+
+    if val is not None:
+        print(f"posttrain: data.val_split_size={share} unused: a validation set is given", file=sys.stderr)
+        return train, val
+    count = max(1, round(share * len(train)))
+    if count >= len(train):
+        raise ConfigError(f"data.val_split_size={share} holds out all {len(train)} training prompts; make it smaller")
+    order = list(range(len(train)))
+    random.Random(seed).shuffle(order)
+    held, kept = sorted(order[:count]), sorted(order[count:])
+    val_items = [train.items[i] for i in held][:max_samples]
+    return (PromptDataset([train.items[i] for i in kept], train.num_dropped, train.num_invalid),
+            PromptDataset(val_items))
 
 
 def refuse_images(rows, image_key: str, name: str) -> None:
@@ -142,6 +191,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         param_offload=a.param_offload, ref_param_offload=cfg.ref.param_offload, optimizer_offload=a.optimizer_offload,
         weight_decay=a.weight_decay, betas=tuple(a.betas),
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
+        warmup_start_factor=a.lr_warmup_start_factor,
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
         ref_log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size,
         log_prob_max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
@@ -206,6 +256,7 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
     return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
                       betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
                                                                       total_steps),
+                      warmup_start_factor=c.lr_warmup_start_factor,
                       gradient_checkpointing=c.model.enable_gradient_checkpointing,
                       param_offload=c.model.param_offload, optimizer_offload=c.model.optimizer_offload)
 
@@ -326,6 +377,20 @@ def update_settings(cfg) -> UpdateSettings:
     )
 
 
+def training_steps(tr, steps_per_epoch: int) -> int:
+    """The run's RL steps: trainer.total_training_steps when set (verl: it
+    overrides total_epochs), else total_epochs x steps_per_epoch; with
+    trainer.max_epochs, at most max_epochs x steps_per_epoch (NeMo-RL's
+    min(max_num_steps, max_num_epochs x batches per epoch)).
+
+    Example: 10 steps an epoch, total_training_steps 25: 25 steps; with
+    max_epochs 2: 20."""
+    total = tr.total_training_steps or steps_per_epoch * tr.total_epochs
+    if tr.max_epochs is not None:
+        total = min(total, steps_per_epoch * tr.max_epochs)
+    return total
+
+
 def build_run(cfg):
     """Everything `posttrain.loop.train` needs, checked before anything is
     written; resumes from a checkpoint when trainer.resume_mode finds one."""
@@ -333,6 +398,7 @@ def build_run(cfg):
     from posttrain.algorithms import make_kl_controller
     from posttrain.config import config_to_dict, config_to_yaml
     from posttrain.data.dataset import PromptSampler
+    from posttrain.data.prompts import read_templates
     from posttrain.loop import Run
     from posttrain.models import load_tokenizer
     from posttrain.redact import redact_mapping
@@ -361,15 +427,17 @@ def build_run(cfg):
     else:
         check_fresh_run_dir(run_dir, tr.resume_mode)
     rewards = make_rewards(cfg)
-    train_files, val_files = cfg.data.train_files, cfg.data.val_files
-    if train_files is None:
-        train_files, default_val = embedded_data_files()
-        val_files = val_files if val_files is not None else [default_val]
+    train_files, val_files = data_files(cfg)  # data.dataset_name / val_dataset_name resolved here, once
+    templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    train_data = load_data(train_files, tokenizer, cfg, "train")
-    val_data = load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples) if val_files else None
+    train_data = load_data(train_files, tokenizer, cfg, "train", templates=templates)
+    val_data = (load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples, templates)
+                if val_files else None)
+    if cfg.data.val_split_size:
+        seed = cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed
+        train_data, val_data = hold_out(train_data, val_data, cfg.data.val_split_size, seed, cfg.data.val_max_samples)
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-    total_steps = tr.total_training_steps or sampler.steps_per_epoch * tr.total_epochs
+    total_steps = training_steps(tr, sampler.steps_per_epoch)
     kc = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon) if cfg.algorithm.use_kl_in_reward else None
     train_sampling, val_sampling = sampling_params(cfg)

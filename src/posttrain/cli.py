@@ -27,7 +27,7 @@ def cmd_train(args) -> int:
     if args.help_config:
         print(describe_keys())
         return 0
-    config_path, overrides = split_train_args(args.args)
+    config_path, overrides = split_train_args(args.args, args.config)
     cfg = load_config(config_path, overrides)
     run = build_run(cfg)
     print(f"posttrain: run directory {run.run_dir}", file=sys.stderr)

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain import algorithm_presets
 from posttrain import config_aliases as aliases
+from posttrain import config_nemo_rl as nemo_rl
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
 from posttrain.errors import ConfigError
 from posttrain.text import invalid_text
@@ -38,8 +39,16 @@ class CustomDatasetClass:
 
 @dataclass
 class DataConfig:
-    train_files: Optional[List[str]] = None  # None: the embedded arith task
+    train_files: Optional[List[str]] = None  # None: data.dataset_name's file, else the embedded arith task
     val_files: Optional[List[str]] = None
+    # a dataset known by name (NeMo-RL's: DeepScaler, GSM8K, AIME2024, ...; data/named.py), when no train_files:
+    # its parquet under $POSTTRAIN_DATA (default <cache>/data), made by the commands a missing file's error gives
+    dataset_name: Optional[str] = None
+    val_dataset_name: Optional[str] = None  # the same for validation, when no val_files
+    prompt_file: Optional[str] = None  # NeMo-RL's prompt file: str.format template, its one {} the problem
+    system_prompt_file: Optional[str] = None  # a file whose text is a system message placed first
+    # with no validation set: hold out this share of the training prompts (seeded by data.seed) for validation
+    val_split_size: float = 0.0
     train_batch_size: int = 64  # prompts per step
     val_batch_size: Optional[int] = None  # prompts per validation generation chunk; None: all
     val_max_samples: Optional[int] = None
@@ -169,6 +178,8 @@ class ActorConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_warmup_steps: int = -1  # -1: lr_warmup_steps_ratio x total steps
     lr_warmup_steps_ratio: float = 0.0
+    # null: warm-up factor (step + 1) / W; s in (0, 1]: torch LinearLR's s + (1 - s) * min(step, W) / W (NeMo-RL)
+    lr_warmup_start_factor: Optional[float] = None
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
     ppo_micro_batch_size: int = 8  # sequences
@@ -180,7 +191,7 @@ class ActorConfig:
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # None: clip_ratio
     clip_ratio_high: Optional[float] = None  # None: clip_ratio
-    clip_ratio_c: float = 3.0
+    clip_ratio_c: Optional[float] = 3.0  # dual-clip bound for A < 0 (> 1); null: no dual clip (NeMo-RL's ratio_clip_c)
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null: data.max_response_length
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -252,8 +263,8 @@ class PFPPOConfig:
 @dataclass
 class AlgorithmConfig:
     name: Optional[str] = None  # a preset: one of ALGORITHMS (algorithm_presets.py); your keys win
-    adv_estimator: str = "grpo"
-    norm_adv_by_std_in_grpo: bool = True
+    adv_estimator: str = "grpo"  # grpo | grpo_loo | gae | rloo | ...: algorithms.ADV_ESTIMATORS
+    norm_adv_by_std_in_grpo: bool = True  # grpo, grpo_loo, grpo_passk: divide by the (group's) std
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
@@ -262,6 +273,9 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     use_pf_ppo: bool = False  # after GAE, as verl: needs adv_estimator=gae
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    # truncated responses (no EOS within data.max_response_length) count in their group's advantages, but add
+    # nothing to the policy loss, KL loss or token counts (NeMo-RL's grpo.overlong_filtering)
+    overlong_filtering: bool = False
 
 
 @dataclass
@@ -338,6 +352,7 @@ class CriticConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_start_factor: Optional[float] = None  # as actor.lr_warmup_start_factor, for the critic's warm-up
     grad_clip: float = 1.0
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
     ppo_micro_batch_size: Optional[int] = None  # sequences; null: actor.ppo_micro_batch_size
@@ -355,9 +370,11 @@ class TrainerConfig:
     use_legacy_worker_impl: str = "auto"  # verl's choice of its own worker classes: posttrain has one kind
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
+    max_epochs: Optional[int] = None  # stop after this many passes over the data even if total_training_steps is more
     save_freq: int = -1  # -1: never
     test_freq: int = -1  # -1: only before (val_before_train) and after training
     val_before_train: bool = True
+    val_at_end: bool = True  # validate after the last step (false: only if it is a test_freq multiple)
     logger: List[str] = field(default_factory=lambda: ["console"])
     project_name: str = "posttrain"
     experiment_name: Optional[str] = "default"  # null: a timestamp (a new run directory each time)
@@ -516,6 +533,14 @@ def parse_override(arg: str) -> tuple[str, Any]:
 _YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
 
 
+def _nemo_override(arg: str) -> tuple[str, str, Any]:
+    """A Hydra-style override: '++a.b=1' / '+a.b=1' / 'a.b=1' set, '~a.b' deletes. -> (op, key, value)."""
+    if arg.startswith("~"):
+        return "~", arg[1:].split("=", 1)[0], None
+    key = parse_override(arg)[0]
+    return ("+" if arg.startswith("+") else ""), key, nemo_rl.value_of(arg.split("=", 1)[1])
+
+
 def nearest(key: str) -> str:
     candidates = list(SCHEMA) + list(aliases.alias_table(SCHEMA))
     match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
@@ -594,10 +619,26 @@ def preset() -> dict[str, Any]:
 def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults < embedded preset (only without model.path) < algorithm.name's
     preset < YAML file < overrides."""
-    layers = []
+    layers, nemo_tree = [], None
     if config_path:
-        layers.append(canonicalize(flatten(_read_yaml(config_path)), f"in {config_path}"))
-    layers.append(canonicalize(dict(parse_override(a) for a in overrides), "on the command line"))
+        data = _read_yaml(config_path)
+        if nemo_rl.is_layout(data):  # NeMo-RL's grpo.*/policy.*/... layout, its `defaults:` files under it
+            nemo_tree = nemo_rl.load_tree(config_path)
+        else:
+            layers.append(canonicalize(flatten(data), f"in {config_path}"))
+    nemo_overrides = [a for a in overrides if "=" in a and nemo_rl.is_key(a.split("=", 1)[0], nemo_tree)]
+    nemo_overrides += [a for a in overrides if a.startswith("~") and "=" not in a]  # Hydra's delete
+    overrides = [a for a in overrides if a not in nemo_overrides]
+    ours = canonicalize(dict(parse_override(a) for a in overrides), "on the command line")
+    if nemo_tree is not None or nemo_overrides:
+        origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
+        tree = nemo_rl.apply_overrides(nemo_tree or {}, [_nemo_override(a) for a in nemo_overrides])
+        nemo = nemo_rl.translate(nemo_rl.resolve(tree), origin + " (NeMo-RL's layout)")
+        for files, name in (("data.train_files", "data.dataset_name"), ("data.val_files", "data.val_dataset_name")):
+            if files in ours:  # files on the command line replace the file's dataset
+                nemo.pop(name, None)
+        layers.append(canonicalize(nemo, origin))
+    layers.append(ours)
     name = next((layer["algorithm.name"] for layer in reversed(layers) if "algorithm.name" in layer), None)
     if name is not None and (not isinstance(name, str) or name not in algorithm_presets.ALGORITHMS):
         shown = _show(name) if isinstance(name, str) else _short(name)  # e.g. [a]: a list is no name
@@ -681,13 +722,22 @@ def validate(cfg: Config) -> None:
                 "trainer.total_training_steps"):
         value = _get(cfg, key)
         _need(value is None or value > 0, f"{key} must be a positive integer or null, got {value}")
+    _need(0 <= d.val_split_size < 1, f"data.val_split_size must be in [0, 1) (the share of training prompts held "
+          f"out for validation), got {d.val_split_size}")
     _need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
     _need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
     _need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
     _need(r.temperature >= 0, f"rollout.temperature must be >= 0, got {r.temperature}")
     _need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
     _need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
-    _need(a.clip_ratio_c > 1, f"actor.clip_ratio_c must be > 1, got {a.clip_ratio_c}")
+    _need(a.clip_ratio_c is None or a.clip_ratio_c > 1,
+          f"actor.clip_ratio_c must be > 1, or null (no dual clip), got {a.clip_ratio_c}")
+    for key in ("actor.lr_warmup_start_factor", "critic.lr_warmup_start_factor"):
+        value = _get(cfg, key)
+        _need(value is None or 0 < value <= 1, f"{key} must be in (0, 1] (the LR factor of the first step, as "
+              f"torch's LinearLR start_factor) or null (warm-up from 1/W), got {value}")
+    _need(tr.max_epochs is None or tr.max_epochs >= 1,
+          f"trainer.max_epochs must be >= 1 or null (no cap on passes over the data), got {tr.max_epochs}")
     _need(cfg.reward.timeout_s > 0, f"reward.timeout_s must be > 0, got {cfg.reward.timeout_s}")
     _need(cfg.reward.num_workers is None or cfg.reward.num_workers >= 0,
           f"reward.num_workers must be >= 0 (0: score in the trainer process) or null (min(8, CPUs)), "
@@ -704,6 +754,7 @@ def validate(cfg: Config) -> None:
     _need(not d.custom_cls.path, f"data.custom_cls.path={_show(d.custom_cls.path)}: a verl dataset class is not "
           "supported; posttrain reads parquet rows itself (prompt, data_source, reward_model.ground_truth): write "
           "the data in that layout (`posttrain preprocess` has examples) and leave data.custom_cls out")
+    validate_dataset_names(d)
     taken = sorted({"conversation", "tokenize", "add_generation_prompt", "return_dict"} & set(d.apply_chat_template_kwargs))
     _need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
                      "for the assistant's turn); leave it out")
@@ -749,6 +800,12 @@ def validate(cfg: Config) -> None:
           f"{alg.gamma} and {alg.lam}")
     _need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
+    _need(alg.adv_estimator != "grpo_loo" or r.n >= 2,
+          f"algorithm.adv_estimator=grpo_loo compares each sample with the other samples of its prompt: it needs "
+          f"rollout.n >= 2 (with one sample every advantage is 0), got {r.n}")
+    _need(not (alg.overlong_filtering and r.ignore_eos),
+          "algorithm.overlong_filtering=true with rollout.ignore_eos=true: every response runs to "
+          "data.max_response_length without ending, so every one would be filtered out of the loss; turn one off")
     if alg.use_pf_ppo:
         _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
         _need(alg.adv_estimator in NEEDS_CRITIC, f"algorithm.use_pf_ppo=true resamples the batch after GAE (as verl): "
@@ -807,6 +864,19 @@ def uses_lora(cfg: Config) -> bool:
 def data_parallel_groups(cfg: Config) -> int:
     """Workers that take rows of their own: all of them, or their Ulysses groups."""
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
+
+
+def validate_dataset_names(d: DataConfig) -> None:
+    """data.dataset_name / val_dataset_name: known, usable for their split, and not set beside the files they
+    replace. Names only: whether the files are there is for build time (data.named.resolve)."""
+    from posttrain.data import named
+
+    for files, name, split in (("train_files", "dataset_name", "train"), ("val_files", "val_dataset_name", "test")):
+        value = getattr(d, name)
+        _need(value is None or getattr(d, files) is None,
+              f"data.{files} and data.{name}={_show(value)} are both set; keep one (files, or a known dataset name)")
+        if value is not None:
+            named.lookup(value, split)
 
 
 def validate_verl_switches(cfg: Config) -> None:
@@ -1045,4 +1115,11 @@ def describe_keys() -> str:
     lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  [named unused]")
     lines.append("")
     lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
+    lines.append("")
+    lines.append("NeMo-RL's layout (a --config file with grpo:, loss_fn:, policy:, ... and `defaults:`; its keys as "
+                 "overrides, ++key=value, ~key):")
+    for nemo, ours in nemo_rl.RENAMES.items():
+        lines.append(f"  {nemo} -> {ours}")
+    lines.append("  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
+                 "keep_top_k, the loggers): docs/coming-from-nemo-rl.md")
     return "\n".join(lines)

@@ -123,15 +123,18 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
         if cfg.algorithm.use_pf_ppo:  # PF-PPO: the update trains on rows redrawn by how reliable their reward is
             batch = pf_ppo_batch(batch, cfg.algorithm.pf_ppo, seed=cfg.trainer.seed * 1_000_003 + run.global_step)
     # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
-    #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule).
-    #    A NaN or inf in their inputs skips both (the weights stay as they are)
+    #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule), without the
+    #    truncated responses with algorithm.overlong_filtering. A NaN or inf in their inputs skips both (the
+    #    weights stay as they are)
+    policy_batch = overlong_filtered(batch, cfg.data.max_response_length, m) if cfg.algorithm.overlong_filtering \
+        else batch
     fault = first_nonfinite_input(batch)
     if run.has_critic and fault is None:
         with timed(m, "update_critic"):
             m.update(run.actor.update_critic(batch))
     if run.global_step >= cfg.trainer.critic_warmup and fault is None:
         with timed(m, "update_actor"):
-            m.update(run.actor.train_step(batch))
+            m.update(run.actor.train_step(policy_batch))
         # 6. the rollout engine samples from the new weights next step
         with timed(m, "update_weights"):
             run.actor.sync_weights()
@@ -139,6 +142,32 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     # 7. a step whose inputs, losses or gradient norm were not finite is counted (train() stops after a streak)
     m["actor/nonfinite_steps"] = run.guard.observe(run.global_step + 1, fault or update_fault(m))
     return m, batch
+
+
+def truncated_rows(batch: RolloutBatch, max_response_length: int) -> torch.Tensor:
+    """[N] bool: the responses that ran out of tokens before an EOS, as the
+    rollout engine reported (an engine that does not say: those as long as
+    max_response_length)."""
+    if batch.truncated is not None:
+        return batch.truncated.bool()
+    return batch.response_mask.sum(-1) >= max_response_length
+
+
+def overlong_filtered(batch: RolloutBatch, max_response_length: int, m: dict) -> RolloutBatch:
+    """algorithm.overlong_filtering (NeMo-RL's grpo.overlong_filtering): the
+    batch the policy update sees, the truncated responses' response_mask
+    zeroed after their advantages were computed with them in their groups.
+    So they add nothing to the policy loss, the KL loss, the entropy bonus or
+    the counts that token-mean divides by (NeMo-RL's loss_multiplier 0), and
+    the other rows' loss is what it would be without them. `batch` itself
+    keeps its mask: response_length/*, the clip ratio and the advantages'
+    statistics still count every row. Adds actor/overlong_filtered_ratio
+    (the share of rows filtered) to `m`."""
+    cut = truncated_rows(batch, max_response_length)  # [N]
+    m["actor/overlong_filtered_ratio"] = float(cut.float().mean()) if len(cut) else 0.0
+    if not bool(cut.any()):
+        return batch
+    return dataclasses.replace(batch, response_mask=batch.response_mask.masked_fill(cut.unsqueeze(-1), 0))
 
 
 def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
@@ -340,7 +369,8 @@ def save(run: Run, m: dict) -> None:
 
 def train(run: Run) -> dict[str, float]:
     """Validate, run steps up to `total_steps` (validating every `test_freq`
-    and saving every `save_freq` steps, and at the end), validate again.
+    and saving every `save_freq` steps, and at the end), validate again
+    (unless trainer.val_at_end is false and the last step is no test_freq multiple).
 
     SIGTERM or SIGINT: the step in progress finishes, a checkpoint is written
     and `Preempted` is raised (the CLI exits with status 75); a second
@@ -371,7 +401,8 @@ def train(run: Run) -> dict[str, float]:
                 last = run.global_step == run.total_steps
                 metrics["training/global_step"] = float(run.global_step)
                 metrics["training/epoch"] = float(epoch)
-                if run.val_data is not None and (last or (tr.test_freq > 0 and run.global_step % tr.test_freq == 0)):
+                periodic = tr.test_freq > 0 and run.global_step % tr.test_freq == 0
+                if run.val_data is not None and ((last and tr.val_at_end) or periodic):
                     metrics.update(run_validation(run, logger))
                     summary["val_after"] = metrics["val/score/mean"]
                 stopping = run.stop_signal is not None or run.guard.exhausted

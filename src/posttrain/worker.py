@@ -44,6 +44,7 @@ class CriticSpec:
     weight_decay: float = 0.01
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
+    warmup_start_factor: float | None = None  # critic.lr_warmup_start_factor (training.actor.warmup_lr_factor)
     gradient_checkpointing: bool = False
     param_offload: bool = False  # FSDP2's CPUOffloadPolicy (sharded workers)
     optimizer_offload: bool = False  # the optimizer's state on the CPU between updates
@@ -69,6 +70,7 @@ class WorkerSpec:
     weight_decay: float = 0.01
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
+    warmup_start_factor: float | None = None  # actor.lr_warmup_start_factor (training.actor.warmup_lr_factor)
     log_prob_micro_batch_size: int = 64
     ref_log_prob_micro_batch_size: int = 64
     log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
@@ -171,7 +173,7 @@ class Worker:
                 parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref_param_offload,
                             forward_prefetch=s.ref_forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
-        self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps)
+        self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor)
         if s.critic is not None:
             self._setup_critic(s.critic, kwargs)
         if s.sequence_parallel > 1 and self.distributed:  # after the rollout's copy was made: it samples whole rows
@@ -205,7 +207,7 @@ class Worker:
         elif c.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
-        self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps)
+        self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps, c.warmup_start_factor)
 
     def _setup_sequence_parallel(self, size: int) -> None:
         """Groups of `size` consecutive ranks split each sequence's positions (training/ulysses.py)."""

@@ -2,8 +2,8 @@
 
 from posttrain.algorithms.advantages import (
     ADV_ESTIMATORS, NEEDS_CRITIC, compute_advantages, gae_advantages, get_adv_estimator, gpg_advantages,
-    grpo_advantages, grpo_passk_advantages, masked_whiten, reinforce_pp_advantages, reinforce_pp_baseline_advantages,
-    remax_advantages, rloo_advantages,
+    grpo_advantages, grpo_loo_advantages, grpo_passk_advantages, masked_whiten, reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages, remax_advantages, rloo_advantages,
 )
 from posttrain.algorithms.critic import explained_variance, value_loss
 from posttrain.algorithms.kl import (
@@ -19,7 +19,8 @@ from posttrain.algorithms.shaping import (
 
 __all__ = [
     "ADV_ESTIMATORS", "NEEDS_CRITIC", "compute_advantages", "gae_advantages", "get_adv_estimator", "grpo_advantages",
-    "grpo_passk_advantages", "masked_whiten", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages",
+    "grpo_loo_advantages", "grpo_passk_advantages", "masked_whiten", "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rloo_advantages", "gpg_advantages", "remax_advantages", "explained_variance", "value_loss", "KL_KINDS",
     "AdaptiveKLController", "FixedKLController",
     "apply_kl_penalty", "kl_penalty", "make_kl_controller", "LOSS_AGG_MODES", "POLICY_LOSSES", "agg_loss",

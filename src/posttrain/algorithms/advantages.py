@@ -75,6 +75,56 @@ def grpo_advantages(
     return adv, adv
 
 
+def grpo_loo_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO with a leave-one-out baseline (NeMo-RL's GRPO default,
+    use_leave_one_out_baseline=true): each sample is compared with the
+    other samples of its group only.
+
+    Args and returns as `grpo_advantages`: token_level_rewards [B, T],
+    response_mask [B, T], index B group ids -> (advantages [B, T],
+    returns [B, T]), the same tensor, zero outside the mask.
+
+    For sample i of a group of n >= 2, over the other n - 1 scores:
+        b_i = their mean,  s_i = their unbiased (n - 2) std (0 when n = 2:
+              one other score has no spread; NaN -> 0, as NeMo-RL)
+        A_i = (score_i - b_i) / (s_i + epsilon)  where s_i > 0
+        A_i = score_i - b_i                      where s_i = 0 (not divided:
+              NeMo-RL does not sharpen samples whose peers all agree)
+    norm_adv_by_std_in_grpo=False: A_i = score_i - b_i always. A group of
+    one has advantage 0 (NeMo-RL sets its baseline to its own score). Note
+    score_i - b_i = n/(n-1) (score_i - mean_g): RLOO's advantage.
+
+    Example: scores [1, 0, 0, 0] in one group:
+        row 0: others [0, 0, 0], b = 0, s = 0 -> A = 1 (not divided)
+        rows 1-3: others [1, 0, 0], b = 1/3, s = sqrt(1/3) = 0.5774
+                  -> A = -1/3 / (0.5774 + 1e-6) = -0.5773
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # [B]
+        baseline = scores.clone()  # [B]; a group of one: its own score, advantage 0
+        std = torch.zeros_like(scores)  # [B]
+        for rows in _group_rows(index, scores.shape[0]):
+            if len(rows) < 2:
+                continue
+            group = scores[rows]  # [n]
+            others = ~torch.eye(len(rows), dtype=torch.bool)  # [n, n]: row i marks the samples other than i
+            peers = group.unsqueeze(0).expand(len(rows), -1)[others].view(len(rows), len(rows) - 1)  # [n, n-1]
+            baseline[rows] = peers.mean(dim=-1)
+            if len(rows) > 2:
+                std[rows] = peers.std(dim=-1).nan_to_num(0.0)  # unbiased over the n - 1 others
+        adv = scores - baseline
+        if norm_adv_by_std_in_grpo:
+            adv = torch.where(std > 0, adv / (std + epsilon), adv)
+        adv = adv.unsqueeze(-1) * response_mask  # [B, T]
+    return adv, adv
+
+
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """(values - mean) * rsqrt(var + 1e-8), with the mean and the unbiased
     (n - 1) variance over the n entries where mask == 1 (verl's semantics);
@@ -308,6 +358,7 @@ ADV_ESTIMATORS: dict[str, Callable] = {
     "grpo_passk": grpo_passk_advantages,
     "remax": remax_advantages,
     "gpg": gpg_advantages,
+    "grpo_loo": grpo_loo_advantages,
 }
 NEEDS_CRITIC = frozenset({"gae"})
 

@@ -87,7 +87,7 @@ def ppo_policy_loss(
     response_mask: torch.Tensor,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "token-mean",
     *,
     loss_scale_factor: float | None = None,
@@ -99,6 +99,8 @@ def ppo_policy_loss(
         clipped = max(-A r, -A clip(r, 1 - low, 1 + high))
     and where A < 0 also at most -A * clip_ratio_c (dual clip, Ye et al.
     2020): without it a token with A < 0 and a huge r has an unbounded loss.
+    clip_ratio_c=None turns the dual clip off (NeMo-RL's ratio_clip_c: null):
+    the loss is `clipped` everywhere and pg_clipfrac_lower is 0.
     The per-token losses are aggregated with `agg_loss(loss_agg_mode)`.
 
     Returns a dict:
@@ -112,21 +114,28 @@ def ppo_policy_loss(
         A = 1,  r = 1.5: max(-1.5, -1.2) = -1.2   (clipped, no gradient)
         A = -1, r = 5.0: max(5.0, 1.2) = 5.0, dual: min(3.0, 5.0) = 3.0
         pg_loss = (-1.2 + 3.0) / 2 = 0.9, pg_clipfrac 0.5, pg_clipfrac_lower 0.5.
+    With clip_ratio_c=None the second token keeps 5.0: pg_loss (-1.2 + 5.0) / 2
+    = 1.9, pg_clipfrac_lower 0.
     """
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c (the dual-clip bound) must be > 1, got {clip_ratio_c}")
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (the dual-clip bound) must be > 1 or None (no dual clip), got {clip_ratio_c}")
     mask = response_mask.to(log_prob.dtype)
     log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)  # [B, T]
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped = torch.maximum(loss1, loss2)  # pessimistic of the two
-    loss3 = -advantages * clip_ratio_c  # [B, T], the dual-clip ceiling
-    negative = advantages < 0
-    per_token = torch.where(negative, torch.minimum(loss3, clipped), clipped)  # [B, T]
+    if clip_ratio_c is None:  # no dual clip
+        per_token = clipped
+        dual = torch.zeros_like(clipped, dtype=torch.bool)
+    else:
+        loss3 = -advantages * clip_ratio_c  # [B, T], the dual-clip ceiling
+        negative = advantages < 0
+        per_token = torch.where(negative, torch.minimum(loss3, clipped), clipped)  # [B, T]
+        dual = (clipped > loss3) & negative
     with torch.no_grad():
         clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
-        clipfrac_lower = masked_mean(((clipped > loss3) & negative).to(mask.dtype), mask)
+        clipfrac_lower = masked_mean(dual.to(mask.dtype), mask)
         ppo_kl = masked_mean(-log_ratio, mask)
     return {
         "pg_loss": agg_loss(per_token, mask, loss_agg_mode, loss_scale_factor=loss_scale_factor),
@@ -157,7 +166,7 @@ def gspo_policy_loss(
     response_mask: torch.Tensor,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "seq-mean-token-mean",
     *,
     loss_scale_factor: float | None = None,
@@ -210,7 +219,7 @@ def gpg_policy_loss(
     response_mask: torch.Tensor,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "token-mean",
     *,
     loss_scale_factor: float | None = None,

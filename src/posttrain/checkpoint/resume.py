@@ -11,15 +11,15 @@ import yaml
 
 from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import restore_rng
-from posttrain.config import flatten
+from posttrain.config import SCHEMA, flatten
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.redact import matches_redacted, redact_mapping
 from posttrain.text import one_line
 
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.
-MAY_DIFFER = ("trainer.", "data.val_files", "data.val_batch_size", "data.val_max_samples", "rollout.val_kwargs.",
-              "reward.timeout_s", "profiler.")  # profiler.*: e.g. resume to profile a later step
+MAY_DIFFER = ("trainer.", "data.val_files", "data.val_dataset_name", "data.val_batch_size", "data.val_max_samples",
+              "rollout.val_kwargs.", "reward.timeout_s", "profiler.")  # profiler.*: e.g. resume to profile a later step
 MUST_MATCH = ("trainer.seed",)
 
 
@@ -55,10 +55,13 @@ def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
     shown = redact_mapping(now)  # the message names values, never a credential among them
     # the saved config was redacted (build.build_run): a `***` there matches whatever secret is given now,
     # and a saved `***` is never put back into the config
+    # a key newer than the checkpoint (not in its config.yaml) left at its default is no difference: every
+    # new key's default is what posttrain did before it existed
     diffs = [
         f"{k}: {saved.get(k)!r} -> {shown.get(k)!r}"
         for k in sorted(set(saved) | set(now))
         if not matches_redacted(saved.get(k), now.get(k)) and (k in MUST_MATCH or not k.startswith(MAY_DIFFER))
+        and not (k not in saved and k in SCHEMA and now.get(k) == SCHEMA[k][1])
     ]
     if state.get("model_dir") != str(model_dir):
         diffs.insert(0, f"model: {state.get('model_dir')!r} -> {str(model_dir)!r}")

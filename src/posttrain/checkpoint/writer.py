@@ -48,8 +48,11 @@ class CheckpointWriter:
     and a failed write is raised at the next `save()` or at `close()`.
 
     Retention after each save: the newest `max_to_keep` checkpoints, plus the
-    best `keep_top_k` by `metric` (`mode` max or min); the newest valid one
-    always stays. Neither set: keep everything.
+    first `keep_top_k` of every valid checkpoint ranked by `metric` (`mode`
+    max or min; `ranked`: one without the metric ranks last, ties go to the
+    newer step, so with fewer than keep_top_k scored checkpoints the newest
+    unscored ones fill the rest); the newest valid one always stays. Neither
+    set: keep everything.
     """
 
     def __init__(self, run_dir, static_files: dict[str, bytes], config_yaml: str, async_save: bool = True,
@@ -153,11 +156,28 @@ class CheckpointWriter:
         if self.max_to_keep:
             keep |= {i.step for i in valid[-self.max_to_keep:]}
         if self.keep_top_k:
-            scored = [i for i in valid if isinstance(i.metrics.get(self.metric), (int, float))]
-            scored.sort(key=lambda i: i.metrics[self.metric], reverse=self.mode == "max")
-            keep |= {i.step for i in scored[: self.keep_top_k]}
+            keep |= {i.step for i in ranked(valid, self.metric, self.mode)[: self.keep_top_k]}
         for info in valid:
             if info.step not in keep:
                 if self.remote is not None:
                     self.remote.delete_checkpoint(info.path)
                 shutil.rmtree(info.path, ignore_errors=True)
+
+
+def ranked(infos: list, metric: str, mode: str = "max") -> list:
+    """Checkpoints best first for keep_top_k (NeMo-RL's order): by `metric`
+    (mode max: highest first; min: lowest first), a checkpoint without it
+    (or with a non-numeric or NaN value) ranked after every scored one, and
+    equal values (missing ones too) newest step first.
+
+    Example: metrics {2: 0.5, 4: 0.7, 6: none, 8: 0.7}, mode max -> steps
+    [8, 4, 2, 6]; mode min -> [2, 8, 4, 6]."""
+    def value(info) -> float | None:
+        v = info.metrics.get(metric)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # v == v: not NaN
+        return float(v) if ok else None
+
+    if mode == "max":
+        return sorted(infos, key=lambda i: (value(i) if value(i) is not None else float("-inf"), i.step),
+                      reverse=True)
+    return sorted(infos, key=lambda i: (value(i) if value(i) is not None else float("inf"), -i.step))

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from posttrain.data.prompts import PromptTemplates
 from posttrain.data.schema import check_row, describe_skipped
 from posttrain.errors import DataError
 
@@ -26,7 +27,7 @@ _warned_no_template: set[str] = set()
 @dataclass
 class PromptItem:
     prompt_ids: list[int]  # chat template applied, ending with the assistant turn's opening
-    messages: Any  # the row's prompt as stored: list[{role, content}] (or a plain string)
+    messages: Any  # the row's prompt as stored: list[{role, content}] (or a plain string); templated when asked
     data_source: str
     ground_truth: Any  # str, or a dict such as countdown's {target, numbers}
     extra_info: dict = field(default_factory=dict)
@@ -94,7 +95,7 @@ class PromptDataset:
     @classmethod
     def build(cls, rows: list[dict], tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
               filter_overlong: bool = True, truncation: str = "error", name: str = "train",
-              template_kwargs: dict | None = None) -> PromptDataset:
+              template_kwargs: dict | None = None, templates: PromptTemplates | None = None) -> PromptDataset:
         """Tokenize rows (as read_rows gives them). A prompt over
         max_prompt_length tokens is dropped and counted (filter_overlong, as
         verl's filter_overlong_prompts), else cut (truncation left|right) or
@@ -102,6 +103,8 @@ class PromptDataset:
         whose prompt the tokenizer refuses or makes 0 tokens of, is skipped
         and counted, with one warning line; no usable row is a DataError.
         Items keep the rows' indices (read_rows' `indices`, else 0, 1, ...).
+        `templates` (data.prompt_file / data.system_prompt_file, see
+        data.prompts) rewrite each usable row's messages before tokenizing.
 
             build(rows, tok, 30)   # 3 rows, one of 40 tokens -> len 2, num_dropped 1
         """
@@ -116,11 +119,11 @@ class PromptDataset:
         for i, row in zip(indices, rows):
             reason = check_row(row, prompt_key)
             if reason is None:
-                ids, reason = _encode_row(tokenizer, row[prompt_key], template_kwargs)
+                messages = templates.apply(row[prompt_key], row.get("extra_info")) if templates else row[prompt_key]
+                ids, reason = _encode_row(tokenizer, messages, template_kwargs)
             if reason is not None:
                 skipped.append((i, reason))
                 continue
-            messages = row[prompt_key]
             if len(ids) > max_prompt_length:
                 if filter_overlong:
                     dropped += 1

@@ -58,13 +58,18 @@ def check_command(words: list[str] | tuple[str, ...], cluster: tuple[int, int] |
 
 def _check_train(args: list[str], words: list[str], cluster, resize: str) -> None:
     """Unknown config keys, and a trainer.nnodes x n_gpus_per_node the cluster cannot hold."""
+    from posttrain import config_nemo_rl as nemo_rl
     from posttrain.config import canonicalize, parse_override
 
-    try:
-        flat = canonicalize(dict(parse_override(a) for a in split_train_args(args)[1]), "after --")
+    try:  # NeMo-RL's keys are checked against its file where the job runs; posttrain's and verl's here
+        overrides = [a for a in split_train_args(args)[1] if not a.startswith("~")]
+        nemo = dict(parse_override(a) for a in overrides if nemo_rl.is_key(a.split("=", 1)[0]))
+        flat = canonicalize(dict(parse_override(a) for a in overrides if a.split("=", 1)[0].lstrip("+") not in nemo),
+                            "after --")
     except ConfigError as e:
         raise ConfigError(f"the command after -- ({shlex.join(words)}): {e}") from None
-    nodes, gpus = flat.get("trainer.nnodes", 1), flat.get("trainer.n_gpus_per_node", 1)
+    nodes = flat.get("trainer.nnodes", nemo.get("cluster.num_nodes", 1))
+    gpus = flat.get("trainer.n_gpus_per_node", nemo.get("cluster.gpus_per_node", 1))
     if cluster is None or not cluster[1] or not (isinstance(nodes, int) and isinstance(gpus, int)):
         return  # a config file may set them; CPU workers are not counted in GPUs
     if nodes > cluster[0] or gpus > cluster[1]:

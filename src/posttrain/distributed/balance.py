@@ -76,10 +76,12 @@ def concat_rollouts(outs: list[RolloutOutput], pad_token_id: int) -> RolloutOutp
     log_probs = None
     if all(o.log_probs is not None for o in outs):
         log_probs = torch.cat([pad(o.log_probs, r_width, 0.0, False) for o in outs])
+    truncated = torch.cat([o.truncated for o in outs]) if all(o.truncated is not None for o in outs) else None
     return RolloutOutput(
         prompt_ids=torch.cat([pad(o.prompt_ids, p_width, pad_token_id, True) for o in outs]),
         prompt_mask=torch.cat([pad(o.prompt_mask, p_width, 0, True) for o in outs]),
         response_ids=torch.cat([pad(o.response_ids, r_width, pad_token_id, False) for o in outs]),
         response_mask=torch.cat([pad(o.response_mask, r_width, 0, False) for o in outs]),
         log_probs=log_probs,
+        truncated=truncated,
     )

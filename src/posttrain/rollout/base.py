@@ -45,6 +45,9 @@ class RolloutOutput:
     log_probs:     [N, R] log-prob of each sampled token under the sampling
                    distribution at temperature (before top-k/top-p), when
                    asked for with SamplingParams(logprobs=True); else None
+    truncated:     [N] bool, True where the response stopped at max_new_tokens
+                   without an EOS or stop token (it did not finish); None
+                   from an engine that does not say
     """
 
     prompt_ids: torch.Tensor
@@ -52,6 +55,7 @@ class RolloutOutput:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     log_probs: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
 
 
 def decode_responses(tokenizer, out: RolloutOutput) -> list[str]:

@@ -131,7 +131,7 @@ class HFRolloutEngine:
                                                          generator=self.generator, device=self.device)
         was_training = self.model.training
         self.model.eval()
-        parts = []  # (rows of the chunk in the output, responses, masks, log-probs)
+        parts = []  # (rows of the chunk in the output, responses, masks, log-probs, truncated)
         bar = tqdm(total=len(expanded), desc="gen", unit="seq", leave=False, disable=None if self.progress else True)
         try:
             for start in range(0, len(order), per_chunk):
@@ -140,28 +140,31 @@ class HFRolloutEngine:
                 ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
                 rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
                 u = uniforms[rows.to(self.device)] if uniforms is not None else None
-                r, m, lp = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
-                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None))
+                r, m, lp, cut = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
+                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu()))
                 bar.update(len(chunk) * n)
         finally:
             bar.close()
             self.model.train(was_training)
-        width = max(r.shape[1] for _, r, _, _ in parts)
+        width = max(r.shape[1] for _, r, _, _, _ in parts)
         response_ids = torch.full((len(expanded), width), self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((len(expanded), width), dtype=torch.long)
         log_probs = torch.zeros((len(expanded), width)) if params.logprobs else None
-        for rows, r, m, lp in parts:
+        truncated = torch.zeros(len(expanded), dtype=torch.bool)
+        for rows, r, m, lp, cut in parts:
             response_ids[rows, :r.shape[1]] = r
             response_mask[rows, :m.shape[1]] = m
+            truncated[rows] = cut
             if log_probs is not None:
                 log_probs[rows, :lp.shape[1]] = lp
-        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs)
+        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs, truncated)
 
     def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, n: int, params: SamplingParams,
                         uniforms: torch.Tensor | None):
         """ids, mask: [p, P] distinct prompts, left-padded; uniforms [p*n,
         max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
-        None): [p*n, R], the n samples of a prompt adjacent."""
+        None): [p*n, R], the n samples of a prompt adjacent; truncated [p*n]:
+        the rows that never sampled an EOS (with ignore_eos, every row)."""
         rows, device = ids.shape[0] * n, ids.device
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, P]; pads get 0, ignored by the mask
         if not self.shared_prefill:
@@ -207,4 +210,5 @@ class HFRolloutEngine:
                              past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1, :]
             next_pos = next_pos + 1
-        return tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None)
+        return (tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None),
+                ~finished)

@@ -80,8 +80,9 @@ def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_tok
                       eos_token_ids: list[int], want_logprobs: bool) -> RolloutOutput:
     """vLLM RequestOutputs (one per prompt, n completions each) -> RolloutOutput,
     prompt-major. A completion that stopped on an EOS or stop token ends with
-    that token exactly once (vLLM leaves a stop token out of `token_ids`)."""
-    rows, row_logprobs = [], []
+    that token exactly once (vLLM leaves a stop token out of `token_ids`).
+    A completion whose finish_reason is "length" is `truncated`."""
+    rows, row_logprobs, truncated = [], [], []
     for req in request_outputs:
         if len(req.outputs) != n:
             raise RuntimeError(f"vLLM returned {len(req.outputs)} completions for a prompt, expected {n}")
@@ -94,6 +95,7 @@ def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_tok
                     lps.append(0.0)  # vLLM reports no log-prob for a stop token it leaves out
             rows.append(ids)
             row_logprobs.append(lps)
+            truncated.append(c.finish_reason == "length")
     expanded = [p for p in prompts for _ in range(n)]
     prompt_ids, prompt_mask = left_pad(expanded, pad_token_id, max(len(p) for p in expanded))
     width = max(1, max(len(r) for r in rows))
@@ -106,7 +108,8 @@ def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_tok
             response_mask[i, :len(ids)] = 1
             if log_probs is not None:
                 log_probs[i, :len(ids)] = torch.tensor(row_logprobs[i], dtype=torch.float32)
-    return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs)
+    return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs,
+                         torch.tensor(truncated, dtype=torch.bool))
 
 
 def _sampled_logprobs(completion, want: bool) -> list[float]:

@@ -23,7 +23,7 @@ class UpdateSettings:
     ppo_epochs: int = 1
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
+    clip_ratio_c: float | None = 3.0  # None: no dual clip
     loss_agg_mode: str = "token-mean"
     loss_mode: str = "vanilla"  # the policy loss: algorithms.POLICY_LOSSES
     loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's constant divisor (the max response length)
@@ -64,11 +64,33 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, to_cpu: bool) -> None
                 state[key] = value.to(device, non_blocking=True)
 
 
-def make_lr_scheduler(optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `warmup_steps` RL steps, then constant (verl's default)."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    )
+def make_lr_scheduler(optimizer, warmup_steps: int,
+                      start_factor: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup_steps` RL steps, then constant; the
+    scheduler is stepped once per update (RL step); `warmup_lr_factor` gives
+    each step's LR factor."""
+    # a plain function, not a callable object: the scheduler's state_dict stays as it was (no lambda state)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_lr_factor(step, warmup_steps, start_factor))
+
+
+def warmup_lr_factor(step: int, warmup_steps: int, start_factor: float | None = None) -> float:
+    """The LR multiplier of update `step` (0-based) with W = warmup_steps:
+
+    start_factor None (verl's warm-up): min(1, (step + 1) / W), so the first
+        update already has 1/W of the LR and update W - 1 has all of it.
+    start_factor s (NeMo-RL's torch LinearLR(start_factor=s, end_factor=1,
+        total_iters=W)): s + (1 - s) * min(step, W) / W, so the first update
+        has s of the LR and update W has all of it.
+    W <= 0: 1 (no warm-up).
+
+    Example: W = 4 -> [0.25, 0.5, 0.75, 1, 1, ...]; W = 4, s = 0.2 ->
+    [0.2, 0.4, 0.6, 0.8, 1, 1, ...].
+    """
+    if warmup_steps <= 0:
+        return 1.0
+    if start_factor is None:
+        return min(1.0, (step + 1) / warmup_steps)
+    return start_factor + (1.0 - start_factor) * min(step, warmup_steps) / warmup_steps
 
 
 def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:

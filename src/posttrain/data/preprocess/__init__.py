@@ -5,6 +5,7 @@
     posttrain preprocess arith --output-dir data/add15 --min-value 1 --max-value 15 --style question
     posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
     posttrain preprocess math --input data/MATH --output-dir data/math
+    posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
 which writes the files and prints one line per file with its row count.
@@ -32,7 +33,7 @@ def _gsm8k(args) -> int:
 def _math(args) -> int:
     from posttrain.data.preprocess import math
 
-    return _report(math.run(args.input, args.output_dir, args.data_source))
+    return _report(math.run(args.input, args.output_dir, args.data_source, args.split, args.problem_key))
 
 
 def _arith(args) -> int:
@@ -58,12 +59,18 @@ def register(subparsers) -> None:
     g.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
     g.set_defaults(func=_gsm8k)
 
-    m = subparsers.add_parser("math", help="MATH / MATH-500 / DeepScaleR problems with \\boxed{} answers")
+    m = subparsers.add_parser("math", help="MATH / MATH-500 / DeepScaleR / AIME / OpenMathInstruct-2 / NuminaMath / "
+                                           "OpenR1-Math problems with \\boxed{} answers")
     m.add_argument("--input", required=True, nargs="+", metavar="FILE_OR_DIR",
                    help=".jsonl/.json/.parquet files or directories; train/test is read from the names")
     m.add_argument("--output-dir", required=True, help="writes train.parquet, test.parquet (or <name>.parquet) here")
     m.add_argument("--data-source", default="DigitalLearningGmbH/MATH-lighteval",
                    help="the rows' data_source (default: verl's MATH name, scored by the math reward)")
+    m.add_argument("--split", default=None, metavar="NAME",
+                   help="write every row to NAME.parquet (e.g. test for AIME, whose Hub file is named train), "
+                        "instead of the split read from each file's path")
+    m.add_argument("--problem-key", default="problem", metavar="COLUMN",
+                   help="the column that holds the problem (default: problem; AIME2025's is question)")
     m.set_defaults(func=_math)
 
     ar = subparsers.add_parser("arith", help="two-number addition (the embedded default task)")

@@ -1,5 +1,6 @@
 """MATH-style problems (MATH / lighteval, MATH-500, DeepScaleR, the original
-MATH tarball) -> train/test parquet rows in verl's layout, as verl's
+MATH tarball, AIME, OpenMathInstruct-2, NuminaMath-1.5, OpenR1-Math) ->
+train/test parquet rows in verl's layout, as verl's
 examples/data_preprocess/math_dataset.py writes them.
 
     run(["data/MATH"], "data/math")   # -> [data/math/train.parquet, data/math/test.parquet]
@@ -17,8 +18,14 @@ One input row {"problem": "P", "solution": "... \\\\boxed{\\\\frac{1}{2}}", "lev
 extra_info keeps the problem, the reference solution, the level, the
 subject (MATH's `type`, MATH-500's `subject`) and MATH-500's `unique_id`
 where the input has them. The ground truth is the row's `answer` when it
-has one (MATH-500, DeepScaleR), else the content of the last \\boxed{} (or
-\\fbox{}) of its `solution`; a row with neither is skipped and counted.
+has one (MATH-500, DeepScaleR, AIME), else its `expected_answer`
+(OpenMathInstruct-2), else the content of the last \\boxed{} (or \\fbox{})
+of its `solution`; a row with none is skipped and counted. So is a row
+marked unverifiable as NeMo-RL filters NuminaMath-1.5: an answer `proof` or
+`notfound`, a question_type `proof`, a problem_is_valid or
+solution_is_valid other than `Yes`. The problem is the row's `problem`, or
+the column `problem_key` names (AIME2025's `question`); extra_info keeps it
+as `problem`.
 
 Inputs: .jsonl, .json (a list of rows, or one row per file as in the MATH
 tarball) and .parquet files, or directories of them (searched recursively;
@@ -27,8 +34,10 @@ file's split is read from its path below the input given: `train` or
 `test` as a word of a file or folder name (MATH's `train/algebra/1.json`,
 the Hub's `data/train-00000-of-00001.parquet`, MATH-500's `test.jsonl`);
 a file named neither gives `<its stem>.parquet` (DeepScaleR's
-`deepscaler.json` -> deepscaler.parquet). Rows of one split are numbered
-from 0 in file order.
+`deepscaler.json` -> deepscaler.parquet). `split` puts every row in
+<split>.parquet instead (AIME 2024's Hub file is named train, but it is a
+test set: `--split test`). Rows of one split are numbered from 0 in file
+order.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ INSTRUCTION = "Let's think step by step and output the final answer within \\box
 SUFFIXES = (".jsonl", ".json", ".parquet")
 _HOW = ("pass MATH-style files (.jsonl, .json or .parquet rows with 'problem' and 'solution' holding a "
         "\\boxed{} answer, or 'problem' and 'answer'), or directories of them")
+ANSWER_KEYS = ("answer", "expected_answer")  # expected_answer: OpenMathInstruct-2's
+UNVERIFIABLE = frozenset({"proof", "notfound"})  # NuminaMath-1.5's answers that are not answers
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def split_of(path: Path, root: Path) -> str:
@@ -82,7 +94,7 @@ def find_files(inputs) -> list[tuple[Path, Path]]:
     return files
 
 
-def read_file(path: Path) -> list[dict]:
+def read_file(path: Path, problem_key: str = "problem") -> list[dict]:
     """The rows of one file, as dicts."""
     try:
         if path.suffix == ".parquet":
@@ -98,28 +110,43 @@ def read_file(path: Path) -> list[dict]:
     # the shape is checked by field names; a row whose values are missing or
     # hold no answer is skipped (and counted) by run()
     for i, row in enumerate(rows):
-        if not isinstance(row, dict) or "problem" not in row:
-            raise DataError(f"MATH file '{path}' row {i} has no 'problem' field; {_HOW}")
-        if "answer" not in row and "solution" not in row:
-            raise DataError(f"MATH file '{path}' row {i} has neither an 'answer' nor a 'solution' field; {_HOW}")
+        if not isinstance(row, dict) or problem_key not in row:
+            hint = "" if problem_key != "problem" else " (another column holds it, as AIME2025's 'question'? name it " \
+                "with --problem-key)"
+            raise DataError(f"MATH file '{path}' row {i} has no '{problem_key}' field{hint}; {_HOW}")
+        if not any(k in row for k in (*ANSWER_KEYS, "solution")):
+            raise DataError(f"MATH file '{path}' row {i} has neither an 'answer' nor a 'solution' field (nor "
+                            f"OpenMathInstruct-2's 'expected_answer'); {_HOW}")
     return rows
 
 
 def ground_truth(row: dict) -> str | None:
     """The row's `answer` (a string, or a number as AIME sets give it), else
-    its solution's last boxed answer, else None."""
-    answer = row.get("answer")
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if isinstance(answer, str) and answer.strip():
-        return answer.strip()
+    its `expected_answer`, else its solution's last boxed answer, else None."""
+    for key in ANSWER_KEYS:
+        answer = row.get(key)
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if isinstance(answer, str) and answer.strip():
+            return answer.strip()
     solution = row.get("solution")
     found = last_boxed(solution) if isinstance(solution, str) else None
     return found or None
 
 
-def make_row(row: dict, truth: str, split: str, index: int, data_source: str) -> dict:
-    extra = {"split": split, "index": index, "problem": row["problem"]}
+def unverifiable(row: dict) -> bool:
+    """Marked by NuminaMath-1.5 as having no checkable answer (NeMo-RL drops these rows too)."""
+    answer = row.get("answer")
+    if isinstance(answer, str) and answer.strip().lower() in UNVERIFIABLE:
+        return True
+    if str(row.get("question_type") or "").strip().lower() == "proof":
+        return True
+    return any(key in row and row[key] != "Yes" for key in ("problem_is_valid", "solution_is_valid"))
+
+
+def make_row(row: dict, truth: str, split: str, index: int, data_source: str, problem_key: str = "problem") -> dict:
+    problem = row[problem_key]
+    extra = {"split": split, "index": index, "problem": problem}
     if isinstance(row.get("solution"), str):
         extra["solution"] = row["solution"]
     for ours, theirs in (("level", "level"), ("subject", "type"), ("subject", "subject"), ("unique_id", "unique_id")):
@@ -127,31 +154,44 @@ def make_row(row: dict, truth: str, split: str, index: int, data_source: str) ->
             extra[ours] = str(row[theirs])
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": row["problem"] + " " + INSTRUCTION}],
+        "prompt": [{"role": "user", "content": problem + " " + INSTRUCTION}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": extra,
     }
 
 
-def run(inputs, output_dir, data_source: str = DATA_SOURCE) -> list[Path]:
-    """Write output_dir/<split>.parquet for each split found; -> their paths.
-    Rows are numbered from 0 within a split, in file order. Prints how many
-    rows had no answer to recover (skipped)."""
+def run(inputs, output_dir, data_source: str = DATA_SOURCE, split: str | None = None,
+        problem_key: str = "problem") -> list[Path]:
+    """Write output_dir/<split>.parquet for each split found (every row in
+    <split>.parquet when `split` is given); -> their paths. Rows are numbered
+    from 0 within a split, in file order. Prints how many rows had no answer
+    to recover, or were marked unverifiable (skipped)."""
+    if split is not None and not SPLIT_NAME.fullmatch(split):
+        raise DataError(f"split name {split!r} is not a plain file name; use letters, digits, '_', '-' or '.' "
+                        "(e.g. train or test)")
     by_split: dict[str, list[dict]] = {}
     skipped: dict[str, int] = {}
+    marked: dict[str, int] = {}
     for f, root in find_files(inputs):
-        split = split_of(f, root)
-        for row in read_file(f):
-            truth = ground_truth(row)
-            if truth is None or not isinstance(row["problem"], str) or not row["problem"].strip():
-                skipped[split] = skipped.get(split, 0) + 1
+        name = split or split_of(f, root)
+        for row in read_file(f, problem_key):
+            if unverifiable(row):
+                marked[name] = marked.get(name, 0) + 1
                 continue
-            rows = by_split.setdefault(split, [])
-            rows.append(make_row(row, truth, split, len(rows), data_source))
-    for split, count in skipped.items():
-        print(f"skipped {count} {split} row{'s' if count > 1 else ''} without an answer (an 'answer', or a "
-              f"\\boxed{{}} in the 'solution') or without 'problem' text")
+            truth = ground_truth(row)
+            problem = row[problem_key]
+            if truth is None or not isinstance(problem, str) or not problem.strip():
+                skipped[name] = skipped.get(name, 0) + 1
+                continue
+            rows = by_split.setdefault(name, [])
+            rows.append(make_row(row, truth, name, len(rows), data_source, problem_key))
+    for name, count in skipped.items():
+        print(f"skipped {count} {name} row{'s' if count > 1 else ''} without an answer (an 'answer', or a "
+              f"\\boxed{{}} in the 'solution') or without '{problem_key}' text")
+    for name, count in marked.items():
+        print(f"skipped {count} {name} row{'s' if count > 1 else ''} marked unverifiable (a 'proof' or 'notfound' "
+              "answer, question_type 'proof', or problem_is_valid / solution_is_valid not 'Yes')")
     if not by_split:
         names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
         raise DataError(f"no MATH rows with an answer in {names}; {_HOW}")

@@ -1,0 +1,191 @@
+"""NeMo-RL's config layout: its files (with `defaults:`), its Hydra-style overrides, and the places
+where its keys mean something else than verl's (train_global_batch_size counts samples,
+use_leave_one_out_baseline, keep_top_k without a metric)."""
+
+from pathlib import Path
+
+import pytest
+
+from posttrain import config_nemo_rl as nemo_rl
+from posttrain.arguments import split_train_args
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
+
+HERE = Path(__file__).parent / "data" / "nemo_rl"
+BASE, SEED = str(HERE / "grpo_base.yaml"), str(HERE / "grpo_seed.yaml")
+FSDP2 = ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true", "++policy.optimizer.kwargs.lr=2e-6"]
+
+
+def layer(path=None, *overrides):
+    """The posttrain keys a NeMo-RL file (and overrides) map to, before posttrain's defaults."""
+    tree = nemo_rl.load_tree(path) if path else {}
+    ops = [("~", a[1:], None) if a.startswith("~") else
+           ("+" if a.startswith("+") else "", a.split("=", 1)[0].lstrip("+"), nemo_rl.value_of(a.split("=", 1)[1]))
+           for a in overrides]
+    return nemo_rl.translate(nemo_rl.resolve(nemo_rl.apply_overrides(tree, ops)), "in test")
+
+
+def test_a_file_in_nemo_rl_layout_maps_onto_posttrain_keys():
+    cfg = load_config(BASE, ["policy.model_name=m", "data.dataset_name=null"])
+    assert (cfg.data.train_batch_size, cfg.rollout.n, cfg.trainer.total_training_steps) == (4, 4, 100)
+    assert cfg.trainer.max_epochs == 1 and cfg.trainer.seed == 7 and cfg.trainer.val_at_end is False
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.clip_ratio_c) == (0.2, 0.28, None)
+    assert cfg.actor.use_kl_loss and cfg.actor.kl_loss_coef == 0.01 and cfg.actor.kl_loss_type == "k3"
+    assert cfg.actor.loss_agg_mode == "token-mean" and cfg.actor.lr == 1e-6 and cfg.actor.weight_decay == 0.0
+    assert (cfg.actor.lr_warmup_steps, cfg.actor.lr_warmup_start_factor) == (2, 0.1)  # LinearLR(0.1, 2 iters)
+    assert cfg.actor.ppo_micro_batch_size == 4 and cfg.rollout.log_prob_micro_batch_size == 4  # interpolated
+    # max_new_tokens and max_input_seq_length interpolate max_total_sequence_length
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (64, 64)
+    assert cfg.rollout.name == "hf" and cfg.rollout.top_k == -1
+    assert cfg.rollout.val_kwargs.temperature == 0.0 and cfg.rollout.val_kwargs.do_sample is False
+    assert cfg.trainer.run_dir == "results/grpo" and cfg.trainer.save_freq == 10
+    assert cfg.reward.num_workers == 0 and cfg.trainer.logger == ["console"]
+
+
+def test_train_global_batch_size_counts_samples_not_prompts():
+    # NeMo-RL: 16 samples per optimizer step = 4 prompts x 4 generations; verl's ppo_mini_batch_size counts prompts
+    nemo = load_config(BASE, ["policy.model_name=m", "data.dataset_name=null"])
+    assert nemo.actor.ppo_mini_batch_size == 16 // 4
+    assert layer(BASE, "policy.train_global_batch_size=8", "grpo.num_generations_per_prompt=2")[
+        "actor.ppo_mini_batch_size"] == 4
+    verl = load_config(None, ["model.path=m", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                              "data.train_batch_size=16"])
+    assert verl.actor.ppo_mini_batch_size == 16
+    with pytest.raises(ConfigError, match=r"train_global_batch_size=18 .* multiple of grpo.num_generations_per_prompt=4"):
+        layer(BASE, "policy.train_global_batch_size=18")
+    with pytest.raises(ConfigError, match="give grpo.num_generations_per_prompt too"):
+        layer(None, "policy.train_global_batch_size=16")
+
+
+def test_leave_one_out_baseline_picks_nemo_rls_grpo_estimator():
+    assert layer(BASE)["algorithm.adv_estimator"] == "grpo_loo"
+    plain = layer(BASE, "grpo.use_leave_one_out_baseline=false", "grpo.normalize_rewards=false")
+    assert plain["algorithm.adv_estimator"] == "grpo" and plain["algorithm.norm_adv_by_std_in_grpo"] is False
+    # verl's GRPO (posttrain's default) has no leave-one-out baseline
+    assert load_config(None, ["model.path=m"]).algorithm.adv_estimator == "grpo"
+
+
+def test_keep_top_k_without_a_metric_keeps_the_newest_k():
+    newest = layer(BASE, "checkpointing.keep_top_k=2", "checkpointing.metric_name=null")
+    assert newest["trainer.max_ckpt_to_keep"] == 2 and "trainer.keep_top_k" not in newest
+    best = layer(BASE, "checkpointing.keep_top_k=2")
+    assert (best["trainer.keep_top_k"], best["trainer.keep_top_k_metric"], best["trainer.keep_top_k_mode"]) == (
+        2, "val/score/mean", "max")
+    assert "trainer.max_ckpt_to_keep" not in best
+    low = layer(BASE, "checkpointing.metric_name=train:loss", "checkpointing.higher_is_better=false")
+    assert (low["trainer.keep_top_k_metric"], low["trainer.keep_top_k_mode"]) == ("actor/pg_loss", "min")
+    assert layer(BASE, "checkpointing.keep_top_k=null").get("trainer.max_ckpt_to_keep") is None  # keep all
+    assert layer(BASE, "checkpointing.enabled=false")["trainer.save_freq"] == -1
+    with pytest.raises(ConfigError, match="metric_name=val:bogus"):
+        layer(BASE, "checkpointing.metric_name=val:bogus")
+
+
+def test_defaults_inheritance_and_overrides_before_interpolation(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text(f"defaults: {BASE}\npolicy:\n  max_total_sequence_length: 32\n"
+                     "logger:\n  _override_: true\n  wandb_enabled: true\n  wandb:\n    project: p\n    name: n\n")
+    got = layer(str(child))
+    assert got["data.max_response_length"] == got["data.max_prompt_length"] == 32  # the parent's ${...} follow
+    assert got["trainer.logger"] == ["console", "wandb"] and got["trainer.project_name"] == "p"
+    assert "trainer.run_dir" in got and got["trainer.experiment_name"] == "n"
+    over = layer(str(child), "policy.max_total_sequence_length=16", "++grpo.seed=3", "~policy.scheduler")
+    assert over["data.max_response_length"] == 16 and over["trainer.seed"] == 3
+    assert "actor.lr_warmup_steps" not in over
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("defaults: loop.yaml\ngrpo: {}\n")
+    with pytest.raises(ConfigError, match="inherits from itself"):
+        nemo_rl.load_tree(loop)
+    orphan = tmp_path / "orphan.yaml"
+    orphan.write_text("defaults: missing.yaml\ngrpo: {}\n")
+    with pytest.raises(ConfigError, match=r"missing.yaml' \(named by `defaults:`"):
+        nemo_rl.load_tree(orphan)
+
+
+def test_megatron_is_refused_with_the_fsdp2_switch_unless_disabled():
+    with pytest.raises(ConfigError) as e:
+        load_config(SEED, ["policy.model_name=m"])
+    assert "\n" not in str(e.value) and "policy.megatron_cfg.enabled=false policy.dtensor_cfg.enabled=true" in str(e.value)
+    with pytest.raises(ConfigError, match=r"policy.optimizer is null .* \+\+policy.optimizer.kwargs.lr"):
+        load_config(SEED, ["policy.model_name=m", "policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"])
+    cfg = load_config(SEED, ["policy.model_name=m", "data.dataset_name=null", *FSDP2])
+    assert cfg.actor.lr == 2e-6 and cfg.actor.lr_warmup_steps <= 0 and cfg.actor.lr_warmup_steps_ratio == 0  # none
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 8)
+    assert cfg.actor.ppo_mini_batch_size == 32 // 4
+
+
+def test_what_posttrain_cannot_honour_is_refused_in_one_line():
+    cases = {
+        "grpo.async_grpo.enabled=true": "asynchronous GRPO",
+        "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
+        "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .* set it to 1",
+        "loss_fn.use_importance_sampling_correction=true": "set it to false",
+        "policy.dtensor_cfg.tensor_parallel_size=2": "tensor_parallel_size=2",
+        "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
+        "++policy.scheduler=[{name: CosineAnnealingLR}]": "scheduler",
+        "policy.optimizer.name=torch.optim.SGD": "AdamW",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=message) as e:
+            layer(BASE, override)
+        assert "\n" not in str(e.value)
+
+
+def test_engine_knobs_are_accepted_and_nemo_keys_alone_work_on_posttrains_defaults():
+    assert "rollout.max_model_len" not in layer(BASE)  # a vLLM setting: not handed to the hf engine
+    vllm = layer(BASE, "policy.generation.backend=vllm", "++policy.generation.vllm_cfg.use_tqdm=false",
+                 "++cluster.master_port_range_low=1400")
+    assert vllm["rollout.max_model_len"] == 64 and vllm["rollout.gpu_memory_utilization"] == 0.6
+    cfg = load_config(None, ["grpo.max_num_steps=3", "grpo.num_generations_per_prompt=2", "trainer.device=cpu",
+                             "model.path=m"])
+    assert cfg.trainer.total_training_steps == 3 and cfg.rollout.n == 2 and cfg.trainer.device == "cpu"
+
+
+def test_command_line_keys_of_posttrain_win_and_files_replace_the_dataset():
+    cfg = load_config(BASE, ["policy.model_name=m", "data.train_files=[a.parquet]", "actor.lr=3e-6"])
+    assert cfg.data.train_files == ["a.parquet"] and cfg.data.dataset_name is None and cfg.actor.lr == 3e-6
+
+
+def test_config_flag_and_hydra_delete_on_the_command_line():
+    assert split_train_args(["grpo.seed=1", "~policy.scheduler"], BASE) == (BASE, ["grpo.seed=1", "~policy.scheduler"])
+    assert split_train_args([BASE, "a=1"]) == (BASE, ["a=1"])
+    with pytest.raises(ConfigError, match="two config files"):
+        split_train_args([BASE], SEED)
+
+
+def test_split_validation_size_holds_out_a_seeded_share_of_the_training_prompts():
+    from posttrain.build import hold_out
+    from posttrain.data.dataset import PromptDataset
+
+    assert layer(BASE, "++data.train.split_validation_size=0.05")["data.val_split_size"] == 0.05
+    train = PromptDataset(list(range(20)))
+    kept, val = hold_out(train, None, 0.1, seed=3)
+    assert len(val) == 2 and len(kept) == 18 and sorted(kept.items + val.items) == list(range(20))
+    again, val_again = hold_out(train, None, 0.1, seed=3)
+    assert val_again.items == val.items and again.items == kept.items  # the same rows on a resumed run
+    assert len(hold_out(train, None, 0.01, seed=3)[1]) == 1  # at least one
+    given = PromptDataset([99])
+    assert hold_out(train, given, 0.1, seed=3) == (train, given)  # a validation set is given: nothing held out
+    with pytest.raises(ConfigError, match="holds out all"):
+        hold_out(PromptDataset([1]), None, 0.5, seed=0)
+
+
+def test_the_guide_commands_parse_and_its_tables_name_real_keys():
+    import re
+    import shlex
+
+    from posttrain.cli import build_parser
+    from posttrain.config import SCHEMA
+
+    text = (Path(__file__).parents[1] / "docs" / "coming-from-nemo-rl.md").read_text()
+    commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+                for line in block.replace("\\\n", " ").splitlines() if line.strip().startswith("posttrain ")]
+    assert len(commands) >= 3
+    for line in commands:
+        build_parser().parse_args(shlex.split(line)[1:])
+    rows = [r for r in text.splitlines() if r.startswith("| `")]
+    assert len(rows) > 40
+    for row in rows:
+        ours = row.rstrip("|").rsplit("|", 1)[1]
+        first = re.search(r"`([a-z_]+\.[a-z_.]+)", ours)
+        key = first and first.group(1)
+        assert key and (key in SCHEMA or any(key.startswith(k + ".") for k in SCHEMA)), row
