@@ -104,17 +104,19 @@ def cluster(ray_cluster):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("variant", ["plain", "ulysses", "lora"])
+@pytest.mark.parametrize("variant", ["plain", "ulysses", "lora", "lora-merged"])
 def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tmp_path, variant):
     """Same batch, same seed: log-probs, one PPO step (2 mini-batches x 2
     micro-batches, KL loss, entropy bonus) and a second step all match one
     process. With Ulysses both workers take the same rows, each half of every
     sequence's positions, for the actor, the reference and the critic; with
-    LoRA the sharded adapters train and the reference is the base."""
+    LoRA the sharded adapters train and the reference is the base (lora-merged: the rollout copies hold the
+    base with the adapters merged in, gathered from the shards)."""
     from posttrain.distributed.group import WorkerGroup
 
     sequence_parallel = 2 if variant == "ulysses" else 1
-    extra = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"] if variant == "lora" else []
+    extra = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"] if "lora" in variant else []
+    extra += ["rollout.lora_sync=merged"] if variant == "lora-merged" else []
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
                                   "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2",
                                   "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=2", "critic.lr=1e-3",

@@ -219,8 +219,10 @@ def lora_settings(cfg):
     m = cfg.model
     if not uses_lora(cfg):
         return None
+    sync = cfg.rollout.lora_sync or ("merged" if cfg.rollout.name == "vllm" else "adapter")
     return LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, target_modules=m.target_modules,
-                        exclude_modules=m.exclude_modules, dropout=m.lora_dropout, adapter_path=m.lora_adapter_path)
+                        exclude_modules=m.exclude_modules, dropout=m.lora_dropout, adapter_path=m.lora_adapter_path,
+                        sync=sync)
 
 
 def mixed_precision(cfg, device: str) -> str | None:

@@ -148,6 +148,10 @@ class RolloutConfig:
     max_model_len: Optional[int] = None  # null: data.max_prompt_length + data.max_response_length
     enforce_eager: Optional[bool] = None
     load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
+    # how a LoRA policy reaches the engine: adapter (the engine applies the adapters: hf samples from the policy
+    # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second
+    # copy on hf, full weights into vLLM); null: adapter on hf (no second copy), merged on vLLM
+    lora_sync: Optional[str] = None
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
     layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
@@ -761,6 +765,8 @@ def validate(cfg: Config) -> None:
     _need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
           "rollout.name=vllm (GPUs) or hf")
     _choice("rollout.name", r.name, ("hf", "vllm"))
+    if r.lora_sync is not None:
+        _choice("rollout.lora_sync", r.lora_sync, ("adapter", "merged"))
     _choice("rollout.mode", r.mode, ("sync", "async"))
     _need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
           "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
@@ -851,7 +857,8 @@ def validate(cfg: Config) -> None:
 
 
 # set to anything but their default, these are named in one warning line as unused
-LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout")
+LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
+                  "rollout.lora_sync")
 VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
                   "reward.model.rollout", "model.use_shm", "rollout.layered_summon",
                   "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")

@@ -160,8 +160,11 @@ class Worker:
             warnings.warn(f"actor.freeze_vision_tower=true: {type(self.policy).__name__} has no vision tower; "
                           "every parameter trains", stacklevel=2)
         rollout_model = self.policy
-        if self.distributed:
+        if self.merged_rollout and s.rollout == "hf":  # a plain base, its weights W + s B A at every sync
+            rollout_model = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
+        elif self.distributed:
             rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout == "hf" else None
+        if self.distributed:
             parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
                         offload_params=s.param_offload, forward_prefetch=s.forward_prefetch,
                         reduce_dtype=s.reduce_dtype)
@@ -248,7 +251,8 @@ class Worker:
                 tensor_parallel_size=s.tensor_parallel_size, gpu_memory_utilization=s.gpu_memory_utilization,
                 dtype=s.mixed_precision or s.dtype, max_model_len=s.max_model_len, seed=s.seed + self.rank,
                 trust_remote_code=s.trust_remote_code, enable_sleep_mode=s.free_cache_engine,
-                engine_kwargs=s.engine_kwargs)
+                engine_kwargs=s.engine_kwargs,
+                lora_rank=self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0)
         from posttrain.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
@@ -333,15 +337,34 @@ class Worker:
             out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2 ** 30
         return out
 
+    @property
+    def merged_rollout(self) -> bool:
+        """A LoRA policy whose rollout engine holds the base with the adapters merged in (rollout.lora_sync)."""
+        return self.spec.lora is not None and self.spec.lora.sync == "merged"
+
     def sync_weights(self) -> None:
-        """Make the rollout engine sample from the policy's current weights."""
-        if not self.distributed and self.spec.rollout == "hf":
+        """Make the rollout engine sample from the policy's current weights: the same module (hf, one
+        process), a copy of them, the LoRA adapters alone (vLLM's LoRA request), or the base with the
+        adapters merged in (rollout.lora_sync=merged)."""
+        s = self.spec
+        if not self.distributed and s.rollout == "hf" and not self.merged_rollout:
             self.engine.update_weights(self.policy)  # the same module: nothing to copy
             return
         from posttrain.rollout.weights import named_full_weights
 
         self._wake()  # the weights go into a sleeping engine's device memory
-        self.engine.load_weights(named_full_weights(self.policy))
+        if s.lora is not None and s.rollout == "vllm" and not self.merged_rollout:
+            from posttrain.models.lora import adapter_config_json, adapter_weights
+
+            self.engine.load_adapter(adapter_weights(named_full_weights(self.policy, lora_only=True)),
+                                     adapter_config_json(self.policy))
+            return
+        weights = named_full_weights(self.policy)
+        if self.merged_rollout:
+            from posttrain.models.lora import lora_scaling, merged_weights
+
+            weights = merged_weights(weights, lora_scaling(self.policy))
+        self.engine.load_weights(weights)
 
     def _wake(self) -> None:
         if getattr(self, "_asleep", False):

@@ -38,13 +38,12 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool 
     lora = (ckpt / "actor" / ADAPTER_CONFIG).is_file() or trained_adapters(ckpt)
     if adapter and not lora:
         raise CheckpointError(f"'{ckpt}' holds no LoRA adapters (it trained every weight); export it without --adapter")
-    if lora and (ckpt / "actor_dcp").is_dir():
-        raise CheckpointError(f"'{ckpt}' is a sharded LoRA checkpoint: exporting those is not supported yet; export "
-                              "a checkpoint of a one-process LoRA run")
     shutil.copytree(ckpt / "actor", tmp)
-    if (ckpt / "actor_dcp").is_dir():
+    if lora and (ckpt / "actor_dcp").is_dir():
+        gather_adapters(ckpt, tmp, merge=not adapter)
+    elif (ckpt / "actor_dcp").is_dir():
         gather_shards(ckpt, tmp)
-    if lora and not adapter:
+    elif lora and not adapter:
         merge_adapters(ckpt, tmp)
     if out.exists():
         out.rmdir()
@@ -81,24 +80,54 @@ def gather_shards(ckpt: Path, out: Path) -> None:
     save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def merge_adapters(ckpt: Path, out: Path) -> None:
-    """A LoRA checkpoint's actor/ copied to `out` -> a plain model directory:
-    the base model (the run's model.path) with the adapters merged in, saved
-    in place of the adapter files."""
-    import json
-
+def gather_adapters(ckpt: Path, out: Path, merge: bool) -> None:
+    """A sharded LoRA checkpoint (its actor_dcp/ holds the whole adapted model's shards) -> in `out`, the
+    peft adapter files, or with `merge` the base with the adapters merged in (model.safetensors): the
+    run's base model is built with the run's adapters, filled from the shards in this one process."""
+    import yaml
     from safetensors.torch import save_file
 
+    from posttrain.checkpoint.sharded import load_full_model
     from posttrain.checkpoint.state import model_tensors
     from posttrain.models.loader import load_model
+    from posttrain.models.lora import LoraSettings, adapter_config_json, add_adapters, adapter_tensors
+
+    m = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model") or {}
+    settings = LoraSettings(rank=m.get("lora_rank") or 8, alpha=m.get("lora_alpha", 16),
+                            target_modules=m.get("target_modules", "all-linear"),
+                            exclude_modules=m.get("exclude_modules"),
+                            adapter_path=None if m.get("lora_rank") else m.get("lora_adapter_path"))  # the shapes
+    model = add_adapters(load_model(base_model_dir(ckpt)), settings)
+    load_full_model(ckpt / "actor_dcp", model)
+    if merge:
+        save_file(model_tensors(model.merge_and_unload()), str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        save_file(adapter_tensors(model), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (out / ADAPTER_CONFIG).write_text(adapter_config_json(model))
+
+
+def base_model_dir(ckpt: Path) -> str:
+    """The base model a LoRA checkpoint's adapters belong to (the run's model.path), which must be there."""
+    import json
 
     base = json.loads((ckpt / "trainer_state.json").read_text()).get("model_dir")
     if not base or not Path(base).is_dir():
         raise CheckpointError(f"'{ckpt}' holds LoRA adapters for the base model '{base}', which is not there; put the "
                               "base model back, or export the adapters alone with --adapter")
+    return base
+
+
+def merge_adapters(ckpt: Path, out: Path) -> None:
+    """A LoRA checkpoint's actor/ copied to `out` -> a plain model directory:
+    the base model (the run's model.path) with the adapters merged in, saved
+    in place of the adapter files."""
+    from safetensors.torch import save_file
+
+    from posttrain.checkpoint.state import model_tensors
+    from posttrain.models.loader import load_model
     from posttrain.models.lora import LoraSettings, add_adapters
 
-    model = add_adapters(load_model(base), LoraSettings(rank=0), ckpt / "actor").merge_and_unload()
+    model = add_adapters(load_model(base_model_dir(ckpt)), LoraSettings(rank=0), ckpt / "actor").merge_and_unload()
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         (out / name).unlink()
     save_file(model_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})

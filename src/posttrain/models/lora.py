@@ -38,6 +38,7 @@ class LoraSettings:
     exclude_modules: Any = None
     dropout: float = 0.0
     adapter_path: str | None = None  # start from these adapters (a peft directory) instead of fresh ones
+    sync: str = "adapter"  # how the rollout engine samples: "adapter" (applied) or "merged" (W + s B A, a copy)
 
 
 def _peft():
@@ -94,6 +95,13 @@ def adapter_config_json(model) -> str:
 
     config = model.peft_config["default"].to_dict()  # sets (target_modules) sorted: the same file every time
     return json.dumps({k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}, indent=2, default=str)
+
+
+def adapter_weights(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The policy's (name, full tensor) adapter pairs -> the tensors as peft saves them (its file's names:
+    'base_model.model.<layer>.lora_A.weight', no adapter name), CPU copies: what a LoRA request loads."""
+    return {name.replace(".default.", "."): t.detach().to("cpu", copy=True).contiguous()
+            for name, t in named if ".lora_" in name}
 
 
 def lora_scaling(model) -> float:

@@ -6,7 +6,9 @@ after each update it takes the new weights, gathered from the FSDP2
 shards under their Hugging Face names (`rollout.weights`). vLLM's own
 `load_weights` maps HF names onto its fused layers (qkv_proj,
 gate_up_proj); the weights reach every tensor-parallel worker through
-`collective_rpc` and the extension in `rollout/vllm_worker.py`.
+`collective_rpc` and the extension in `rollout/vllm_worker.py`. A LoRA
+policy sends its adapters alone (a peft directory named by a LoRA request,
+`rollout.lora_sync=adapter`) or the base with them merged in (`merged`).
 
 Every vLLM import is inside a function: this module imports without vLLM.
 """
@@ -14,11 +16,15 @@ Every vLLM import is inside a function: this module imports without vLLM.
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Iterable
 
 import torch
 
 from posttrain.errors import ConfigError
+from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.hf import left_pad
 
@@ -140,25 +146,30 @@ class VLLMRolloutEngine:
     def __init__(self, model_dir, *, eos_token_ids: list[int], pad_token_id: int, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16", max_model_len: int | None = None,
                  seed: int = 0, enable_sleep_mode: bool = True, trust_remote_code: bool = False,
-                 engine_kwargs: dict | None = None):
-        """engine_kwargs: more vllm.LLM arguments (rollout.enforce_eager, ..., rollout.engine_kwargs.vllm.*)."""
+                 engine_kwargs: dict | None = None, lora_rank: int = 0):
+        """engine_kwargs: more vllm.LLM arguments (rollout.enforce_eager, ..., rollout.engine_kwargs.vllm.*).
+        lora_rank > 0: the policy's LoRA adapters arrive by `load_adapter` and every request applies them."""
         from vllm import LLM
 
         self.eos_token_ids, self.pad_token_id = sorted(set(eos_token_ids)), pad_token_id
         self.seeds = itertools.count(seed * 1_000_003)  # one seed per call: reproducible, never repeated
+        lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": 1} if lora_rank else {}
         self.llm = LLM(
             model=str(model_dir), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len, seed=seed,
             enable_sleep_mode=enable_sleep_mode, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
-            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **(engine_kwargs or {}),
+            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **lora, **(engine_kwargs or {}),
         )
+        self.lora_request = None  # the adapters of the newest load_adapter
+        self.adapter_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-")) if lora_rank else None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, next(self.seeds)))
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
+                                 lora_request=self.lora_request)
         return to_rollout_output(outs, prompts, params.n, self.pad_token_id, self.eos_token_ids, params.logprobs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -171,6 +182,26 @@ class VLLMRolloutEngine:
     def update_weights(self, model: torch.nn.Module) -> None:
         self.load_weights(model.state_dict().items())
 
+    def load_adapter(self, tensors: dict[str, torch.Tensor], config_json: str) -> None:
+        """New LoRA adapters (peft's file names and adapter_config.json): written as a peft directory, which
+        the next requests name in a LoRA request with a new id (vLLM caches adapters by id); the previous
+        adapters are dropped from the engine and the disk. The base weights stay as loaded."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        old = self.lora_request
+        version = (old.lora_int_id + 1) if old is not None else 1
+        path = self.adapter_root / f"v{version}"
+        path.mkdir(parents=True)
+        save_file(tensors, str(path / ADAPTER_WEIGHTS))
+        (path / ADAPTER_CONFIG).write_text(config_json)
+        self.lora_request = LoRARequest(f"posttrain-v{version}", version, str(path))
+        if old is not None:
+            remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
+            if remove is not None:
+                remove(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
     def sleep(self) -> None:
         self.llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
 
@@ -179,3 +210,11 @@ class VLLMRolloutEngine:
 
     def shutdown(self) -> None:
         del self.llm
+        if self.adapter_root is not None:
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's max_lora_rank takes a few values: the smallest that holds `rank`."""
+    allowed = (8, 16, 32, 64, 128, 256, 320, 512)
+    return next((r for r in allowed if r >= rank), rank)

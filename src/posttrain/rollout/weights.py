@@ -35,10 +35,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def named_full_weights(model: torch.nn.Module, device: str | torch.device | None = None
+def named_full_weights(model: torch.nn.Module, device: str | torch.device | None = None, lora_only: bool = False
                        ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) for every entry of the model's state dict, one
-    at a time, so at most one gathered tensor is alive beyond the engine's copy."""
+    """(HF name, full tensor) for every entry of the model's state dict (`lora_only`: its LoRA adapters'
+    alone), one at a time, so at most one gathered tensor is alive beyond the engine's copy."""
     for name, t in model.state_dict().items():
+        if lora_only and ".lora_" not in name:
+            continue  # every rank skips the same names: the gathers stay in step
         full = full_tensor(t.detach())
         yield hf_name(name), (full.to(device) if device is not None else full)
