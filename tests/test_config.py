@@ -315,8 +315,13 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
         c = load_config(None, ["model.path=/m", "actor_rollout_ref.rollout.multi_turn.format=chatml"])
     assert c.rollout.multi_turn.format == "chatml"
     assert error(["model.path=/m", "actor_rollout_ref.rollout.multi_turn.enable=True"]) == (
-        "rollout.multi_turn.enable=true: multi-turn rollouts with tools are not supported yet; set it to false "
-        "(one response per prompt)")
+        "rollout.multi_turn.enable=true needs tools: rollout.multi_turn.tool_config_path=TOOLS.yaml (verl's format) "
+        "or rollout.multi_turn.tools=[pkg.mod:fn]")
+    on = ["model.path=/m", "actor_rollout_ref.rollout.multi_turn.enable=True", "rollout.multi_turn.tools=[m:f]"]
+    assert error([*on, "actor_rollout_ref.rollout.multi_turn.format=chatml"]) == (
+        "rollout.multi_turn.format=chatml is not one of: hermes")
+    assert "simulated user" in error([*on, "actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"])
+    assert load_config(None, on).rollout.multi_turn.tools == ["m:f"]
 
 
 def test_rows_with_images_are_refused_at_load(tmp_path):

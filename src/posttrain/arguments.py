@@ -75,6 +75,13 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     e.add_argument("--trust-remote-code", action="store_true")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--tool-config", metavar="TOOLS.yaml",
+                   help="multi-turn with tools: a tool config in verl's format (tools: [{class_name, config, tool_schema}])")
+    e.add_argument("--tools", nargs="+", metavar="MODULE:FUNCTION",
+                   help="multi-turn with tools: Python functions (or calculator, python, check_answer)")
+    e.add_argument("--max-assistant-turns", type=int, default=5, help="with tools: assistant turns at most (default 5)")
+    e.add_argument("--max-tool-response-length", type=int, default=256,
+                   help="with tools: tokens of one tool message at most (default 256)")
 
     ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
     ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")

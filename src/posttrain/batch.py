@@ -57,7 +57,8 @@ class RolloutBatch:
     def from_rollout(cls, out: RolloutOutput, n: int, data_source, ground_truth, extra_info, response_text):
         """Join prompt and response; per-prompt lists are repeated n times."""
         input_ids = torch.cat([out.prompt_ids, out.response_ids], dim=1)
-        attention_mask = torch.cat([out.prompt_mask, out.response_mask], dim=1)
+        seen = getattr(out, "response_attention_mask", None)  # multi-turn: tool tokens are read, not trained on
+        attention_mask = torch.cat([out.prompt_mask, out.response_mask if seen is None else seen], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         num = out.prompt_ids.shape[0]
 

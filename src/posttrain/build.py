@@ -125,9 +125,11 @@ def data_files(cfg) -> tuple[list[str], list[str] | None]:
     return train, val
 
 
-def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None, templates=None):
+def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None, templates=None,
+              tool_schemas: list | None = None):
     """files' rows as a PromptDataset; `templates`: data.prompts.PromptTemplates (None: read the config's
-    data.prompt_file / system_prompt_file, if any)."""
+    data.prompt_file / system_prompt_file, if any); `tool_schemas`: the tools the chat template tells the
+    model about (multi-turn rollouts)."""
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.prompts import read_templates
     from posttrain.data.schema import read_rows
@@ -141,8 +143,50 @@ def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None, 
     return PromptDataset.build(
         rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
         filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
-        template_kwargs=cfg.data.apply_chat_template_kwargs, templates=templates,
+        template_kwargs=template_kwargs(cfg, tool_schemas), templates=templates,
     )
+
+
+def template_kwargs(cfg, tool_schemas: list | None) -> dict:
+    """The chat template's extra arguments: data.apply_chat_template_kwargs, and the tools (`tools=`, which
+    templates with tool support render into the system prompt) when there are tools."""
+    kwargs = dict(cfg.data.apply_chat_template_kwargs)
+    if tool_schemas:
+        kwargs["tools"] = tool_schemas
+    return kwargs
+
+
+def make_tools(cfg, model_dir: str, tokenizer):
+    """rollout.multi_turn.*: -> (posttrain.tools.ToolSet, rollout.multiturn.MultiTurnSettings), or (None, None)."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return None, None
+    from posttrain.rollout.multiturn import MultiTurnSettings
+    from posttrain.tools import load_tools
+
+    tools = load_tools(tool_config_path=mt.tool_config_path, functions=mt.tools, timeout_s=cfg.reward.timeout_s)
+    settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
+                                 max_tool_response_length=mt.max_tool_response_length,
+                                 max_response_length=cfg.data.max_response_length,
+                                 template_kwargs=template_kwargs(cfg, tools.schemas),
+                                 eos_token_ids=tuple(driver_eos_ids(model_dir, tokenizer)))
+    return tools, settings
+
+
+def driver_eos_ids(model_dir: str, tokenizer) -> list[int]:
+    """The tokens that end a response (models.loader.eos_token_ids), without loading the model: its
+    generation_config.json, if any, and the tokenizer's EOS."""
+    from types import SimpleNamespace
+
+    from posttrain.models.loader import eos_token_ids
+
+    try:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        gen = None
+    return eos_token_ids(tokenizer, SimpleNamespace(generation_config=gen))
 
 
 def hold_out(train, val, share: float, seed: int | None, max_samples: int | None = None):
@@ -432,8 +476,10 @@ def build_run(cfg):
     train_files, val_files = data_files(cfg)  # data.dataset_name / val_dataset_name resolved here, once
     templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    train_data = load_data(train_files, tokenizer, cfg, "train", templates=templates)
-    val_data = (load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples, templates)
+    tools, multi_turn = make_tools(cfg, model_dir, tokenizer)
+    schemas = tools.schemas if tools is not None else None
+    train_data = load_data(train_files, tokenizer, cfg, "train", templates=templates, tool_schemas=schemas)
+    val_data = (load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples, templates, schemas)
                 if val_files else None)
     if cfg.data.val_split_size:
         seed = cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed
@@ -466,7 +512,7 @@ def build_run(cfg):
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
         resumed_from=resume_from, flops=flops, peak_flops=peak,
-        profiler=make_profiler(cfg, run_dir, device, distributed),
+        profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)

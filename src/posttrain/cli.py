@@ -73,16 +73,36 @@ def cmd_eval(args) -> int:
     rows = read_rows(args.data)
     if args.max_samples:
         rows = rows[: args.max_samples]
-    data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval")
+    tools, settings = None, None
+    if args.tool_config or args.tools:  # multi-turn: the model may call the tools (rollout/multiturn.py)
+        from posttrain.rollout.multiturn import MultiTurnSettings
+        from posttrain.tools import load_tools
+
+        tools = load_tools(tool_config_path=args.tool_config, functions=args.tools, timeout_s=args.reward_timeout)
+        settings = MultiTurnSettings(max_assistant_turns=args.max_assistant_turns,
+                                     max_tool_response_length=args.max_tool_response_length,
+                                     max_response_length=args.max_response_length,
+                                     template_kwargs={"tools": tools.schemas},
+                                     eos_token_ids=tuple(eos_token_ids(tokenizer, model)))
+    data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval",
+                               template_kwargs=settings.template_kwargs if settings else None)
     engine = HFRolloutEngine(model, eos_token_ids(tokenizer, model), tokenizer.pad_token_id, seed=args.seed)
     params = SamplingParams(max_new_tokens=args.max_response_length, n=args.n, temperature=args.temperature,
                             top_p=args.top_p, do_sample=args.temperature > 0)
-    with rewards:
-        m, _ = validate(engine, tokenizer, data, params, rewards, args.batch_size)
+    try:
+        with rewards:
+            m, _ = validate(engine, tokenizer, data, params, rewards, args.batch_size, tools=tools, multi_turn=settings)
+    finally:
+        if tools is not None:
+            tools.close()
     for key, value in m.items():
         if key.endswith("/score/mean") and key != "val/score/mean":
             print(f"{key[len('val/'):-len('/score/mean')]:<30} {value:.4f}")
     print(f"{'all':<30} {m['val/score/mean']:.4f}  ({len(data)} prompts x {args.n})")
+    if tools is not None:
+        print(f"{'tool use':<30} {m['val/multi_turn/tool_use_ratio']:.4f}  (tool calls per sample "
+              f"{m['val/multi_turn/tool_calls/mean']:.2f}, turns {m['val/multi_turn/turns/mean']:.2f}, tool errors "
+              f"{m['val/multi_turn/tool_errors']:.0f})")
     return 0
 
 

@@ -110,16 +110,17 @@ class ValKwargs:
 
 @dataclass
 class MultiTurnConfig:
-    """verl's multi-turn rollouts with tools: not built yet (enable=true is refused); its other keys, set while
-    it is off, are named unused."""
+    """Multi-turn rollouts with tools (verl's keys; rollout/multiturn.py): the model calls a tool in hermes
+    format, reads its answer and goes on. Its other keys, set while it is off, are named unused."""
 
     enable: bool = False
-    format: str = "hermes"  # the tool-call markup
-    max_assistant_turns: Optional[int] = None
-    max_user_turns: Optional[int] = None
-    tool_config_path: Optional[str] = None
-    interaction_config_path: Optional[str] = None
-    max_tool_response_length: int = 256
+    format: str = "hermes"  # the tool-call markup: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    max_assistant_turns: Optional[int] = None  # null: 5
+    max_user_turns: Optional[int] = None  # verl's turns of a simulated user (interactions): not supported
+    tool_config_path: Optional[str] = None  # verl's tool config YAML: tools: [{class_name, config, tool_schema}]
+    tools: Optional[List[str]] = None  # Python functions as tools: [pkg.module:function, ...]
+    interaction_config_path: Optional[str] = None  # verl's simulated-user interactions: not supported
+    max_tool_response_length: int = 256  # tokens of one tool message (longer: cut)
 
 
 @dataclass
@@ -152,6 +153,7 @@ class RolloutConfig:
     # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second
     # copy on hf, full weights into vLLM); null: adapter on hf (no second copy), merged on vLLM
     lora_sync: Optional[str] = None
+    trace: Dict[str, Any] = field(default_factory=dict)  # verl's rollout tracing (backend, token2text): named unused
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
     layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
@@ -860,7 +862,7 @@ def validate(cfg: Config) -> None:
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
                   "rollout.lora_sync")
 VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
-                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon",
+                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "rollout.trace",
                   "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
 
 
@@ -901,10 +903,10 @@ def validate_verl_switches(cfg: Config) -> None:
     _need(m.lora_rank >= 0, f"model.lora_rank must be >= 0 (0: train all weights), got {m.lora_rank}")
     _need(0 <= m.lora_dropout < 1, f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
     _need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
-    _need(not cfg.rollout.multi_turn.enable, "rollout.multi_turn.enable=true: multi-turn rollouts with tools are not "
-          "supported yet; set it to false (one response per prompt)")
+    validate_multi_turn(cfg)
     lora_only = [k for k in LORA_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
-    lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and _get(cfg, k) != SCHEMA[k][1]]
+    if not cfg.rollout.multi_turn.enable:
+        lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and _get(cfg, k) != SCHEMA[k][1]]
     inert = [k for k in VERL_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
     if cfg.trainer.max_critic_ckpt_to_keep is not None and cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         inert.append("trainer.max_critic_ckpt_to_keep (no critic)")
@@ -921,6 +923,23 @@ def validate_verl_switches(cfg: Config) -> None:
         warnings.warn(f"{', '.join(inert)}: verl's settings for what posttrain does its own way (its servers, "
                       "worker classes, kernels: `posttrain train --help-config` says each); set, but unused",
                       stacklevel=3)
+
+
+def validate_multi_turn(cfg: Config) -> None:
+    """rollout.multi_turn.*: hermes tool calls, at least one tool, no simulated user."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return
+    _choice("rollout.multi_turn.format", mt.format, ("hermes",))
+    _need(bool(mt.tool_config_path or mt.tools), "rollout.multi_turn.enable=true needs tools: "
+          "rollout.multi_turn.tool_config_path=TOOLS.yaml (verl's format) or rollout.multi_turn.tools=[pkg.mod:fn]")
+    _need(mt.interaction_config_path is None and mt.max_user_turns is None,
+          "rollout.multi_turn.interaction_config_path / max_user_turns (a simulated user between turns) are not "
+          "supported; remove them (the model's turns alternate with tool messages only)")
+    _need(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
+          f"rollout.multi_turn.max_assistant_turns must be >= 1 or null (5), got {mt.max_assistant_turns}")
+    _need(mt.max_tool_response_length >= 1,
+          f"rollout.multi_turn.max_tool_response_length must be >= 1, got {mt.max_tool_response_length}")
 
 
 def validate_sequence_parallel(cfg: Config) -> None:

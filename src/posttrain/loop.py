@@ -31,6 +31,7 @@ from posttrain.profiling import StepProfiler
 from posttrain.redact import redact_text
 from posttrain.rewards.pool import RewardPool
 from posttrain.rollout.base import SamplingParams, decode_responses
+from posttrain.rollout.multiturn import rollout_with_tools
 from posttrain.samples import sample_rows, val_sample_rows
 from posttrain.sinks import make_sinks
 
@@ -60,6 +61,8 @@ class Run:
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
     guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
+    tools: object = None  # posttrain.tools.ToolSet with rollout.multi_turn.enable; train() closes it
+    multi_turn: object = None  # rollout.multiturn.MultiTurnSettings
     reward_messages_shown: set = field(default_factory=set)
     warned: set = field(default_factory=set)  # warnings printed once per run
 
@@ -180,16 +183,28 @@ def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
 def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     """Sample n responses per prompt and score them (scores [N] and
     token_level_scores [N, R]); timings and reward counts add up in `m`."""
+    trajectories = None
     with timed(m, "gen"):
-        out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
+        if run.tools is not None:  # turns of the model and tool messages
+            out, trajectories = rollout_with_tools(
+                run.actor.generate, run.tokenizer, [it.prompt_ids for it in items], [it.messages for it in items],
+                run.sampling, run.tools, [tool_context(it) for it in items], run.multi_turn)
+        else:
+            out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
     if run.flops is not None:  # every round of dynamic sampling counts toward perf/mfu/rollout
         r = run.cfg.rollout
         shared = run.sampling.n if r.shared_prefill or r.name == "vllm" else 1  # a prompt's samples share its prefill
         flops = run.flops.rollout(out.prompt_mask.sum(-1), out.response_mask.sum(-1), shared)
         m["perf/flops/rollout"] = m.get("perf/flops/rollout", 0.0) + flops
+    texts = [t.answer for t in trajectories] if trajectories else decode_responses(run.tokenizer, out)
     batch = RolloutBatch.from_rollout(
         out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
-        [it.extra_info for it in items], decode_responses(run.tokenizer, out))
+        [it.extra_info for it in items], texts)
+    if trajectories:  # the reward function sees the turns and tool calls too (extra_info); metrics count them
+        batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
+                            for info, t in zip(batch.extra_info, trajectories)]
+        for key, value in multi_turn_metrics(trajectories).items():
+            m[key] = m.get(key, 0.0) + value if key == "multi_turn/tool_errors" else value
     with timed(m, "reward"):
         batch.scores, reward_metrics = score_responses(run, batch, [items[g].messages for g in batch.group.tolist()])
         shaped = batch.scores
@@ -212,6 +227,24 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     if run.cfg.algorithm.adv_estimator == "remax":  # per round, so dynamic sampling's rows keep theirs
         batch.reward_baselines = greedy_baselines(run, items, m)[batch.group]  # [N]
     return batch
+
+
+def tool_context(item) -> dict:
+    """What a prompt's tools may see (an answer checker: the ground truth)."""
+    return {"ground_truth": item.ground_truth, "extra_info": item.extra_info, "data_source": item.data_source}
+
+
+def multi_turn_metrics(trajectories) -> dict[str, float]:
+    """Turns and tool use of a step's samples: per sample means, the share that called a tool, errors
+    (malformed calls, unknown tools, failed or timed-out tools), generated vs tool tokens."""
+    k = max(len(trajectories), 1)
+    return {"multi_turn/turns/mean": sum(t.turns for t in trajectories) / k,
+            "multi_turn/tool_calls/mean": sum(len(t.tool_calls) + t.malformed for t in trajectories) / k,
+            "multi_turn/tool_use_ratio": sum(1 for t in trajectories if t.tool_calls or t.malformed) / k,
+            "multi_turn/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+            "multi_turn/generated_tokens/mean": sum(t.generated_tokens for t in trajectories) / k,
+            "multi_turn/tool_tokens/mean": sum(t.tool_tokens for t in trajectories) / k,
+            "multi_turn/max_turns_ratio": sum(1 for t in trajectories if t.ended == "max_turns") / k}
 
 
 def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
@@ -293,11 +326,15 @@ def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """scores [N], response_mask [N, R] -> [N, R], zero except at each row's
-    last valid token (an empty response keeps nothing)."""
-    lengths = response_mask.sum(-1)  # [N]
+    last valid token (an empty response keeps nothing). The mask may have
+    holes (a multi-turn response: tool messages between generated turns):
+    the last 1 counts, not the count of 1s."""
+    mask = response_mask.bool()
+    width = mask.shape[-1]
+    last = width - 1 - mask.flip(-1).int().argmax(-1)  # [N], the last 1 of each row
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    rows = torch.nonzero(lengths > 0).squeeze(-1)
-    out[rows, lengths[rows] - 1] = scores[rows]
+    rows = torch.nonzero(mask.any(-1)).squeeze(-1)
+    out[rows, last[rows]] = scores[rows]
     return out
 
 
@@ -312,21 +349,32 @@ def report_reward_errors(run: Run, result) -> None:
 
 @torch.no_grad()
 def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPool,
-             batch_size: int | None = None, keep_samples: int = 0) -> tuple[dict[str, float], list[dict]]:
-    """Generate for every prompt of `data`, score (rewards.score_batch), and average per data source.
+             batch_size: int | None = None, keep_samples: int = 0, tools=None,
+             multi_turn=None) -> tuple[dict[str, float], list[dict]]:
+    """Generate for every prompt of `data` (with `tools`: multi-turn, rollout.multiturn), score
+    (rewards.score_batch), and average per data source.
 
-    -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"},
-        the first `keep_samples` completions as sample rows)
+    -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"} (with tools also
+        "val/multi_turn/*"), the first `keep_samples` completions as sample rows)
     """
-    per_source, lengths, errors, rows = defaultdict(list), [], 0, []
+    per_source, lengths, errors, rows, trajs = defaultdict(list), [], 0, [], []
     items = [data[i] for i in range(len(data))]
     size = batch_size or len(items)
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
-        out = engine.generate([it.prompt_ids for it in chunk], params)
+        if tools is not None:
+            out, turns = rollout_with_tools(engine.generate, tokenizer, [it.prompt_ids for it in chunk],
+                                            [it.messages for it in chunk], params, tools,
+                                            [tool_context(it) for it in chunk], multi_turn)
+            trajs += turns
+        else:
+            out, turns = engine.generate([it.prompt_ids for it in chunk], params), None
         batch = RolloutBatch.from_rollout(
             out, params.n, [it.data_source for it in chunk], [it.ground_truth for it in chunk],
-            [it.extra_info for it in chunk], decode_responses(tokenizer, out))
+            [it.extra_info for it in chunk], [t.answer for t in turns] if turns else decode_responses(tokenizer, out))
+        if turns:
+            batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
+                                for info, t in zip(batch.extra_info, turns)]
         result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
                                      prompts=[chunk[g].messages for g in batch.group.tolist()])
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
@@ -341,6 +389,8 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
         metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["val/reward_errors"] = float(errors)
+    if trajs:
+        metrics.update({"val/" + k: v for k, v in multi_turn_metrics(trajs).items()})
     return metrics, rows
 
 
@@ -349,7 +399,8 @@ def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
     m: dict[str, float] = {}
     with timed(m, "testing"):
         metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
-                                 run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations)
+                                 run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
+                                 tools=run.tools, multi_turn=run.multi_turn)
         m.update(metrics)
     if rows:
         logger.log_samples(rows, run.global_step)
@@ -426,6 +477,8 @@ def train(run: Run) -> dict[str, float]:
     finally:
         restore_stop_handlers(previous)
         run.rewards.close()  # first: a failure below must not leave reward workers behind
+        if run.tools is not None:
+            run.tools.close()
         logger.close()
         run.writer.close()
         run.actor.shutdown()

@@ -3,7 +3,8 @@ the loggers' tables.
 
 A row: {"step", "group", "which" ("best" | "worst" | "val"), "data_source",
 "prompt", "response", "ground_truth", "score", "reward", "advantage",
-"response_length"}. `score` is the reward function's, `reward` the
+"response_length"}, and for a multi-turn sample "turns": its conversation,
+turn by turn (the response is then its final answer). `score` is the reward function's, `reward` the
 sequence's total after shaping and any KL penalty, `advantage` the mean over
 its response tokens.
 """
@@ -25,9 +26,20 @@ def _row(batch, i: int, prompt: str, which: str, score: float) -> dict:
     mask = batch.response_mask[i].bool()
     advantage = batch.advantages[i][mask].mean().item() if batch.advantages is not None and mask.any() else None
     reward = batch.token_level_rewards[i].sum().item() if batch.token_level_rewards is not None else score
-    return {"group": int(batch.group[i]), "which": which, "data_source": batch.data_source[i], "prompt": prompt,
-            "response": batch.response_text[i], "ground_truth": str(batch.ground_truth[i]), "score": float(score),
-            "reward": float(reward), "advantage": advantage, "response_length": int(mask.sum())}
+    row = {"group": int(batch.group[i]), "which": which, "data_source": batch.data_source[i], "prompt": prompt,
+           "response": batch.response_text[i], "ground_truth": str(batch.ground_truth[i]), "score": float(score),
+           "reward": float(reward), "advantage": advantage, "response_length": int(mask.sum())}
+    info = batch.extra_info[i] if i < len(batch.extra_info) else None
+    if isinstance(info, dict) and info.get("messages"):  # a multi-turn sample: its conversation, turn by turn
+        row["turns"] = turns_text(info["messages"])
+    return row
+
+
+def turns_text(messages: list[dict]) -> str:
+    """A multi-turn sample's conversation after its prompt, one block per message:
+    '[assistant] <tool_call>...' / '[tool calculator] 287663' / '[assistant] 287663'."""
+    return "\n".join(f"[{m.get('role', '?')}{' ' + m['name'] if m.get('name') else ''}] {m.get('content', '')}"
+                     for m in messages)
 
 
 def sample_rows(batch, tokenizer, prompts: int) -> list[dict]:

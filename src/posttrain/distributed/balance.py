@@ -77,6 +77,10 @@ def concat_rollouts(outs: list[RolloutOutput], pad_token_id: int) -> RolloutOutp
     if all(o.log_probs is not None for o in outs):
         log_probs = torch.cat([pad(o.log_probs, r_width, 0.0, False) for o in outs])
     truncated = torch.cat([o.truncated for o in outs]) if all(o.truncated is not None for o in outs) else None
+    seen = None  # multi-turn rollouts' attention over the responses (tool tokens included)
+    if any(o.response_attention_mask is not None for o in outs):
+        seen = torch.cat([pad(o.response_mask if o.response_attention_mask is None else o.response_attention_mask,
+                              r_width, 0, False) for o in outs])
     return RolloutOutput(
         prompt_ids=torch.cat([pad(o.prompt_ids, p_width, pad_token_id, True) for o in outs]),
         prompt_mask=torch.cat([pad(o.prompt_mask, p_width, 0, True) for o in outs]),
@@ -84,4 +88,5 @@ def concat_rollouts(outs: list[RolloutOutput], pad_token_id: int) -> RolloutOutp
         response_mask=torch.cat([pad(o.response_mask, r_width, 0, False) for o in outs]),
         log_probs=log_probs,
         truncated=truncated,
+        response_attention_mask=seen,
     )

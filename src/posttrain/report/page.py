@@ -19,7 +19,7 @@ from posttrain.report.runs import MISSING, Run, differing_config
 MAX_SAMPLE_ROWS = 200
 SAMPLE_COLUMNS = ("step", "which", "group", "data_source", "score", "reward", "advantage", "response_length",
                   "ground_truth", "prompt", "response")
-TEXT_COLUMNS = {"ground_truth", "prompt", "response"}
+TEXT_COLUMNS = {"ground_truth", "prompt", "response", "turns"}
 # no "Produced with Plotly" link (the page links nowhere); the modebar's PNG download works offline
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -133,11 +133,12 @@ def samples_section(run: Run) -> str:
     rows = sorted(run.samples, key=lambda r: -r["step"] if isinstance(r.get("step"), int) else 0)
     shown = rows[:MAX_SAMPLE_ROWS]
     count = (f"the newest {len(shown)} of {len(rows)} rows" if len(rows) > len(shown) else f"{len(rows)} rows")
+    columns = SAMPLE_COLUMNS + (("turns",) if any(r.get("turns") for r in shown) else ())  # multi-turn runs
     body = "".join(f'<tr class="{escape(str(r.get("which", "")))}">'
-                   + "".join(cell(c, r.get(c)) for c in SAMPLE_COLUMNS) + "</tr>\n" for r in shown)
+                   + "".join(cell(c, r.get(c)) for c in columns) + "</tr>\n" for r in shown)
     return (head + f'<p class="meta">{count}, newest step first</p>\n'
             + skipped_note(run.bad_sample_lines, "samples.jsonl")
-            + "<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in SAMPLE_COLUMNS) + "</tr></thead>\n<tbody>\n"
+            + "<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr></thead>\n<tbody>\n"
             + body + "</tbody></table>")
 
 

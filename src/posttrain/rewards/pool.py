@@ -213,17 +213,27 @@ class _Worker:
         return self.since + (timeout_s + GRACE_S if self.ready else LOAD_TIMEOUT_S)
 
     def exit_reason(self) -> str:
-        self.proc.join(1.0)  # its pipe closes a moment before its exit status is known
-        code = self.proc.exitcode
-        if code is None:
-            return "closed its pipe"
-        return signal.Signals(-code).name if code < 0 else f"exit code {code}"
+        return exit_reason(self.proc)
 
     def stop(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join()
-        self.conn.close()
+        kill_process(self.proc, self.conn)
+
+
+def exit_reason(proc) -> str:
+    """Why a worker process whose pipe closed is gone: its signal or exit code."""
+    proc.join(1.0)  # its pipe closes a moment before its exit status is known
+    code = proc.exitcode
+    if code is None:
+        return "closed its pipe"
+    return signal.Signals(-code).name if code < 0 else f"exit code {code}"
+
+
+def kill_process(proc, conn) -> None:
+    """Kill a worker process (if it still runs), reap it, close its pipe."""
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    conn.close()
 
 
 def _stop(workers: list[_Worker]) -> None:

@@ -48,6 +48,12 @@ class RolloutOutput:
     truncated:     [N] bool, True where the response stopped at max_new_tokens
                    without an EOS or stop token (it did not finish); None
                    from an engine that does not say
+    response_attention_mask: [N, R] 1 on every real token after the prompt:
+                   the generated ones and, in a multi-turn rollout, the tool
+                   messages and chat-template tokens between turns, which
+                   the model reads but did not generate (response_mask is 0
+                   there, so no loss, KL or advantage lands on them); None:
+                   the same as response_mask (one generated turn)
     """
 
     prompt_ids: torch.Tensor
@@ -56,6 +62,7 @@ class RolloutOutput:
     response_mask: torch.Tensor
     log_probs: torch.Tensor | None = None
     truncated: torch.Tensor | None = None
+    response_attention_mask: torch.Tensor | None = None
 
 
 def decode_responses(tokenizer, out: RolloutOutput) -> list[str]:

@@ -5,6 +5,7 @@
     posttrain preprocess arith --output-dir data/add15 --min-value 1 --max-value 15 --style question
     posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
     posttrain preprocess math --input data/MATH --output-dir data/math
+    posttrain preprocess products --output-dir data/products   # a * b with the calculator tool (multi-turn)
     posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
@@ -51,6 +52,13 @@ def _countdown(args) -> int:
                                  args.min_number))
 
 
+def _products(args) -> int:
+    from posttrain.data.preprocess import products
+
+    return _report(products.run(args.output_dir, args.num_train, args.num_test, args.seed, args.digits,
+                                not args.no_system_prompt))
+
+
 def register(subparsers) -> None:
     """Add one sub-command per preprocessor to an argparse subparsers object."""
     g = subparsers.add_parser("gsm8k", help="GSM8K jsonl/parquet -> train/test parquet (verl's row content)")
@@ -84,6 +92,18 @@ def register(subparsers) -> None:
                     help="prompt wording: 23+45= (symbols, the tiny model's) or 'What is 23 + 45?' (question, "
                          "for a chat model)")
     ar.set_defaults(func=_arith)
+
+    pr = subparsers.add_parser("products", help="a * b of 3-digit numbers, with the calculator tool described "
+                                                "(a multi-turn task: rollout.multi_turn.tools=[calculator])")
+    pr.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
+    pr.add_argument("--num-train", type=int, default=2000)
+    pr.add_argument("--num-test", type=int, default=100)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--digits", type=int, default=3, help="digits of each operand (default 3)")
+    pr.add_argument("--no-system-prompt", action="store_true",
+                    help="leave out the system message that describes the calculator (a chat template with tool "
+                         "support describes it from the tools themselves)")
+    pr.set_defaults(func=_products)
 
     c = subparsers.add_parser("countdown", help="Countdown: reach a target with given numbers (TinyZero's task)")
     c.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
