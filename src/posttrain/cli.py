@@ -73,6 +73,7 @@ def cmd_eval(args) -> int:
     rows = read_rows(args.data)
     if args.max_samples:
         rows = rows[: args.max_samples]
+    eos = eos_token_ids(tokenizer, model)
     tools, settings = None, None
     if args.tool_config or args.tools:  # multi-turn: the model may call the tools (rollout/multiturn.py)
         from posttrain.rollout.multiturn import MultiTurnSettings
@@ -83,10 +84,10 @@ def cmd_eval(args) -> int:
                                      max_tool_response_length=args.max_tool_response_length,
                                      max_response_length=args.max_response_length,
                                      template_kwargs={"tools": tools.schemas},
-                                     eos_token_ids=tuple(eos_token_ids(tokenizer, model)))
+                                     eos_token_ids=tuple(eos))
     data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval",
                                template_kwargs=settings.template_kwargs if settings else None)
-    engine = HFRolloutEngine(model, eos_token_ids(tokenizer, model), tokenizer.pad_token_id, seed=args.seed)
+    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, seed=args.seed)
     params = SamplingParams(max_new_tokens=args.max_response_length, n=args.n, temperature=args.temperature,
                             top_p=args.top_p, do_sample=args.temperature > 0)
     try:

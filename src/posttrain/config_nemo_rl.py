@@ -375,7 +375,6 @@ def _grpo(f: _Leaves, out: dict, origin: str) -> None:
     name = f.get("grpo.adv_estimator.name", "grpo")
     normalize = f.get("grpo.adv_estimator.normalize_rewards", f.get("grpo.normalize_rewards", True))
     loo = f.get("grpo.adv_estimator.use_leave_one_out_baseline", f.get("grpo.use_leave_one_out_baseline", False))
-    f.get("grpo.normalize_rewards"), f.get("grpo.use_leave_one_out_baseline")
     if f.has("grpo.adv_estimator.name") or f.has("grpo.use_leave_one_out_baseline") or f.has("grpo.normalize_rewards"):
         if name == "grpo":
             out["algorithm.adv_estimator"] = "grpo_loo" if loo else "grpo"
@@ -603,14 +602,11 @@ def _data(f: _Leaves, out: dict, origin: str) -> None:
             out[ours] = name
         if f.get(f"data.{split}.seed") is not None:
             out["data.seed"] = f.get(f"data.{split}.seed")
-        for key in ("input_key", "output_key", "split", "prompt_file", "system_prompt_file"):
-            if f.has(f"data.{split}.{key}") and key in ("prompt_file", "system_prompt_file"):
-                out[f"data.{key}"] = f.get(f"data.{split}.{key}")
-    for key in ("prompt_file", "system_prompt_file"):
-        for where in (f"data.default.{key}", f"data.{key}"):
-            if f.has(where) and f"data.{key}" not in out:
-                out[f"data.{key}"] = f.get(where)
-        f.get(f"data.default.{key}"), f.get(f"data.{key}")
+    for key in ("prompt_file", "system_prompt_file"):  # a split's own first (validation's), then the defaults
+        for where in ("validation", "train", "default", None):
+            spelled = f"data.{where}.{key}" if where else f"data.{key}"
+            if f.has(spelled):
+                out.setdefault(f"data.{key}", f.get(spelled))
     f.get("data.validation")
 
 

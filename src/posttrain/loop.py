@@ -183,26 +183,15 @@ def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
 def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     """Sample n responses per prompt and score them (scores [N] and
     token_level_scores [N, R]); timings and reward counts add up in `m`."""
-    trajectories = None
     with timed(m, "gen"):
-        if run.tools is not None:  # turns of the model and tool messages
-            out, trajectories = rollout_with_tools(
-                run.actor.generate, run.tokenizer, [it.prompt_ids for it in items], [it.messages for it in items],
-                run.sampling, run.tools, [tool_context(it) for it in items], run.multi_turn)
-        else:
-            out = run.actor.generate([it.prompt_ids for it in items], run.sampling)
+        batch, trajectories = sample(run.actor, run.tokenizer, items, run.sampling, run.tools, run.multi_turn)
     if run.flops is not None:  # every round of dynamic sampling counts toward perf/mfu/rollout
         r = run.cfg.rollout
         shared = run.sampling.n if r.shared_prefill or r.name == "vllm" else 1  # a prompt's samples share its prefill
-        flops = run.flops.rollout(out.prompt_mask.sum(-1), out.response_mask.sum(-1), shared)
+        prompt_lengths = batch.attention_mask[:, :batch.prompt_width].sum(-1)
+        flops = run.flops.rollout(prompt_lengths, batch.response_mask.sum(-1), shared)
         m["perf/flops/rollout"] = m.get("perf/flops/rollout", 0.0) + flops
-    texts = [t.answer for t in trajectories] if trajectories else decode_responses(run.tokenizer, out)
-    batch = RolloutBatch.from_rollout(
-        out, run.sampling.n, [it.data_source for it in items], [it.ground_truth for it in items],
-        [it.extra_info for it in items], texts)
-    if trajectories:  # the reward function sees the turns and tool calls too (extra_info); metrics count them
-        batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
-                            for info, t in zip(batch.extra_info, trajectories)]
+    if trajectories:  # tool use: the metrics count it
         for key, value in multi_turn_metrics(trajectories).items():
             m[key] = m.get(key, 0.0) + value if key == "multi_turn/tool_errors" else value
     with timed(m, "reward"):
@@ -229,6 +218,27 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     return batch
 
 
+def sample(engine, tokenizer, items, params: SamplingParams, tools=None, multi_turn=None):
+    """params.n responses per prompt of `items` (PromptItems) from `engine` (the actor's generate verb) as
+    a RolloutBatch with their texts; with `tools`, conversations (rollout.multiturn): the texts are the
+    final answers and each row's extra_info gains its turns, tool calls and messages, which the reward
+    function sees. -> (batch, the trajectories or None)."""
+    prompts = [it.prompt_ids for it in items]
+    if tools is not None:
+        out, trajectories = rollout_with_tools(engine.generate, tokenizer, prompts, [it.messages for it in items],
+                                               params, tools, [tool_context(it) for it in items], multi_turn)
+        texts = [t.answer for t in trajectories]
+    else:
+        out, trajectories = engine.generate(prompts, params), None
+        texts = decode_responses(tokenizer, out)
+    batch = RolloutBatch.from_rollout(out, params.n, [it.data_source for it in items],
+                                      [it.ground_truth for it in items], [it.extra_info for it in items], texts)
+    if trajectories:
+        batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
+                            for info, t in zip(batch.extra_info, trajectories)]
+    return batch, trajectories
+
+
 def tool_context(item) -> dict:
     """What a prompt's tools may see (an answer checker: the ground truth)."""
     return {"ground_truth": item.ground_truth, "extra_info": item.extra_info, "data_source": item.data_source}
@@ -249,15 +259,12 @@ def multi_turn_metrics(trajectories) -> dict[str, float]:
 
 def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
     """ReMax's baselines: one greedy response per prompt (as long as the
-    samples may be), scored as the samples are: the reward function, plus
+    samples may be; with tools, a greedy conversation), scored as the samples are: the reward function, plus
     DAPO's overlong penalty where it is on. -> [len(items)] (verl: gen_max)."""
     greedy = dataclasses.replace(run.sampling, n=1, do_sample=False, temperature=0.0, top_p=1.0, top_k=-1,
                                  logprobs=False)
-    with timed(m, "gen_max"):
-        out = run.actor.generate([it.prompt_ids for it in items], greedy)
-    batch = RolloutBatch.from_rollout(
-        out, 1, [it.data_source for it in items], [it.ground_truth for it in items],
-        [it.extra_info for it in items], decode_responses(run.tokenizer, out))
+    with timed(m, "gen_max"):  # with tools, a greedy conversation, as the samples are conversations
+        batch, _ = sample(run.actor, run.tokenizer, items, greedy, run.tools, run.multi_turn)
     with timed(m, "reward"):
         scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
         ob = run.cfg.reward.overlong_buffer
@@ -362,19 +369,8 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     size = batch_size or len(items)
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
-        if tools is not None:
-            out, turns = rollout_with_tools(engine.generate, tokenizer, [it.prompt_ids for it in chunk],
-                                            [it.messages for it in chunk], params, tools,
-                                            [tool_context(it) for it in chunk], multi_turn)
-            trajs += turns
-        else:
-            out, turns = engine.generate([it.prompt_ids for it in chunk], params), None
-        batch = RolloutBatch.from_rollout(
-            out, params.n, [it.data_source for it in chunk], [it.ground_truth for it in chunk],
-            [it.extra_info for it in chunk], [t.answer for t in turns] if turns else decode_responses(tokenizer, out))
-        if turns:
-            batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
-                                for info, t in zip(batch.extra_info, turns)]
+        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn)
+        trajs += turns or []
         result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
                                      prompts=[chunk[g].messages for g in batch.group.tolist()])
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
@@ -382,7 +378,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
             per_source[source].append(score)
         if len(rows) < keep_samples:
             rows += val_sample_rows(batch, result.scores, tokenizer, keep_samples - len(rows))
-        lengths.extend(out.response_mask.sum(-1).tolist())
+        lengths.extend(batch.response_mask.sum(-1).tolist())
     all_scores = [s for scores in per_source.values() for s in scores]
     metrics = {"val/score/mean": sum(all_scores) / len(all_scores)}
     for source, scores in sorted(per_source.items()):

@@ -177,7 +177,10 @@ def ranked(infos: list, metric: str, mode: str = "max") -> list:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # v == v: not NaN
         return float(v) if ok else None
 
-    if mode == "max":
-        return sorted(infos, key=lambda i: (value(i) if value(i) is not None else float("-inf"), i.step),
-                      reverse=True)
-    return sorted(infos, key=lambda i: (value(i) if value(i) is not None else float("inf"), -i.step))
+    worst = float("-inf") if mode == "max" else float("inf")
+
+    def order(info) -> tuple[float, int]:  # ascending for min; for max sorted in reverse, so newer ties first
+        v = value(info)
+        return (worst if v is None else v, info.step if mode == "max" else -info.step)
+
+    return sorted(infos, key=order, reverse=mode == "max")
