@@ -80,6 +80,16 @@ def test_scores_match_in_process_and_keep_their_order(tmp_path):
         assert (result.num_errors, result.num_timeouts, result.num_crashes, result.messages) == (0, 0, 0, [])
 
 
+def test_a_dict_returns_numbers_come_back_from_the_workers(tmp_path):
+    path = tmp_path / "extras.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return {'score': 1.0, 'acc': float(solution_str == ground_truth), 'pred': solution_str}\n")
+    for workers in (0, 2):
+        with RewardPool(reward_loader(str(path)), workers, timeout_s=5) as pool:
+            r = pool.score_batch(["x"] * 4, ["1", "2", "", "4"], ["1", "1", "1", "4"], [{}] * 4)
+        assert r.extras == [{"acc": 1.0}, {"acc": 0.0}, {}, {"acc": 1.0}]  # the empty response is not scored
+
+
 def test_misbehaving_calls_cost_only_their_samples(tmp_path):
     path, log = reward_file(tmp_path)
     kinds = ["ok", "hang", "ok", "raise", "segv", "ok", "blocked", "ok", "raise", "segv", "hang", "ok"]
@@ -191,3 +201,37 @@ def test_an_empty_response_is_not_scored_and_adds_no_loss(tiny_model_dir):
     assert m["response/empty_ratio"] == 0.5 and m["reward/num_errors"] == 0
     adv, _ = compute_advantages("grpo", batch.token_level_scores, batch.response_mask, [0, 0])
     assert adv[1].abs().sum() == 0 and adv[0].abs().sum() > 0
+
+
+def test_a_dict_returns_numbers_are_logged_in_training_and_validation(tiny_model_dir):
+    """verl's {"score", "acc", "pred"}: acc's mean is logged as reward/acc/mean in a step, and as
+    val/acc/mean and val/<data_source>/acc/mean in validation; the text "pred" is not."""
+    from posttrain.loop import validate
+
+    tok = load_tokenizer(tiny_model_dir)
+    eos = tok.eos_token_id
+    answers = {5: "7", 6: "8"}
+
+    class Actor:  # prompt [5] answers "7" twice, prompt [6] answers "8" twice
+        def generate(self, prompts, params):
+            rows = [tok.encode(answers[p[0]], add_special_tokens=False) + [eos] for p in prompts
+                    for _ in range(params.n)]
+            ids = torch.tensor(rows)
+            return RolloutOutput(torch.tensor([[p[0]] for p in prompts for _ in range(params.n)]),
+                                 torch.ones(len(rows), 1, dtype=torch.long), ids, torch.ones_like(ids))
+
+    def reward(source, text, truth, extra=None):
+        return {"score": 1.0, "acc": float(text == truth), "pred": text}
+
+    items = [SimpleNamespace(prompt_ids=[5], data_source="a", ground_truth="7", extra_info={}, messages=[]),
+             SimpleNamespace(prompt_ids=[6], data_source="b", ground_truth="9", extra_info={}, messages=[])]
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    run = Run(cfg=cfg, run_dir=None, actor=Actor(), tokenizer=tok, kl_ctrl=None, rewards=in_process(reward),
+              train_data=None, val_data=None, sampler=None, sampling=SamplingParams(max_new_tokens=4, n=2),
+              val_sampling=None, total_steps=1)
+    m = {}
+    generate_and_score(run, items, m)
+    assert m["reward/acc/mean"] == 0.5 and not any("pred" in key for key in m)
+    metrics, _ = validate(Actor(), tok, items, SamplingParams(max_new_tokens=4, n=1), in_process(reward))
+    assert (metrics["val/acc/mean"], metrics["val/a/acc/mean"], metrics["val/b/acc/mean"]) == (0.5, 1.0, 0.0)
+    assert metrics["val/score/mean"] == 1.0 and not any("pred" in key for key in metrics)

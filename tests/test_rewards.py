@@ -149,7 +149,7 @@ def test_dispatch():
     assert compute_score("arith", "68", "68") == 1.0 and type(compute_score("arith", "68", "68")) is float
     assert set(REWARD_FNS) >= {"openai/gsm8k", "countdown", "arith"}
     with pytest.raises(ValueError, match=r"no built-in reward for data_source 'my/data': pass reward.custom_fn="
-                                         r"FILE.py:FUNCTION \(built-in: openai/gsm8k, gsm8k, countdown, arith, "
+                                         r"FILE.py:FUNCTION \(built-in: openai/gsm8k, gsm8k, countdown, arith, products, "
                                          r"DigitalLearningGmbH/MATH-lighteval"):
         compute_score("my/data", "x", "y")
 
@@ -231,6 +231,38 @@ def test_scoring_survives_bad_rewards():
     assert r.errors_by_source == {"b": 2, "a": 5}
     assert r.messages[0] == "reward for data_source 'b' raised RuntimeError: boom"
     assert "reward for data_source 'a' ran past 0.2 s" in r.messages and len(r.messages) == 5
+
+
+def test_a_dict_returns_other_numbers_are_kept_per_response():
+    """verl's {"score", "acc", "pred"}: the numbers beside the score are kept (bool as 0/1), text, NaN and
+    failures are not, and the means count only the responses that returned the key."""
+    def reward(source, text, truth, extra):
+        if text == "raise":
+            raise ValueError("no")
+        return {"a": {"score": 1.0, "acc": True, "pred": "68", "len": 3}, "b": {"score": 0.0, "acc": 0.0},
+                "c": {"score": 0.5, "acc": float("nan")}, "d": 1.0}[text]
+
+    r = score_batch(reward, ["x"] * 5, ["a", "b", "c", "d", "raise"], ["t"] * 5, [{}] * 5)
+    assert r.scores == [1.0, 0.0, 0.5, 1.0, 0.0]
+    assert r.extras == [{"acc": 1.0, "len": 3.0}, {"acc": 0.0}, {}, {}, {}]
+    assert r.extra_means() == {"acc": 0.5, "len": 3.0}
+    assert r.extra_means(rows=[1, 2]) == {"acc": 0.0}
+
+
+def test_the_products_reward_scores_the_answer_and_reports_whether_a_tool_returned_it():
+    ok = {"name": "calculator", "arguments": {"expression": "347 * 829"}, "content": "287663", "error": None}
+    wrong = {**ok, "content": "287653"}
+    failed = {**ok, "content": "287663", "error": "error"}
+    assert compute_score("products", "287663", "287663", {"tool_calls": [ok]}) == {"score": 1.0, "tool_correct": 1.0}
+    assert compute_score("products", "It is 287663.", "287663", {"tool_calls": [wrong]}) == {
+        "score": 1.0, "tool_correct": 0.0}  # guessed right, the tool was used wrongly
+    assert compute_score("products", "287653", "287663", {"tool_calls": [wrong, ok]}) == {
+        "score": 0.0, "tool_correct": 1.0}  # the tool answered; the copy is wrong
+    assert compute_score("products", "287663", "287663", {"tool_calls": [failed]})["tool_correct"] == 0.0
+    assert compute_score("products", "287663", "287663", None) == {"score": 1.0, "tool_correct": 0.0}
+    r = score_batch(compute_score, ["products", "products"], ["287663", "1"], ["287663"] * 2,
+                    [{"tool_calls": [ok]}, {"tool_calls": []}])
+    assert r.scores == [1.0, 0.0] and r.extra_means() == {"tool_correct": 0.5}
 
 
 def test_scoring_restores_the_previous_alarm():

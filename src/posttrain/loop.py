@@ -326,6 +326,8 @@ def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch
                "reward/num_crashes": float(result.num_crashes)}
     if result.model_scores:
         metrics["reward/rm_score/mean"] = sum(result.model_scores) / len(result.model_scores)
+    for key, mean in result.extra_means().items():  # a dict return's other numbers (verl's acc, ...)
+        metrics[f"reward/{key}/mean"] = mean
     for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
         metrics[f"reward/{source}/num_errors"] = float(count)
     return torch.tensor(result.scores, dtype=torch.float32), metrics
@@ -362,9 +364,11 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     (rewards.score_batch), and average per data source.
 
     -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"} (with tools also
-        "val/multi_turn/*"), the first `keep_samples` completions as sample rows)
+        "val/multi_turn/*"; for a reward's dict return's other numbers "val/<key>/mean" and
+        "val/<data_source>/<key>/mean"), the first `keep_samples` completions as sample rows)
     """
     per_source, lengths, errors, rows, trajs = defaultdict(list), [], 0, [], []
+    extras = defaultdict(list)  # (data source or None, key) -> the values a dict return held beside the score
     items = [data[i] for i in range(len(data))]
     size = batch_size or len(items)
     for start in range(0, len(items), size):
@@ -374,8 +378,11 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
         result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
                                      prompts=[chunk[g].messages for g in batch.group.tolist()])
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
-        for source, score in zip(batch.data_source, result.scores):
+        for source, score, extra in zip(batch.data_source, result.scores, result.extras or [{}] * len(batch)):
             per_source[source].append(score)
+            for key, value in extra.items():
+                extras[None, key].append(value)
+                extras[source, key].append(value)
         if len(rows) < keep_samples:
             rows += val_sample_rows(batch, result.scores, tokenizer, keep_samples - len(rows))
         lengths.extend(batch.response_mask.sum(-1).tolist())
@@ -383,6 +390,8 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     metrics = {"val/score/mean": sum(all_scores) / len(all_scores)}
     for source, scores in sorted(per_source.items()):
         metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
+    for (source, key), values in sorted(extras.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        metrics[f"val/{key}/mean" if source is None else f"val/{source}/{key}/mean"] = sum(values) / len(values)
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["val/reward_errors"] = float(errors)
     if trajs:

@@ -8,6 +8,7 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("openai/gsm8k", "... #### 18", "18")                              # 1.0
     compute_score("countdown", "<answer>4*6*1</answer>", {"target": 24, "numbers": [4, 6, 1]})  # 1.0
     compute_score("arith", "68", "68")                                              # 1.0
+    compute_score("products", "287663", "287663", {"tool_calls": [...]})            # {"score": 1.0, "tool_correct": ...}
     compute_score("HuggingFaceH4/MATH-500", "... \\boxed{\\frac{1}{2}}", "0.5")          # 1.0
     compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")   # 1.0
     compute_score("math_dapo", "...\\nAnswer: 0.75", "\\frac{3}{4}")                     # 1.0 (wrong: -1.0, as verl)
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from posttrain.rewards import arith, countdown, gsm8k, math, sandbox
+from posttrain.rewards import arith, countdown, gsm8k, math, products, sandbox
 
 # data_source -> fn(solution_str, ground_truth) -> float
 REWARD_FNS: dict[str, Callable] = {
@@ -33,6 +34,7 @@ REWARD_FNS: dict[str, Callable] = {
     "gsm8k": gsm8k.compute_score,
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
+    "products": products.compute_score,  # (solution_str, ground_truth, extra_info) -> {"score", "tool_correct"}
     # MATH-style: the last \boxed{} answer, checked for equivalence by math-verify
     # (verl 0.9.1's default_compute_score scores these names with its math reward)
     "DigitalLearningGmbH/MATH-lighteval": math.compute_score,  # written by `posttrain preprocess math`
@@ -47,6 +49,8 @@ REWARD_FNS: dict[str, Callable] = {
     **{f"numina_{name}": math.compute_score_answer_line
        for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")},
 }
+# the rewards that read extra_info (a multi-turn sample's tool calls) and return verl's dict
+READS_EXTRA_INFO = ("products",)
 # verl's code sources: run against their test cases by a SandboxFusion service (reward.sandbox_fusion.url)
 SANDBOX_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 
@@ -73,15 +77,18 @@ def reward_fn_for(data_source: str) -> Callable:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, sandbox_fusion_url=None,
-                  concurrent_semaphore=None, memory_limit_mb=None) -> float:
+                  concurrent_semaphore=None, memory_limit_mb=None) -> float | dict:
     """The score of one response by its row's data_source. The signature is verl's
-    default_compute_score's: extra_info is accepted (the built-in rewards do not use it),
+    default_compute_score's: extra_info is accepted (only READS_EXTRA_INFO's rewards use it; they
+    return verl's dict, {"score": ..., other numbers}),
     and verl's sandbox_fusion_url (with concurrent_semaphore and memory_limit_mb), when given,
     scores a code source in that sandbox."""
     if sandbox_fusion_url and data_source in SANDBOX_SOURCES:
         return sandbox.compute_score(solution_str, ground_truth, url=sandbox_fusion_url,
                                      memory_limit_mb=memory_limit_mb, semaphore=concurrent_semaphore)
+    if data_source in READS_EXTRA_INFO:
+        return reward_fn_for(data_source)(solution_str, ground_truth, extra_info)
     return float(reward_fn_for(data_source)(solution_str, ground_truth))
 
 
-__all__ = ["REWARD_FNS", "SANDBOX_SOURCES", "compute_score", "reward_fn_for"]
+__all__ = ["READS_EXTRA_INFO", "REWARD_FNS", "SANDBOX_SOURCES", "compute_score", "reward_fn_for"]

@@ -38,7 +38,9 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from posttrain.errors import RewardError
-from posttrain.rewards.scoring import CRASH, OK, TIMEOUT, ScoreResult, failure, parallel_calls, score_one, tally
+from posttrain.rewards.scoring import (
+    CRASH, TIMEOUT, UNSCORED, ScoreResult, failure, parallel_calls, score_one, tally,
+)
 from posttrain.text import one_line
 
 START_METHOD = "spawn"  # see the module docstring
@@ -101,7 +103,7 @@ class RewardPool:
     def score_batch(self, data_sources, solution_strs, ground_truths, extra_infos, prompts=None) -> ScoreResult:
         """prompts: each response's prompt, unused here (a reward model reads them: rewards.model)."""
         calls = parallel_calls(data_sources, solution_strs, ground_truths, extra_infos)
-        outcomes = [(0.0, OK, "")] * len(calls)
+        outcomes = [UNSCORED] * len(calls)
         todo = [i for i, call in enumerate(calls) if call[1] != ""]  # only EOS/special tokens: nothing to score
         if self.num_workers == 0:
             for i in todo:

@@ -6,8 +6,11 @@
 
 A call that raises, returns something that is not a finite number, or runs
 past `timeout_s` scores 0.0 and is counted; it never stops the run.
-Accepted returns: a float, an int, a bool, or verl's dict with a "score" key
-(its other keys are dropped here).
+Accepted returns: a float, an int, a bool, or verl's dict with a "score" key;
+the dict's other keys that hold a finite number (verl's `acc`, ...) are kept
+per response in `ScoreResult.extras`, the run logs their means
+(`reward/<key>/mean`, `val/<key>/mean`), and the rest (`pred` text, ...) are
+dropped.
 
 The time limit is a SIGALRM timer (signal.setitimer), so it applies only in
 the main thread on platforms that have it (Linux, macOS); elsewhere calls
@@ -33,9 +36,11 @@ from posttrain.text import one_line
 
 MAX_MESSAGES = 5
 
-# what became of one call: (score, kind, message); kind is one of these, message "" when OK
+# what became of one call: (score, kind, message, extras); kind is one of these, message "" when OK,
+# extras the numbers a dict return held beside "score" ({} otherwise)
 OK, ERROR, TIMEOUT, CRASH = "ok", "error", "timeout", "crash"
-Outcome = tuple[float, str, str]
+Outcome = tuple[float, str, str, dict]
+UNSCORED: Outcome = (0.0, OK, "", {})  # nothing to score (an empty response)
 
 
 class _Timeout(BaseException):
@@ -52,6 +57,15 @@ class ScoreResult:
     errors_by_source: dict[str, int] = field(default_factory=dict)  # data_source -> errors + timeouts + crashes
     messages: list[str] = field(default_factory=list)  # the first few distinct failures, one line each
     model_scores: list[float] | None = None  # a reward model's score of each response (rewards.model), if any
+    extras: list[dict] = field(default_factory=list)  # per response, a dict return's other numbers ({} if none)
+
+    def extra_means(self, rows=None) -> dict[str, float]:
+        """The mean of each extra key over the responses (of `rows`, indices) that returned it."""
+        found: dict[str, list[float]] = {}
+        for i in range(len(self.extras)) if rows is None else rows:
+            for key, value in (self.extras[i] if i < len(self.extras) else {}).items():
+                found.setdefault(key, []).append(value)
+        return {key: sum(values) / len(values) for key, values in sorted(found.items())}
 
 
 def as_score(value) -> float:
@@ -100,20 +114,32 @@ def _call_with_limit(fn, args, timeout_s: float | None):
 
 
 
+def extra_numbers(value) -> dict[str, float]:
+    """A dict return's finite numbers other than "score" (verl's extra reward infos), as floats.
+
+        extra_numbers({"score": 1.0, "acc": True, "pred": "68"})   # {"acc": 1.0}
+    """
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items()
+            if k != "score" and isinstance(v, numbers.Real) and math.isfinite(float(v))}
+
+
 def failure(kind: str, source, detail: str) -> Outcome:
     """The Outcome of a failed call, its message one line naming the data source.
 
         failure(ERROR, "gsm8k", "raised ValueError: x")
-        # -> (0.0, "error", "reward for data_source 'gsm8k' raised ValueError: x")
+        # -> (0.0, "error", "reward for data_source 'gsm8k' raised ValueError: x", {})
     """
-    return 0.0, kind, f"reward for data_source '{source}' {detail}"
+    return 0.0, kind, f"reward for data_source '{source}' {detail}", {}
 
 
 def score_one(fn, call: tuple, timeout_s: float | None) -> Outcome:
     """fn(*call) for call = (data_source, solution_str, ground_truth, extra_info), as an Outcome:
-    (score, OK, "") or (0.0, ERROR / TIMEOUT, message)."""
+    (score, OK, "", extras) or (0.0, ERROR / TIMEOUT, message, {})."""
     try:
-        return as_score(_call_with_limit(fn, call, timeout_s)), OK, ""
+        value = _call_with_limit(fn, call, timeout_s)
+        return as_score(value), OK, "", extra_numbers(value)
     except _Timeout:
         return failure(TIMEOUT, call[0], f"ran past {timeout_s} s")
     except Exception as e:  # noqa: BLE001  a reward bug costs that sample's score, not the run
@@ -133,15 +159,16 @@ def tally(data_sources, outcomes: list[Outcome]) -> ScoreResult:
     """One Outcome per response -> the ScoreResult: failures counted by kind
     and by data source, the first MAX_MESSAGES distinct messages kept."""
     kinds, failures, messages = Counter(), Counter(), []
-    for source, (_, kind, msg) in zip(data_sources, outcomes):
+    for source, (_, kind, msg, _) in zip(data_sources, outcomes):
         if kind == OK:
             continue
         kinds[kind] += 1
         failures[source] += 1
         if len(messages) < MAX_MESSAGES and msg not in messages:
             messages.append(msg)
-    return ScoreResult([score for score, _, _ in outcomes], num_errors=kinds[ERROR], num_timeouts=kinds[TIMEOUT],
-                       num_crashes=kinds[CRASH], errors_by_source=dict(failures), messages=messages)
+    return ScoreResult([o[0] for o in outcomes], num_errors=kinds[ERROR], num_timeouts=kinds[TIMEOUT],
+                       num_crashes=kinds[CRASH], errors_by_source=dict(failures), messages=messages,
+                       extras=[o[3] for o in outcomes])
 
 
 def score_batch(fn, data_sources, solution_strs, ground_truths, extra_infos, timeout_s: float = 10.0) -> ScoreResult:
