@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 from dataclasses import asdict
 
 import pytest
@@ -8,6 +9,7 @@ from transformers import AutoTokenizer
 
 from posttrain.errors import ModelError
 from posttrain.models import check_model_dir, ensure_tiny_model, load_model, load_tokenizer
+from posttrain.models import tiny
 from posttrain.models.tiny import TinySpec, build_tiny_model
 
 SMALL = TinySpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -159,3 +161,49 @@ def test_rebuild_makes_a_competent_but_imperfect_model(tmp_path, capsys):
     assert 0.3 <= meta["dev_accuracy"] <= 0.75
     assert 0.15 <= meta["test_accuracy"] <= 0.75
     assert load_model(tmp_path / "m").config.hidden_size == TinySpec().hidden_size
+
+
+TOOLS_WEIGHTS_SHA256 = "57db09ac3e5492c2d9f858a41684d648a0c5b410f21b972045647be4a565efb1"
+
+
+def test_the_tool_using_model_ships_and_calls_the_calculator_imperfectly(tmp_path, capsys):
+    """`posttrain tiny-model --task tools` prints the shipped directory (its bytes checked) or copies it;
+    greedy, it calls the calculator on held-out products, rightly more often than not, and answers
+    right less often: what the multi-turn demonstration starts from."""
+    import hashlib
+
+    import posttrain.models.tiny_tools as tiny_tools
+    from posttrain.cli import main
+    from posttrain.data.preprocess import products
+    from posttrain.tools import load_tools
+
+    assert main(["tiny-model", "--task", "tools"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == tiny_tools.TOOLS_DIR
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == TOOLS_WEIGHTS_SHA256
+    meta = json.loads((path / "posttrain_tiny.json").read_text())
+    assert meta["version"] == tiny_tools.VERSION and meta["spec"] == asdict(tiny_tools.ToolsSpec())
+    assert main(["tiny-model", "--task", "tools", "--output", str(tmp_path / "m")]) == 0
+    assert tiny.directory_digest(tmp_path / "m") == tiny_tools.TOOLS_DIGEST
+    assert main(["tiny-model", "--task", "tools", "--rebuild"]) == 2  # needs --output
+    tools = load_tools(functions=["calculator"])
+    try:
+        scores = tiny_tools.conversation_scores(load_model(path), load_tokenizer(path),
+                                                products.split_pairs()[1][:32], tools)
+    finally:
+        tools.close()
+    assert 0.4 <= scores["tool_correct"] <= 0.95 and 0.05 <= scores["accuracy"] <= 0.6
+
+
+def test_the_tool_warm_up_builds_a_loadable_model_from_the_shipped_one(tmp_path):
+    """build_tools_model's path, 2 steps (the shipped one took 720; `posttrain tiny-model --task tools
+    --rebuild --output DIR` runs it all): the weights moved from the arith model's, the directory loads,
+    and its record says what was built."""
+    import posttrain.models.tiny_tools as tiny_tools
+
+    spec = tiny_tools.ToolsSpec(max_steps=2, eval_every=1, eval_below_loss=100.0, dev_size=4, batch_size=8)
+    meta = tiny_tools.build_tools_model(tmp_path / "m", spec=spec, progress=False)
+    assert (meta["sft_steps"], meta["base"], meta["spec"]) == (2, tiny.VERSION, asdict(spec))
+    before, after = load_file(tiny.EMBEDDED_DIR / "model.safetensors"), load_file(tmp_path / "m" / "model.safetensors")
+    assert set(before) == set(after) and any(not torch.equal(before[k], after[k]) for k in before)
+    assert load_tokenizer(tmp_path / "m").eos_token_id == load_model(tmp_path / "m").config.eos_token_id

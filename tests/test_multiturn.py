@@ -260,3 +260,23 @@ def test_samples_and_the_report_show_a_conversation_turn_by_turn():
     messages = [{"role": "assistant", "content": CALL}, {"role": "tool", "name": "calculator", "content": "4"},
                 {"role": "assistant", "content": "It is 4."}]
     assert turns_text(messages) == f"[assistant] {CALL}\n[tool calculator] 4\n[assistant] It is 4."
+
+
+def test_the_tool_warm_up_conversation_labels_only_the_assistants_turns():
+    """The warm-up's conversation, laid out as a rollout lays it out: its labels are the call + EOS and
+    the answer + EOS; the prompt, the tool's message and the template's tokens between turns are -100."""
+    from posttrain.models import ensure_tiny_model
+    from posttrain.models.tiny_tools import conversation
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ids, labels = conversation(tok, 347, 829)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "347 * 829"}}</tool_call>'
+    assert tok.decode(ids) == ("<|im_start|>user\nWhat is 347 * 829?<|im_end|>\n<|im_start|>assistant\n" + call +
+                               "<|im_end|>\n<|im_start|>tool\n287663<|im_end|>\n<|im_start|>assistant\n287663<|im_end|>")
+    kept = [i for i, label in enumerate(labels) if label != -100]
+    assert [labels[i] for i in kept] == [ids[i] for i in kept]
+    prompt = len(tok.encode("<|im_start|>user\nWhat is 347 * 829?<|im_end|>\n<|im_start|>assistant\n"))
+    first = list(range(prompt, prompt + len(call) + 1))  # the byte tokenizer: a token per character, and EOS
+    between = len(tok.encode("\n<|im_start|>tool\n287663<|im_end|>\n<|im_start|>assistant\n"))
+    second = list(range(first[-1] + 1 + between, len(ids)))  # "287663" and EOS
+    assert kept == first + second and len(second) == 7

