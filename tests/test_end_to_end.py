@@ -105,3 +105,27 @@ def test_verl_command_on_gsm8k(tmp_path, trained_tiny_model_dir):
     posttrain(["tiny-model", "--output", "tiny"], tmp_path)
     posttrain(verl_command(Path("gsm8k"), Path("tiny"), 256), tmp_path)
     check_verl_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_tool_use_example_runs_as_the_readme_says(tmp_path):
+    """README "Learning to use the calculator": the products data, the shipped tool-using model and
+    examples/tiny_tools.yaml, for 2 steps: conversations with calculator calls are trained on, and
+    tool use, tool_correct and the turns of each sample are logged."""
+    posttrain(["preprocess", "products", "--output-dir", "data/products", "--no-system-prompt", "--num-test", "20"],
+              tmp_path)
+    model = posttrain(["tiny-model", "--task", "tools"], tmp_path).stdout.strip()
+    posttrain(["train", str(REPO / "examples" / "tiny_tools.yaml"), f"model.path={model}",
+               "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.run_dir=runs/tools",
+               "trainer.log_samples_freq=1"], tmp_path)
+    lines = metrics(tmp_path / "runs" / "tools")
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    for key in ("val/score/mean", "val/tool_correct/mean", "val/products/tool_correct/mean",
+                "val/multi_turn/tool_use_ratio"):
+        assert key in lines[0] and key in lines[2], key
+    assert lines[0]["val/multi_turn/tool_use_ratio"] > 0.9 and lines[0]["val/tool_correct/mean"] > 0.3
+    for key in ("reward/tool_correct/mean", "multi_turn/tool_calls/mean", "multi_turn/tool_tokens/mean"):
+        assert key in lines[1], key
+    assert lines[1]["multi_turn/tool_tokens/mean"] > 0 and lines[1]["actor/grad_norm"] > 0
+    samples = [json.loads(x) for x in (tmp_path / "runs" / "tools" / "samples.jsonl").read_text().splitlines()]
+    assert any("[tool calculator]" in s.get("turns", "") for s in samples)
