@@ -197,6 +197,39 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
 
 
 @pytest.mark.ray
+def test_multi_turn_tool_use_on_two_workers_resumes_exactly(cluster, tmp_path):
+    """Conversations with calculator calls (the tool-using tiny model on products rows) trained by 2 FSDP2
+    workers: 2 + 2 steps resumed from the sharded checkpoint equal 4 straight steps (weights, scores,
+    losses and tool counts), and the tool messages were in the batches."""
+    from posttrain.data.preprocess import products
+    from posttrain.models.tiny_tools import tools_model
+
+    products.run(tmp_path / "data", num_train=8, num_test=4, system=False)
+    data = tmp_path / "data"
+    (data / "val.parquet").write_bytes((data / "test.parquet").read_bytes())
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2",
+           "data.max_response_length=160", "rollout.n=2", "rollout.temperature=0.7", "actor.lr=1e-4",
+           "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[calculator]")
+    model = tools_model()
+    train(build_run(load_config(None, small(model, data, straight, 4, *two))))
+    train(build_run(load_config(None, small(model, data, halves, 2, *two))))
+    summary = train(build_run(load_config(None, small(model, data, halves, 4, *two))))
+    assert summary["start_step"] == 2 and summary["steps"] == 4
+    a = exported(straight / "checkpoints" / "global_step_4", tmp_path / "a")
+    b = exported(halves / "checkpoints" / "global_step_4", tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def steps(run_dir):
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(x["step"], x["critic/score/mean"], x["actor/pg_loss"], x["multi_turn/tool_calls/mean"],
+                 x["multi_turn/tool_tokens/mean"], x["reward/tool_correct/mean"]) for x in lines if "actor/pg_loss" in x]
+
+    assert steps(straight) == steps(halves) and len(steps(straight)) == 4
+    assert all(tool_tokens > 0 for *_, tool_tokens, _ in steps(straight))
+
+
+@pytest.mark.ray
 def test_export_of_shards_matches_the_one_process_export(cluster, tiny_model_dir, data, tmp_path):
     """The same weights saved by 2 workers (sharded) and by one process
     export to the same Hugging Face directory."""
