@@ -14,6 +14,8 @@ out). It stops once greedy conversations on a dev slice of the training pairs an
 `target_accuracy` of the time: the model then writes the call's format, but copies the numbers
 into it (and the tool's answer out of it) unreliably; GRPO with the calculator then raises both
 (README "Multi-turn rollouts with tools"). A 3-digit product is out of its reach without the tool.
+The copying appears suddenly (none right until ~step 600, most calls right by ~step 720); a model
+stopped at 0.3, just after, was too fragile for RL (one seed of three gained), hence 0.5.
 
 Its weights ship inside the package (embedded_tools/), for the reason the tiny model's do: every
 machine starts from the same bytes. `posttrain tiny-model --task tools` prints its directory;
@@ -36,7 +38,7 @@ from posttrain.models import tiny
 VERSION = "tiny-qwen2-v2-tools-v1"
 TOOLS_DIR = Path(__file__).with_name("embedded_tools")
 # tiny.directory_digest(TOOLS_DIR): the shipped model's bytes, every file of it
-TOOLS_DIGEST = "5b9dcc41c91b55052b885462c81cdd56557fe1691aca29d66cc8787a9a089fb1"
+TOOLS_DIGEST = "ca5c8aaee5b23c8ebb6508f7125c4678bdd22a0d203c014cd77c2663861cac5d"
 MAX_RESPONSE_TOKENS = 160  # a call (~87 tokens), the tool's message and the answer, with room to spare
 
 
@@ -44,7 +46,7 @@ MAX_RESPONSE_TOKENS = 160  # a call (~87 tokens), the tool's message and the ans
 class ToolsSpec:
     lr: float = 2e-3
     batch_size: int = 64
-    target_accuracy: float = 0.3  # greedy conversations answering right on the dev pairs
+    target_accuracy: float = 0.5  # greedy conversations answering right on the dev pairs
     max_steps: int = 2000
     eval_every: int = 10
     eval_below_loss: float = 0.3  # dev conversations are generated only once the loss is this low (no sooner
