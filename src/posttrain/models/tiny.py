@@ -112,6 +112,17 @@ def greedy_accuracy(model, tokenizer, pairs, max_new_tokens: int = 6) -> float:
     return sum(t.strip() == arith.answer_text(a, b) for t, (a, b) in zip(texts, pairs)) / len(pairs)
 
 
+def sft_step(model, opt, ids, attention, labels, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """One supervised step on `batch_size` rows drawn (with `gen`) from ids/attention/labels [N, L]. -> the loss."""
+    model.train()
+    idx = torch.randint(0, ids.shape[0], (batch_size,), generator=gen)
+    loss = model(input_ids=ids[idx], attention_mask=attention[idx], labels=labels[idx]).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = TinySpec(), progress: bool = True) -> dict:
     """Initialise, warm up on arith, and save to `output_dir`. -> metadata."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
@@ -130,12 +141,7 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = Tin
     gen = torch.Generator().manual_seed(seed)
     step, dev_acc = 0, 0.0
     while step < spec.sft_max_steps:
-        model.train()
-        idx = torch.randint(0, ids.shape[0], (spec.sft_batch_size,), generator=gen)
-        loss = model(input_ids=ids[idx], attention_mask=attention[idx], labels=labels[idx]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = sft_step(model, opt, ids, attention, labels, spec.sft_batch_size, gen)
         step += 1
         if step % spec.sft_eval_every == 0:
             dev_acc = greedy_accuracy(model, tokenizer, dev)

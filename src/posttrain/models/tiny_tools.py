@@ -123,12 +123,7 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
     step, dev_scores = 0, {"accuracy": 0.0, "tool_correct": 0.0}
     try:
         while step < spec.max_steps:
-            model.train()
-            idx = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
-            loss = model(input_ids=ids[idx], attention_mask=attention[idx], labels=labels[idx]).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss = tiny.sft_step(model, opt, ids, attention, labels, spec.batch_size, gen)
             step += 1
             if step % 50 == 0 and progress:
                 print(f"posttrain: warming up the tiny model on calculator calls: step {step}, loss {loss.item():.3f}",
