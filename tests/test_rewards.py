@@ -246,7 +246,6 @@ def test_a_dict_returns_other_numbers_are_kept_per_response():
     assert r.scores == [1.0, 0.0, 0.5, 1.0, 0.0]
     assert r.extras == [{"acc": 1.0, "len": 3.0}, {"acc": 0.0}, {}, {}, {}]
     assert r.extra_means() == {"acc": 0.5, "len": 3.0}
-    assert r.extra_means(rows=[1, 2]) == {"acc": 0.0}
 
 
 def test_the_products_reward_scores_the_answer_and_reports_whether_a_tool_returned_it():

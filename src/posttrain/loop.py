@@ -390,7 +390,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     metrics = {"val/score/mean": sum(all_scores) / len(all_scores)}
     for source, scores in sorted(per_source.items()):
         metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
-    for (source, key), values in sorted(extras.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+    for (source, key), values in extras.items():
         metrics[f"val/{key}/mean" if source is None else f"val/{source}/{key}/mean"] = sum(values) / len(values)
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["val/reward_errors"] = float(errors)

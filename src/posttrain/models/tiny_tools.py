@@ -55,12 +55,12 @@ class ToolsSpec:
 
 def conversation(tokenizer, a: int, b: int) -> tuple[list[int], list[int]]:
     """One products conversation as (token ids, labels): labels -100 except on the assistant's turns."""
+    from posttrain.data.dataset import encode_prompt
     from posttrain.rollout.multiturn import continuation_ids
 
     eos = tokenizer.eos_token_id
     messages = [{"role": "user", "content": products.question(a, b)}]
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                              add_special_tokens=False)
+    prompt = encode_prompt(tokenizer, messages)
     call = tokenizer.encode(products.tool_call(a, b), add_special_tokens=False) + [eos]
     between = continuation_ids(tokenizer, messages + [{"role": "assistant", "content": products.tool_call(a, b)}],
                                [{"role": "tool", "name": "calculator", "content": str(a * b)}], {}, eos)
@@ -72,13 +72,13 @@ def conversation(tokenizer, a: int, b: int) -> tuple[list[int], list[int]]:
 def conversation_scores(model, tokenizer, pairs, tools) -> dict[str, float]:
     """Greedy conversations with the calculator on `pairs`: the share answered right ("accuracy") and
     the share whose calculator call returned the product ("tool_correct")."""
+    from posttrain.data.dataset import encode_prompt
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
     from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 
     messages = [[{"role": "user", "content": products.question(a, b)}] for a, b in pairs]
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                                add_special_tokens=False) for m in messages]
+    prompts = [encode_prompt(tokenizer, m) for m in messages]
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, progress=False)
     settings = MultiTurnSettings(max_assistant_turns=2, max_response_length=MAX_RESPONSE_TOKENS,
                                  eos_token_ids=(tokenizer.eos_token_id,))
@@ -93,20 +93,16 @@ def conversation_scores(model, tokenizer, pairs, tools) -> dict[str, float]:
 def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = ToolsSpec(),
                       progress: bool = True) -> dict:
     """Fine-tune the shipped tiny model on products conversations and save it to `output_dir`. -> metadata."""
-    import shutil
-
     from transformers import AutoTokenizer
 
     from posttrain.models.loader import load_model
+    from posttrain.models.tokenizer import write_tokenizer
     from posttrain.tools import load_tools
 
     start = time.perf_counter()
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(out)  # the base's tokenizer files, byte for byte
     base = tiny.embedded_model()
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"):
-        if (base / name).exists():
-            shutil.copy2(base / name, out / name)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     torch.manual_seed(seed)
     model = load_model(base)

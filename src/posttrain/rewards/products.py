@@ -19,7 +19,7 @@ DATA_SOURCE = "products"
 
 
 def compute_score(solution_str: str, ground_truth, extra_info=None) -> dict:
-    calls = (extra_info or {}).get("tool_calls") if isinstance(extra_info, dict) else None
+    calls = extra_info.get("tool_calls") if isinstance(extra_info, dict) else None
     truth = str(ground_truth).strip()
     correct = any(isinstance(c, dict) and c.get("error") is None and str(c.get("content", "")).strip() == truth
                   for c in calls or [])

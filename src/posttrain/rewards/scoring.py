@@ -59,11 +59,11 @@ class ScoreResult:
     model_scores: list[float] | None = None  # a reward model's score of each response (rewards.model), if any
     extras: list[dict] = field(default_factory=list)  # per response, a dict return's other numbers ({} if none)
 
-    def extra_means(self, rows=None) -> dict[str, float]:
-        """The mean of each extra key over the responses (of `rows`, indices) that returned it."""
+    def extra_means(self) -> dict[str, float]:
+        """The mean of each extra key over the responses that returned it."""
         found: dict[str, list[float]] = {}
-        for i in range(len(self.extras)) if rows is None else rows:
-            for key, value in (self.extras[i] if i < len(self.extras) else {}).items():
+        for extra in self.extras:
+            for key, value in extra.items():
                 found.setdefault(key, []).append(value)
         return {key: sum(values) / len(values) for key, values in sorted(found.items())}
 
