@@ -195,15 +195,15 @@ def test_nemo_rl_grpo_keys_load_and_reach_the_update():
     assert load_config(None, ["actor_rollout_ref.actor.clip_ratio_c=null"]).actor.clip_ratio_c is None
 
 
-def test_the_readme_table_of_algorithms_matches_the_presets():
+def test_the_algorithms_page_table_matches_the_presets():
     import re
     from pathlib import Path
 
     from posttrain.algorithm_presets import ALGORITHMS
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    page = (Path(__file__).parents[1] / "docs" / "algorithms.md").read_text()
     rows = {}
-    for line in readme.splitlines():
+    for line in page.splitlines():
         m = re.match(r"\| `(\w+)`[^|]*\| [^|]+ \| (.+) \|$", line)
         if m and m.group(1) in ALGORITHMS:
             pairs = re.findall(r"`([\w.]+)=([^`]+)`", m.group(2))

@@ -108,10 +108,10 @@ def test_verl_command_on_gsm8k(tmp_path, trained_tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_the_tool_use_example_runs_as_the_readme_says(tmp_path):
-    """README "Learning to use the calculator": the products data, the shipped tool-using model and
-    examples/tiny_tools.yaml, for 2 steps: conversations with calculator calls are trained on, and
-    tool use, tool_correct and the turns of each sample are logged."""
+def test_the_tool_use_example_runs_as_the_docs_say(tmp_path):
+    """docs/multi-turn-tools.md, "Learning to use the calculator": the products data, the shipped
+    tool-using model and examples/tiny_tools.yaml, for 2 steps: conversations with calculator calls
+    are trained on, and tool use, tool_correct and the turns of each sample are logged."""
     posttrain(["preprocess", "products", "--output-dir", "data/products", "--no-system-prompt", "--num-test", "20"],
               tmp_path)
     model = posttrain(["tiny-model", "--task", "tools"], tmp_path).stdout.strip()
@@ -133,7 +133,7 @@ def test_the_tool_use_example_runs_as_the_readme_says(tmp_path):
 
 @pytest.mark.slow
 def test_grpo_with_the_calculator_raises_correct_tool_use_and_the_held_out_score(tmp_path):
-    """The README's tool-use run (examples/tiny_tools.yaml, 40 steps, 500 held-out pairs), about 2 minutes.
+    """The tool-use run of docs/multi-turn-tools.md (examples/tiny_tools.yaml, 40 steps, 500 held-out pairs), about 2 minutes.
 
     Measured over trainer.seed 0, 1, 2: score +0.134 / +0.096 / +0.122, tool_correct +0.162 / +0.164 /
     +0.138 (from 0.558 and 0.812). The thresholds sit at about a third and a half of the lowest gains
