@@ -1,10 +1,14 @@
-"""The deployment guides (docs/*.md) say what posttrain does today.
+"""The README and the manual (docs/*.md) say what posttrain does today.
 
-Every `posttrain` command in a guide's shell blocks is parsed by the real
-CLI; every `train` command's config keys and values load; every `deploy`
-command renders; the names later commands use (files, the RayCluster and
-its head service, the sbatch script) are those the deploy commands render;
-every option the prose mentions in backticks exists.
+Every page: each `posttrain` command of its shell blocks is parsed by the
+real CLI and each `train` command's config keys load; each `make` target it
+names is the Makefile's; each relative link points at a file that exists
+(and a `#anchor` at one of its headings).
+
+The deployment guides, further: every `train` command's keys and values load
+on their own; every `deploy` command renders; the names later commands use
+(files, the RayCluster and its head service, the sbatch script) are those the
+deploy commands render; every option the prose mentions in backticks exists.
 """
 
 import re
@@ -18,7 +22,12 @@ import yaml
 
 from posttrain.cli import build_parser, main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+# Pages linked before they are written: a link to one may point nowhere yet (once it exists it is
+# checked like any other page, anchors included).
+PENDING = {DOCS / "debugging.md"}
 GUIDES = {"deploy-gke.md": ("deploy kuberay", "submit"), "deploy-slurm.md": ("deploy slurm",)}
 # values for what the guides compute rather than export
 COMPUTED = {"PROJECT_NUMBER": "123456789012", "HF_TOKEN": "hf_example", "WANDB_API_KEY": "wandb_example"}
@@ -173,3 +182,104 @@ def test_options_the_prose_names_exist(guide):
             continue
         unknown |= {w.split("=")[0] for w in words if re.match(r"--[a-z]", w)} - known
     assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+def page_commands(page: Path) -> list[list[str]]:
+    """The page's commands as words: a `$(...)` is replaced by a word and its inside counted as a
+    command too, and leading `NAME=value` environment settings are dropped."""
+    out = []
+    for line in shell_lines(page.read_text()):
+        inner = re.findall(r"\$\(([^()]*)\)", line)
+        for text in [re.sub(r"\$\([^()]*\)", "SUBSTITUTED", line), *inner]:
+            words = shlex.split(text, comments=True)
+            while words and re.fullmatch(r"\w+=\S*", words[0]):
+                words = words[1:]
+            if words:
+                out.append(words)
+    return out
+
+
+def test_every_page_has_its_commands_found():
+    """The pages whose shell blocks hold posttrain commands: if the block parsing below stopped
+    finding them, the tests that read them would pass on nothing."""
+    with_commands = {page_id(p) for p in PAGES if any(w[0] == "posttrain" for w in page_commands(p))}
+    assert {"README.md", "docs/configuration.md", "docs/data-and-rewards.md", "docs/multi-turn-tools.md",
+            "docs/checkpoints.md", "docs/lora.md", "docs/distributed.md", "docs/coming-from-nemo-rl.md",
+            "docs/deploy-gke.md", "docs/deploy-slurm.md"} <= with_commands
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_posttrain_command_of_a_page_parses_and_its_keys_load(page):
+    from posttrain.config import load_config
+
+    for words in page_commands(page):
+        if words[0] != "posttrain":
+            continue
+        argv = words[1:]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as e:
+            pytest.fail(f"{page_id(page)}: `posttrain {shlex.join(argv)}` does not parse (exit {e.code})")
+        train = the_command_after_dashes(argv)
+        if not train or train[0] != "train":
+            continue
+        # a config file of this repository (examples/) is read with the keys; a user's own file or
+        # NeMo-RL's (not here) is left out and the keys given on the line load on their own
+        named = [a for a in train[1:] if a.endswith((".yaml", ".yml"))]
+        config = next((str(REPO / a) for a in named if (REPO / a).is_file()), None)
+        keys = [a for a in train[1:] if re.match(r"[+~]*[A-Za-z_][\w.]*=", a)]
+        try:
+            load_config(config, keys)
+        except Exception as e:  # noqa: BLE001 - the message is the finding
+            pytest.fail(f"{page_id(page)}: `posttrain {shlex.join(argv)}`: {e}")
+
+
+def test_the_make_targets_the_pages_name_exist():
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.M))
+    named = {(page_id(p), w[1]) for p in PAGES for w in page_commands(p) if w[0] == "make" and len(w) > 1}
+    assert ("README.md", "run") in named and ("README.md", "test") in named
+    assert {t for _, t in named if "=" not in t} <= targets, named
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def relative_links(page: Path) -> list[str]:
+    """The targets of the page's markdown links, outside code, that are not URLs."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
+
+
+def test_a_link_check_finds_links_and_headings():
+    assert slug("On a GPU: bench/gpu/") == "on-a-gpu-benchgpu"
+    assert slug("`make test`") == "make-test"
+    assert "a-real-model-on-your-laptop" in anchors(REPO / "README.md")
+    assert "docs/README.md" in relative_links(REPO / "README.md")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_relative_link_points_at_a_file_and_heading(page):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if file in PENDING and not file.exists():
+            continue
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
+    assert not broken, f"{page_id(page)}: {broken}"
