@@ -12,7 +12,8 @@ one result per call: so this process knows which call each worker is on and
 since when. A call still running GRACE_S past timeout_s (C code, SIGALRM
 blocked) has its worker killed; one whose worker dies (segfault, os._exit)
 is a crash. Either costs that sample (0.0, counted); the rest of the chunk
-goes to a fresh worker. `num_workers=0` scores in this process (debuggers).
+goes to a fresh worker. `num_workers=0` scores in this process (`in_process`:
+as a run being debugged does).
 An empty response scores 0.0 without a call.
 
 Workers (posttrain.processes) are spawned on first use and stay for the run;
@@ -70,16 +71,19 @@ def with_sandbox(settings, loader):
     return loader()
 
 
-def in_process(fn, timeout_s: float = 10.0) -> RewardPool:
-    """A pool that calls `fn` in this process (num_workers=0; `fn` need not be picklable)."""
-    return RewardPool(lambda: fn, num_workers=0, timeout_s=timeout_s)
+def in_process(fn) -> RewardPool:
+    """The pool of a run being debugged (trainer.debug): `fn` called in this process (it need not be
+    picklable), so a breakpoint() in it stops in this terminal; no time limit (the alarm would cut a
+    debugging session short); a call that raises, or returns no number, raises (post-mortem at its frame)."""
+    return RewardPool(lambda: fn, num_workers=0, timeout_s=None, raise_errors=True)
 
 
 class RewardPool:
     """score_batch(...) -> ScoreResult, as `scoring.score_batch`, in num_workers processes."""
 
-    def __init__(self, loader, num_workers: int, timeout_s: float):
+    def __init__(self, loader, num_workers: int, timeout_s: float | None, raise_errors: bool = False):
         self.loader, self.num_workers, self.timeout_s = loader, num_workers, timeout_s
+        self.raise_errors = raise_errors  # num_workers=0 only: see in_process
         self._fn = None
         self._workers: list[_Worker] = []  # changed in place: the finalizer below holds this list
         # if close() is missed: stopped when collected, or at exit before multiprocessing joins (forever) its children
@@ -99,7 +103,7 @@ class RewardPool:
         todo = [i for i, call in enumerate(calls) if call[1] != ""]  # only EOS/special tokens: nothing to score
         if self.num_workers == 0:
             for i in todo:
-                outcomes[i] = score_one(self.load(), calls[i], self.timeout_s)
+                outcomes[i] = score_one(self.load(), calls[i], self.timeout_s, self.raise_errors)
         elif todo:
             self._run(calls, todo, outcomes)
         return tally(data_sources, outcomes)

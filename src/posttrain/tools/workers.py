@@ -12,6 +12,8 @@ that has not answered after timeout_s is a ToolTimeout, and its worker is
 killed (a hang costs a restart: the next call spawns a fresh worker); a
 worker that dies mid-call (segfault, os._exit) is a ToolFailure. Callers in
 several threads each get a worker of their own (idle ones are reused).
+InProcessFunctions answers the same calls in this process instead (a run
+being debugged, trainer.debug), without a time limit.
 
 Workers live as the reward pool's do (posttrain.processes): they ignore
 SIGINT and SIGTERM (the trainer ends its step first), an idle one exits at
@@ -30,6 +32,7 @@ processes themselves are the same (posttrain.processes).
 
 from __future__ import annotations
 
+import bdb
 import multiprocessing.util
 import threading
 
@@ -110,6 +113,29 @@ class FunctionWorkers:
         with self._lock:
             self._idle.clear()
         stop_all(self._all)
+
+
+class InProcessFunctions:
+    """FunctionWorkers' call in this process, for a run being debugged (trainer.debug): a breakpoint() in a
+    tool function stops in this terminal. There is no time limit (no worker to kill); a call that raises
+    is a ToolFailure the model reads, as from a worker, except `q` at a breakpoint, which ends the run."""
+
+    def __init__(self, specs):
+        from posttrain.tools.functions import import_function
+
+        self.functions = {spec: import_function(spec) for spec in specs}
+
+    def call(self, spec: str, arguments: dict, timeout_s: float, name: str = "tool") -> str:
+        try:
+            value = self.functions[spec](**arguments)
+        except bdb.BdbQuit:
+            raise
+        except (Exception, SystemExit) as e:  # the tool's fault, as _serve words it
+            raise ToolFailure(f"error: {one_line(e)}") from e
+        return (value if isinstance(value, str) else str(value))[:MAX_REPLY_CHARS]
+
+    def close(self) -> None:
+        pass
 
 
 def _serve(conn, specs: tuple[str, ...]) -> None:
