@@ -162,8 +162,13 @@ def options_of(command: list[str]) -> set[str]:
 def test_options_the_prose_names_exist(guide):
     """`--flag` alone is an option of the guide's commands; `posttrain X ... --flag` one of X's;
     another program's (`docker run --network host`) is not posttrain's to check."""
+    unknown = unknown_options(guide, set().union(*(options_of(c.split()) for c in GUIDES[guide])))
+    assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
+
+
+def unknown_options(guide: str, default: set[str]) -> set[str]:
+    """The options the guide's prose names in backticks that do not exist (`--flag` alone: not in `default`)."""
     prose = re.sub(r"```.*?```", "", (DOCS / guide).read_text(), flags=re.S)
-    default = set().union(*(options_of(c.split()) for c in GUIDES[guide]))
     unknown = set()
     for span in re.findall(r"`([^`]+)`", prose):
         words = span.split()
@@ -174,7 +179,7 @@ def test_options_the_prose_names_exist(guide):
         else:
             continue
         unknown |= {w.split("=")[0] for w in words if re.match(r"--[a-z]", w)} - known
-    assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
+    return unknown
 
 
 # ---- docs/debugging.md: nothing in it may start a run that waits at a breakpoint, or a Ray cluster
@@ -239,15 +244,5 @@ def test_the_debugging_guides_reward_file_scores(monkeypatch):
 
 
 def test_the_debugging_guides_options_exist():
-    prose = re.sub(r"```.*?```", "", (DOCS / "debugging.md").read_text(), flags=re.S)
-    unknown = set()
-    for span in re.findall(r"`([^`]+)`", prose):
-        words = span.split()
-        if words[0] == "posttrain":
-            known = options_of(words[1:])
-        elif re.match(r"--[a-z]", words[0]):
-            known = options_of(["train"]) | {"--ray-debugger-external"}  # Ray's flag: parsed above
-        else:
-            continue
-        unknown |= {w.split("=")[0] for w in words if re.match(r"--[a-z]", w)} - known
+    unknown = unknown_options("debugging.md", options_of(["train"]) | {"--ray-debugger-external"})  # Ray's: above
     assert not unknown, f"docs/debugging.md names options posttrain does not have: {sorted(unknown)}"
