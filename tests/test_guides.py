@@ -15,19 +15,18 @@ import re
 import shlex
 import string
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from posttrain.cli import build_parser, main
+from posttrain.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
-# Pages linked before they are written: a link to one may point nowhere yet (once it exists it is
-# checked like any other page, anchors included).
-PENDING = {DOCS / "debugging.md"}
 GUIDES = {"deploy-gke.md": ("deploy kuberay", "submit"), "deploy-slurm.md": ("deploy slurm",)}
 # values for what the guides compute rather than export
 COMPUTED = {"PROJECT_NUMBER": "123456789012", "HF_TOKEN": "hf_example", "WANDB_API_KEY": "wandb_example"}
@@ -169,8 +168,13 @@ def options_of(command: list[str]) -> set[str]:
 def test_options_the_prose_names_exist(guide):
     """`--flag` alone is an option of the guide's commands; `posttrain X ... --flag` one of X's;
     another program's (`docker run --network host`) is not posttrain's to check."""
+    unknown = unknown_options(guide, set().union(*(options_of(c.split()) for c in GUIDES[guide])))
+    assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
+
+
+def unknown_options(guide: str, default: set[str]) -> set[str]:
+    """The options the guide's prose names in backticks that do not exist (`--flag` alone: not in `default`)."""
     prose = re.sub(r"```.*?```", "", (DOCS / guide).read_text(), flags=re.S)
-    default = set().union(*(options_of(c.split()) for c in GUIDES[guide]))
     unknown = set()
     for span in re.findall(r"`([^`]+)`", prose):
         words = span.split()
@@ -181,7 +185,7 @@ def test_options_the_prose_names_exist(guide):
         else:
             continue
         unknown |= {w.split("=")[0] for w in words if re.match(r"--[a-z]", w)} - known
-    assert not unknown, f"{guide} names options posttrain does not have: {sorted(unknown)}"
+    return unknown
 
 
 def page_id(page: Path) -> str:
@@ -276,10 +280,74 @@ def test_every_relative_link_points_at_a_file_and_heading(page):
     for target in relative_links(page):
         path, _, anchor = target.partition("#")
         file = (page.parent / path).resolve() if path else page
-        if file in PENDING and not file.exists():
-            continue
         if not file.exists():
             broken.append(f"{target}: no such file")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
     assert not broken, f"{page_id(page)}: {broken}"
+
+
+# ---- docs/debugging.md: nothing in it may start a run that waits at a breakpoint, or a Ray cluster
+
+def split_env(words: list[str]) -> tuple[dict, list[str]]:
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        key, _, value = words[0].partition("=")
+        env[key], words = value, words[1:]
+    return env, words
+
+
+def test_the_debugging_guides_commands_parse_load_or_run(tmp_path, monkeypatch):
+    """posttrain commands parse and their configs load; those showing a traceback run (they fail at once) and
+    raise instead of printing one line; Ray's commands parse with Ray's own CLI (nothing starts); `export`s
+    set only Ray's debugger variables."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # `train --debug` installs the post-mortem hook
+    found = set()
+    for words in commands("debugging.md"):
+        env, words = split_env(words)
+        line = shlex.join(words)
+        if words[0] == "export":
+            assert re.fullmatch(r"RAY_DEBUG(_POST_MORTEM)?=\w+", words[1]), line
+            found.add("export")
+        elif words[0] == "posttrain":
+            args = build_parser().parse_args(words[1:])
+            assert args.command == "train", line
+            from posttrain.config import load_config
+
+            load_config(None, args.args)
+            if any(a.startswith("data.train_files=missing") for a in args.args):  # section 3: shows a traceback
+                with monkeypatch.context() as m:
+                    for key, value in env.items():
+                        m.setenv(key, value)
+                    with pytest.raises(DataError, match="missing.parquet"):
+                        main(words[1:])
+                found.add("traceback")
+            found.add("posttrain")
+        elif words[0] == "ray":
+            pytest.importorskip("ray")
+            from ray.scripts.scripts import cli
+
+            command = cli.get_command(None, words[1])
+            assert command is not None, line
+            command.make_context(words[1], words[2:])  # parses (unknown options raise); runs nothing
+            found.add(f"ray {words[1]}")
+        else:
+            pytest.fail(f"docs/debugging.md: a command no test checks: {line}")
+    assert found == {"export", "posttrain", "traceback", "ray start", "ray debug"}, found
+
+
+def test_the_debugging_guides_reward_file_scores(monkeypatch):
+    text = (DOCS / "debugging.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1
+    namespace = {}
+    exec(compile(blocks[0], "my_reward.py", "exec"), namespace)
+    stops = []
+    monkeypatch.setattr(sys, "breakpointhook", lambda *a, **k: stops.append(1))
+    assert namespace["compute_score"]("arith", " 68", "68") == 1.0 and stops == [1]
+
+
+def test_the_debugging_guides_options_exist():
+    unknown = unknown_options("debugging.md", options_of(["train"]) | {"--ray-debugger-external"})  # Ray's: above
+    assert not unknown, f"docs/debugging.md names options posttrain does not have: {sorted(unknown)}"

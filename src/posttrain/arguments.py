@@ -53,6 +53,9 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     t.add_argument("--config", metavar="CONFIG.yaml", help="the config file (as the first argument; NeMo-RL's "
                    "spelling): posttrain's, verl's keys or NeMo-RL's layout with its `defaults:` files")
     t.add_argument("--help-config", action="store_true", help="list every config key, its type and default")
+    t.add_argument("--debug", dest="debug_run", action="store_true", help="debug the run: trainer.debug=true (rewards, "
+                   "tools and the policy in this process, where breakpoint() stops; pdb post-mortem on a crash) and "
+                   "tracebacks for errors (docs/debugging.md)")
 
     pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
     register_preprocessors(pre.add_subparsers(dest="dataset", required=True))

@@ -164,7 +164,8 @@ def make_tools(cfg, model_dir: str, tokenizer):
     from posttrain.rollout.multiturn import MultiTurnSettings
     from posttrain.tools import load_tools
 
-    tools = load_tools(tool_config_path=mt.tool_config_path, functions=mt.tools, timeout_s=cfg.reward.timeout_s)
+    tools = load_tools(tool_config_path=mt.tool_config_path, functions=mt.tools, timeout_s=cfg.reward.timeout_s,
+                       in_process=cfg.trainer.debug)
     settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
                                  max_tool_response_length=mt.max_tool_response_length,
                                  max_response_length=cfg.data.max_response_length,
@@ -311,6 +312,8 @@ def uses_ray(cfg) -> bool:
     """Workers on Ray when asked, when there is more than one, or when a
     cluster address is given (a job's driver: its devices are on the workers)."""
     tr = cfg.trainer
+    if tr.debug:  # everything in this process (debugging.py)
+        return False
     if tr.use_ray is not None:
         return tr.use_ray
     return tr.nnodes * tr.n_gpus_per_node > 1 or bool(tr.ray_address or os.environ.get("RAY_ADDRESS"))
@@ -371,25 +374,28 @@ def make_rewards(cfg):
         sf = r.sandbox_fusion
         sandbox = SandboxSettings(sf.url, sf.max_concurrent, sf.memory_limit_mb)
     if not r.model.enable:
-        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox)
+        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug)
     from posttrain.rewards.model import ModelRewards, RewardModel
 
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
     model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
                         max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code,
                         remove_padding=r.model.use_remove_padding, param_offload=r.model.param_offload)
-    return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox)
+    return ModelRewards(model, make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug)
                         if r.custom_fn else None)
 
 
-def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float, sandbox=None):
+def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float, sandbox=None,
+                     debug: bool = False):
     """The run's RewardPool (reward.custom_fn or the built-ins; num_workers None:
     min(8, CPUs)). The function is loaded here once, so a file that fails to
     import stops the run now with its RewardError; the workers load their own.
     sandbox (rewards.sandbox.SandboxSettings): where code sources run, its
-    max_concurrent shared by the workers."""
-    from posttrain.rewards.pool import RewardPool, reward_loader
+    max_concurrent shared by the workers. debug (trainer.debug): rewards.pool.in_process."""
+    from posttrain.rewards.pool import RewardPool, in_process, reward_loader
 
+    if debug:
+        return in_process(reward_loader(custom_fn, sandbox)())
     if num_workers is None:
         num_workers = min(8, os.cpu_count() or 1)
     sandbox = sandbox.per_process(num_workers) if sandbox else None
@@ -452,6 +458,10 @@ def build_run(cfg):
 
     tr = cfg.trainer
     check_sinks(tr.logger)  # a missing logger package stops the run before anything is loaded or written
+    if tr.debug:
+        from posttrain.debugging import announce
+
+        announce(tr.nnodes * tr.n_gpus_per_node, bool(tr.use_ray or tr.ray_address or os.environ.get("RAY_ADDRESS")))
     seed_everything(tr.seed)
     distributed = uses_ray(cfg)
     remote = None

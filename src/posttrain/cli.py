@@ -2,7 +2,7 @@
 the top of the package (nothing in it imports this module).
 
 Errors a user can fix print one line and exit 2; `--debug` (or
-POSTTRAIN_DEBUG=1) shows the traceback instead.
+POSTTRAIN_DEBUG=1, or `train --debug`) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def cmd_train(args) -> int:
         return 0
     config_path, overrides = split_train_args(args.args, args.config)
     cfg = load_config(config_path, overrides)
+    if args.debug_run or cfg.trainer.debug:  # a run to debug: docs/debugging.md
+        from posttrain.debugging import post_mortem_on_crash
+
+        cfg.trainer.debug = True
+        post_mortem_on_crash()
     run = build_run(cfg)
     print(f"posttrain: run directory {run.run_dir}", file=sys.stderr)
     summary = train(run)
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     redact_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
-    debug = args.debug or os.environ.get("POSTTRAIN_DEBUG") == "1"
+    debug = args.debug or getattr(args, "debug_run", False) or os.environ.get("POSTTRAIN_DEBUG") == "1"
     try:
         return args.func(args)
     except Preempted as e:

@@ -408,6 +408,7 @@ class TrainerConfig:
     log_samples_freq: int = 10  # every N steps a few prompts' best and worst completions go to samples.jsonl; <= 0: never
     log_samples_prompts: int = 4  # prompts per sample log (their best and worst completion each)
     peak_flops: Optional[float] = None  # FLOP/s of one device for MFU; null: GPU by name, CPU measured once
+    debug: bool = False  # rewards, tools and the policy in this process: breakpoint() stops there (docs/debugging.md)
 
 
 @dataclass

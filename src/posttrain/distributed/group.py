@@ -13,6 +13,7 @@ naming the worker, its node and the cause; nothing waits on a dead peer.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
 
@@ -25,6 +26,7 @@ from posttrain.training.actor import loss_units
 from posttrain.worker import WorkerSpec
 
 PLACEMENT_TIMEOUT_S = 120.0
+RAY_DEBUGGER_ENV = ("RAY_DEBUG", "RAY_DEBUG_POST_MORTEM")  # Ray's debugger: docs/debugging.md
 GRACE_S = 5.0  # after a failure, how long to wait for the other workers' errors (to find the root cause)
 
 
@@ -52,9 +54,7 @@ class WorkerGroup:
                 f"the Ray cluster cannot place {self.world_size} workers with {bundle} each "
                 f"({'on one node' if nnodes == 1 else f'over {nnodes} nodes'}; available: {describe_resources()}); "
                 "lower trainer.n_gpus_per_node / trainer.nnodes / trainer.cpus_per_worker or add nodes")
-        env = dict(spec.env)
-        if nnodes == 1 and not gpu:
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: keep collectives on loopback
+        env = worker_env(spec.env, one_cpu_node=nnodes == 1 and not gpu)
         spec.env, spec.threads = env, spec.threads or cpus_per_worker
         remote = ray.remote(Worker)
         self.workers = [
@@ -224,6 +224,16 @@ class WorkerGroup:
             f"worker {r} (node {where.get('host', '?')}, pid {where.get('pid', '?')}) "
             f"{'died' if dead else 'failed'} during {verb}: {describe_failure(error)}. {self.resume_hint}"
         ) from None
+
+
+def worker_env(env: dict, one_cpu_node: bool) -> dict:
+    """The workers' environment variables (their runtime_env): `env` (WorkerSpec.env), gloo on loopback on
+    one CPU node, and the driver's RAY_DEBUG / RAY_DEBUG_POST_MORTEM when set, so that a breakpoint() (or,
+    post-mortem, an exception) in a worker reaches Ray's debugger on a cluster started without them."""
+    out = {**{k: os.environ[k] for k in RAY_DEBUGGER_ENV if k in os.environ}, **env}
+    if one_cpu_node:
+        out.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: keep collectives on loopback
+    return out
 
 
 def tensors_only(batch):

@@ -11,14 +11,12 @@ extra_info) and returns a number (or verl's {"score": number, ...}).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from posttrain.errors import RewardError
+from posttrain.pyfile import CodeFailed, import_file
 from posttrain.text import one_line
 
 DEFAULT_FUNCTION = "compute_score"
@@ -34,30 +32,22 @@ def parse_spec(spec: str) -> tuple[Path, str]:
     return Path(spec), DEFAULT_FUNCTION
 
 
-
-
 def load_reward_fn(spec: str) -> Callable:
     """Import the file by path (under a module name unique to that path) and
     return its function; RewardError, with the fix, when it cannot."""
     path, name = parse_spec(spec)
-    if not path.is_file():
-        raise RewardError(f"reward file '{path}' does not exist; {_FIX}")
-    resolved = path.resolve()
-    module_name = f"posttrain_reward_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
-    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise RewardError(f"reward file '{path}' cannot be imported as Python; give a .py file; {_FIX}")
-    module = importlib.util.module_from_spec(module_spec)
-    # registered while it runs: dataclasses and pickling look the module up by name
-    sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:
-        sys.modules.pop(module_name, None)
-        raise RewardError(f"reward file '{path}' failed to import ({one_line(e)}); fix the file") from e
+        module = import_file(path, "posttrain_reward_")
+    except FileNotFoundError:
+        raise RewardError(f"reward file '{path}' does not exist; {_FIX}") from None
+    except ImportError:
+        raise RewardError(f"reward file '{path}' cannot be imported as Python; give a .py file; {_FIX}") from None
+    except CodeFailed as e:
+        raise RewardError(f"reward file '{path}' failed to import ({one_line(e.__cause__)}); fix the file"
+                          ) from e.__cause__
     if not hasattr(module, name):
         defined = sorted(n for n, v in vars(module).items()
-                         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module_name)
+                         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
         raise RewardError(
             f"reward file '{path}' has no function '{name}' (it defines: {', '.join(defined) or 'nothing callable'}); "
             f"{_FIX}"

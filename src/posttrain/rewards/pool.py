@@ -12,40 +12,33 @@ one result per call: so this process knows which call each worker is on and
 since when. A call still running GRACE_S past timeout_s (C code, SIGALRM
 blocked) has its worker killed; one whose worker dies (segfault, os._exit)
 is a crash. Either costs that sample (0.0, counted); the rest of the chunk
-goes to a fresh worker. `num_workers=0` scores in this process (debuggers).
+goes to a fresh worker. `num_workers=0` scores in this process (`in_process`:
+as a run being debugged does).
 An empty response scores 0.0 without a call.
 
-Workers are spawned (never forked: the trainer runs torch threads), start
-on first use, stay for the run, and ignore SIGINT and SIGTERM (Ctrl-C and
-a batch system's stop reach the whole process group; the trainer stops
-after its step, which needs them). They end with this
-process: an idle one reads EOF from its pipe, and on Linux the kernel kills
-any, even one stuck in C code (PR_SET_PDEATHSIG; ps -o comm shows them as
-reward-worker). A forkserver starts a worker ~25 ms sooner, but its children
-keep the forkserver alive, so a stuck one would outlive a killed trainer.
-Like any spawned process, a worker imports the main script: a script that
-starts a run needs `if __name__ == "__main__":`.
+Workers (posttrain.processes) are spawned on first use and stay for the run;
+they ignore SIGINT and SIGTERM (the trainer stops after its step, which
+needs them) and end with this process, even stuck in C code (ps -o comm
+shows them as reward-worker). A script that starts a run needs
+`if __name__ == "__main__":` (workers import it).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import multiprocessing.util
-import signal
 import time
 from collections import deque
 from multiprocessing.connection import wait
 
 from posttrain.errors import RewardError
+from posttrain.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
 from posttrain.rewards.scoring import (
     CRASH, TIMEOUT, UNSCORED, ScoreResult, failure, parallel_calls, score_one, tally,
 )
 from posttrain.text import one_line
 
-START_METHOD = "spawn"  # see the module docstring
 GRACE_S = 0.5  # past timeout_s, for the worker's own alarm to stop the call before it is killed
-LOAD_TIMEOUT_S = 120.0  # a worker that has not loaded the reward function by then is an error
 MAX_CHUNK = 32  # calls per message: fewer messages, but a killed worker's chunk is resent
 
 
@@ -78,20 +71,23 @@ def with_sandbox(settings, loader):
     return loader()
 
 
-def in_process(fn, timeout_s: float = 10.0) -> RewardPool:
-    """A pool that calls `fn` in this process (num_workers=0; `fn` need not be picklable)."""
-    return RewardPool(lambda: fn, num_workers=0, timeout_s=timeout_s)
+def in_process(fn) -> RewardPool:
+    """The pool of a run being debugged (trainer.debug): `fn` called in this process (it need not be
+    picklable), so a breakpoint() in it stops in this terminal; no time limit (the alarm would cut a
+    debugging session short); a call that raises, or returns no number, raises (post-mortem at its frame)."""
+    return RewardPool(lambda: fn, num_workers=0, timeout_s=None, raise_errors=True)
 
 
 class RewardPool:
     """score_batch(...) -> ScoreResult, as `scoring.score_batch`, in num_workers processes."""
 
-    def __init__(self, loader, num_workers: int, timeout_s: float):
+    def __init__(self, loader, num_workers: int, timeout_s: float | None, raise_errors: bool = False):
         self.loader, self.num_workers, self.timeout_s = loader, num_workers, timeout_s
+        self.raise_errors = raise_errors  # num_workers=0 only: see in_process
         self._fn = None
         self._workers: list[_Worker] = []  # changed in place: the finalizer below holds this list
         # if close() is missed: stopped when collected, or at exit before multiprocessing joins (forever) its children
-        multiprocessing.util.Finalize(self, _stop, args=(self._workers,), exitpriority=10)
+        multiprocessing.util.Finalize(self, stop_all, args=(self._workers,), exitpriority=10)
 
     def load(self):
         """The reward function loaded in this process: the one num_workers=0 calls,
@@ -107,7 +103,7 @@ class RewardPool:
         todo = [i for i, call in enumerate(calls) if call[1] != ""]  # only EOS/special tokens: nothing to score
         if self.num_workers == 0:
             for i in todo:
-                outcomes[i] = score_one(self.load(), calls[i], self.timeout_s)
+                outcomes[i] = score_one(self.load(), calls[i], self.timeout_s, self.raise_errors)
         elif todo:
             self._run(calls, todo, outcomes)
         return tally(data_sources, outcomes)
@@ -188,7 +184,7 @@ class RewardPool:
 
     def close(self) -> None:
         """Stop the workers; the next score_batch starts new ones."""
-        _stop(self._workers)
+        stop_all(self._workers)
 
     def __enter__(self):
         return self
@@ -197,16 +193,11 @@ class RewardPool:
         self.close()
 
 
-class _Worker:
-    """A worker process, its chunk's calls not answered yet, and since when calls[0] runs."""
+class _Worker(WorkerProcess):
+    """A reward worker process, its chunk's calls not answered yet, and since when calls[0] runs."""
 
     def __init__(self, loader, timeout_s: float):
-        ctx = multiprocessing.get_context(START_METHOD)
-        self.conn, child_end = ctx.Pipe()
-        # not a daemon: a reward function may start processes of its own (verl's code rewards do)
-        self.proc = ctx.Process(target=_serve, args=(child_end, loader, timeout_s), name="posttrain-reward")
-        self.proc.start()
-        child_end.close()
+        super().__init__("reward", _serve, loader, timeout_s)
         self.calls: list[int] = []
         self.since = time.monotonic()
         self.ready = False
@@ -214,48 +205,9 @@ class _Worker:
     def deadline(self, timeout_s: float) -> float:
         return self.since + (timeout_s + GRACE_S if self.ready else LOAD_TIMEOUT_S)
 
-    def exit_reason(self) -> str:
-        return exit_reason(self.proc)
-
-    def stop(self) -> None:
-        kill_process(self.proc, self.conn)
-
-
-def exit_reason(proc) -> str:
-    """Why a worker process whose pipe closed is gone: its signal or exit code."""
-    proc.join(1.0)  # its pipe closes a moment before its exit status is known
-    code = proc.exitcode
-    if code is None:
-        return "closed its pipe"
-    return signal.Signals(-code).name if code < 0 else f"exit code {code}"
-
-
-def kill_process(proc, conn) -> None:
-    """Kill a worker process (if it still runs), reap it, close its pipe."""
-    if proc.is_alive():
-        proc.kill()
-    proc.join()
-    conn.close()
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """Stop and forget these workers: they exit at EOF; any still running after a second are killed."""
-    for w in workers:
-        w.conn.close()
-    end = time.monotonic() + 1.0
-    for w in workers:
-        w.proc.join(max(0.0, end - time.monotonic()))
-        w.stop()
-    workers.clear()
-
 
 def _serve(conn, loader, timeout_s: float) -> None:
     """A worker's life: load the function, then score chunks until EOF."""
-    # Ctrl-C and a batch system's SIGTERM reach the whole process group: the trainer finishes its step
-    # (which needs its workers) and saves; the workers end with it (EOF, or the kernel's SIGKILL below)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _linux_worker_setup()
     try:
         fn = loader()
     except BaseException as e:  # noqa: BLE001  reported to the parent, which stops the run
@@ -270,13 +222,3 @@ def _serve(conn, loader, timeout_s: float) -> None:
         for call in chunk:
             conn.send(score_one(fn, call, timeout_s))
 
-
-def _linux_worker_setup() -> None:
-    """Linux: the kernel SIGKILLs this worker when the trainer thread that started it ends,
-    so a call stuck in C code cannot outlive the run; ps/top name it reward-worker."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(15, b"reward-worker")  # PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux: the EOF on the pipe still ends an idle worker
-        pass

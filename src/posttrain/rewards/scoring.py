@@ -134,15 +134,18 @@ def failure(kind: str, source, detail: str) -> Outcome:
     return 0.0, kind, f"reward for data_source '{source}' {detail}", {}
 
 
-def score_one(fn, call: tuple, timeout_s: float | None) -> Outcome:
+def score_one(fn, call: tuple, timeout_s: float | None, raise_errors: bool = False) -> Outcome:
     """fn(*call) for call = (data_source, solution_str, ground_truth, extra_info), as an Outcome:
-    (score, OK, "", extras) or (0.0, ERROR / TIMEOUT, message, {})."""
+    (score, OK, "", extras) or (0.0, ERROR / TIMEOUT, message, {}). raise_errors (a run being debugged,
+    rewards.pool.in_process): a call that raises, or returns no number, raises instead."""
     try:
         value = _call_with_limit(fn, call, timeout_s)
         return as_score(value), OK, "", extra_numbers(value)
     except _Timeout:
         return failure(TIMEOUT, call[0], f"ran past {timeout_s} s")
     except Exception as e:  # noqa: BLE001  a reward bug costs that sample's score, not the run
+        if raise_errors:
+            raise
         return failure(ERROR, call[0], f"raised {one_line(e)}")
 
 

@@ -11,14 +11,12 @@ Whatever cannot be imported, or is not a function, is a one-line ConfigError.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import inspect
-import sys
 from pathlib import Path
 
 from posttrain.errors import ConfigError
+from posttrain.pyfile import CodeFailed, import_file
 from posttrain.text import one_line
 
 FORMS = "pkg.module:function, pkg.module.function or path/file.py:function"
@@ -74,21 +72,13 @@ def _import_module(name: str, spec: str, where: str):
 
 
 def _import_file(path: Path, spec: str, where: str):
-    if not path.is_file():
-        raise ConfigError(f"{where} '{spec}': file '{path}' does not exist; fix the path (relative paths start at "
-                          "the current directory)")
-    resolved = path.resolve()
-    module_name = f"posttrain_tool_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"{where} '{spec}': '{path}' cannot be imported as Python; give a .py file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module  # while it runs: dataclasses and pickling look modules up by name
     try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:
-        sys.modules.pop(module_name, None)
-        raise ConfigError(f"{where} '{spec}': importing '{path}' failed ({one_line(e)}); fix the file") from e
-    return module
+        return import_file(path, "posttrain_tool_", reuse=True)
+    except FileNotFoundError:
+        raise ConfigError(f"{where} '{spec}': file '{path}' does not exist; fix the path (relative paths start at "
+                          "the current directory)") from None
+    except ImportError:
+        raise ConfigError(f"{where} '{spec}': '{path}' cannot be imported as Python; give a .py file") from None
+    except CodeFailed as e:
+        raise ConfigError(f"{where} '{spec}': importing '{path}' failed ({one_line(e.__cause__)}); fix the file"
+                          ) from e.__cause__

@@ -54,7 +54,7 @@ from posttrain.tools import answer, calculator, python_tool
 from posttrain.tools.functions import FORMS, canonical_spec, import_function
 from posttrain.tools.schema import NAME_RULE, schema_of
 from posttrain.tools.toolset import Tool, ToolSet
-from posttrain.tools.workers import FunctionWorkers
+from posttrain.tools.workers import FunctionWorkers, InProcessFunctions
 
 GSM8K_TOOL = "verl.tools.gsm8k_tool.Gsm8kTool"
 SANDBOX_TOOL = "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
@@ -74,8 +74,10 @@ CONFIG_FORMAT = ("tools: [{class_name: ..., config: {...}, tool_schema: {type: f
 
 
 def load_tools(tool_config_path: str | None = None, functions: list[str] | None = None, timeout_s: float = 10.0,
-               memory_mb: int = 1024) -> ToolSet:
-    """The tools of a verl tool config file and of function specs (see the module); ConfigError if any is wrong."""
+               memory_mb: int = 1024, in_process: bool = False) -> ToolSet:
+    """The tools of a verl tool config file and of function specs (see the module); ConfigError if any is wrong.
+    in_process (trainer.debug): the functions are called in this process, without a time limit
+    (workers.InProcessFunctions); the python tool keeps its own limited process."""
     entries = []  # (where, target, schema or None, config)
     if tool_config_path:
         entries += _read_config(Path(tool_config_path))
@@ -101,7 +103,7 @@ def load_tools(tool_config_path: str | None = None, functions: list[str] | None 
                               "tool_schema.function.name")
         seen[name] = where
 
-    workers = FunctionWorkers(specs) if specs else None
+    workers = (InProcessFunctions if in_process else FunctionWorkers)(specs) if specs else None
     tools = [Tool(name, description, parameters, _call(kind, name, detail, workers))
              for _, name, description, parameters, kind, detail in planned]
     return ToolSet(tools, closers=[workers.close] if workers else [])
@@ -148,7 +150,7 @@ def _plan(where, target, schema, config, timeout_s, memory_mb, specs):
     return where, name, description, parameters, "function", {"spec": spec, "timeout_s": timeout}
 
 
-def _call(kind: str, name: str, detail: dict, workers: FunctionWorkers | None):
+def _call(kind: str, name: str, detail: dict, workers: FunctionWorkers | InProcessFunctions | None):
     if kind == "calculator":
         return lambda arguments, context: calculator.calculator(arguments["expression"])
     if kind == "python":
@@ -163,8 +165,8 @@ def _check_answer(name: str, arguments: dict, context: dict) -> str:
     return answer.check_gsm8k_answer(arguments, context, tool_name=name)
 
 
-def _call_function(workers: FunctionWorkers, spec: str, timeout_s: float, name: str, arguments: dict,
-                   context: dict) -> str:
+def _call_function(workers: FunctionWorkers | InProcessFunctions, spec: str, timeout_s: float, name: str,
+                   arguments: dict, context: dict) -> str:
     return workers.call(spec, arguments, timeout_s, name)
 
 

@@ -21,6 +21,7 @@ after another, in order; run() may be called from several threads at once.
 
 from __future__ import annotations
 
+import bdb
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ class ToolSet:
             return ToolResult(tool.name, _bounded(e.content), TIMEOUT)
         except ToolFailure as e:
             return ToolResult(tool.name, _bounded(e.content), ERROR)
+        except bdb.BdbQuit:  # `q` at a breakpoint in a tool (trainer.debug): the run ends, as any program would
+            raise
         except Exception as e:  # noqa: BLE001  a tool's fault is the model's answer, not the run's end
             return ToolResult(tool.name, f"error: {one_line(e)}", ERROR)
         return ToolResult(tool.name, _bounded(content if isinstance(content, str) else str(content)))

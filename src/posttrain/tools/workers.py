@@ -12,31 +12,31 @@ that has not answered after timeout_s is a ToolTimeout, and its worker is
 killed (a hang costs a restart: the next call spawns a fresh worker); a
 worker that dies mid-call (segfault, os._exit) is a ToolFailure. Callers in
 several threads each get a worker of their own (idle ones are reused).
+InProcessFunctions answers the same calls in this process instead (a run
+being debugged, trainer.debug), without a time limit.
 
-Workers live as the reward pool's do (rewards.pool): they ignore SIGINT and
-SIGTERM (the trainer ends its step first), an idle one exits at EOF on its
-pipe, and on Linux the kernel kills one whose starting thread ended
-(PR_SET_PDEATHSIG), even if stuck in C code; the next call replaces a worker
-that died while idle. As any spawned process, a worker imports the main
-script: a script that starts a run needs `if __name__ == "__main__":`.
+Workers live as the reward pool's do (posttrain.processes): they ignore
+SIGINT and SIGTERM (the trainer ends its step first), an idle one exits at
+EOF on its pipe, and on Linux the kernel kills one whose starting thread
+ended, even if stuck in C code (ps names it tool-worker); the next call
+replaces a worker that died while idle. As any spawned process, a worker
+imports the main script: a script that starts a run needs
+`if __name__ == "__main__":`.
 
 Why not the reward pool itself: RewardPool's protocol is built around
 scores (each call's value is checked to be a finite number, failures counted
 per data source, batches split in chunks across workers), and a tool's value
-is text, one call at a time, each with its own function; its worker
-lifecycle (spawn context, load timeout) is shared through its constants.
+is text, one call at a time, each with its own function; the worker
+processes themselves are the same (posttrain.processes).
 """
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
+import bdb
 import multiprocessing.util
-import signal
 import threading
-import time
 
-from posttrain.rewards.pool import LOAD_TIMEOUT_S, START_METHOD, exit_reason, kill_process
+from posttrain.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
 from posttrain.text import one_line
 from posttrain.tools.toolset import ToolFailure, ToolTimeout
 
@@ -50,10 +50,10 @@ class FunctionWorkers:
     def __init__(self, specs):
         self.specs = tuple(specs)
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._all: list[_Worker] = []  # changed in place: the finalizer below holds this list
+        self._idle: list[WorkerProcess] = []
+        self._all: list[WorkerProcess] = []  # changed in place: the finalizer below holds this list
         # if close() is missed: stopped when collected, or at exit before multiprocessing joins (forever) its children
-        multiprocessing.util.Finalize(self, _stop, args=(self._all,), exitpriority=10)
+        multiprocessing.util.Finalize(self, stop_all, args=(self._all,), exitpriority=10)
 
     def call(self, spec: str, arguments: dict, timeout_s: float, name: str = "tool") -> str:
         w = self._take(name)
@@ -78,7 +78,7 @@ class FunctionWorkers:
             return text
         raise ToolFailure(f"error: {text}")
 
-    def _take(self, name: str) -> _Worker:
+    def _take(self, name: str) -> WorkerProcess:
         """An idle worker, or a new one that has imported the functions (ToolFailure if it cannot)."""
         with self._lock:
             while self._idle:
@@ -88,7 +88,7 @@ class FunctionWorkers:
                 if w in self._all:  # died while idle (its starting thread ended, or killed from outside)
                     self._all.remove(w)
                 w.stop()
-        w = _Worker(self.specs)
+        w = WorkerProcess("tool", _serve, self.specs)
         with self._lock:
             self._all.append(w)
         try:
@@ -102,7 +102,7 @@ class FunctionWorkers:
                               f"functions ({message})")
         return w
 
-    def _drop(self, w: _Worker) -> None:
+    def _drop(self, w: WorkerProcess) -> None:
         w.stop()
         with self._lock:
             if w in self._all:
@@ -112,42 +112,34 @@ class FunctionWorkers:
         """Stop the workers; the next call starts new ones."""
         with self._lock:
             self._idle.clear()
-        _stop(self._all)
+        stop_all(self._all)
 
 
-class _Worker:
-    def __init__(self, specs: tuple[str, ...]):
-        ctx = multiprocessing.get_context(START_METHOD)
-        self.conn, child_end = ctx.Pipe()
-        # not a daemon: a tool function may start processes of its own
-        self.proc = ctx.Process(target=_serve, args=(child_end, specs), name="posttrain-tool")
-        self.proc.start()
-        child_end.close()
+class InProcessFunctions:
+    """FunctionWorkers' call in this process, for a run being debugged (trainer.debug): a breakpoint() in a
+    tool function stops in this terminal. There is no time limit (no worker to kill); a call that raises
+    is a ToolFailure the model reads, as from a worker, except `q` at a breakpoint, which ends the run."""
 
-    def exit_reason(self) -> str:
-        return exit_reason(self.proc)
+    def __init__(self, specs):
+        from posttrain.tools.functions import import_function
 
-    def stop(self) -> None:
-        kill_process(self.proc, self.conn)
+        self.functions = {spec: import_function(spec) for spec in specs}
 
+    def call(self, spec: str, arguments: dict, timeout_s: float, name: str = "tool") -> str:
+        try:
+            value = self.functions[spec](**arguments)
+        except bdb.BdbQuit:
+            raise
+        except (Exception, SystemExit) as e:  # the tool's fault, as _serve words it
+            raise ToolFailure(f"error: {one_line(e)}") from e
+        return (value if isinstance(value, str) else str(value))[:MAX_REPLY_CHARS]
 
-def _stop(workers: list[_Worker]) -> None:
-    """Stop and forget these workers: they exit at EOF; any still running after a second are killed."""
-    stopping = list(workers)
-    workers.clear()
-    for w in stopping:
-        w.conn.close()
-    end = time.monotonic() + 1.0
-    for w in stopping:
-        w.proc.join(max(0.0, end - time.monotonic()))
-        w.stop()
+    def close(self) -> None:
+        pass
 
 
 def _serve(conn, specs: tuple[str, ...]) -> None:
     """A worker's life: import the functions, then answer calls until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer ends its step first (see rewards.pool)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _linux_worker_setup()
     from posttrain.tools.functions import import_function
 
     try:
@@ -168,12 +160,3 @@ def _serve(conn, specs: tuple[str, ...]) -> None:
             reply = (FAILED, one_line(e))
         conn.send(reply)
 
-
-def _linux_worker_setup() -> None:
-    """Linux: killed by the kernel when the thread that started it ends (PR_SET_PDEATHSIG); ps names it tool-worker."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(15, b"tool-worker")  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
