@@ -31,7 +31,7 @@ def make_model(output_dir: str | Path, seed: int = 0) -> Path:
     """Write the benchmark model (config, safetensors, tokenizer) to `output_dir`."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from posttrain.models.tiny import TinySpec, _config
+    from posttrain.tiny.arith import TinySpec, _config
     from posttrain.models.tokenizer import write_tokenizer
 
     out = Path(output_dir)

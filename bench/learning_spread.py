@@ -40,7 +40,7 @@ def run_default(seed, tmp):
 def run_loop(seed, tmp):
     from test_loop import short_run
 
-    from posttrain.models import ensure_tiny_model
+    from posttrain.tiny.arith import ensure_tiny_model
 
     summary, steps, still = short_run(tmp, ensure_tiny_model(), f"trainer.seed={seed}")
     scores = [x["critic/score/mean"] for x in steps]
@@ -77,7 +77,7 @@ def run_critic_fit(seed, tmp):
     from conftest import untrained_spec
     from test_critic import critic_fit
 
-    from posttrain.models.tiny import build_tiny_model
+    from posttrain.tiny.arith import build_tiny_model
 
     out = {}
     for build in (0, 1):  # the tests build their small model in the session: two builds of it

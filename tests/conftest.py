@@ -32,7 +32,7 @@ def random_qwen2():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small, barely trained model directory in the embedded model's format (seconds to build)."""
-    from posttrain.models.tiny import build_tiny_model
+    from posttrain.tiny.arith import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-untrained")
     build_tiny_model(out, seed=0, spec=untrained_spec(), progress=False)
@@ -41,7 +41,7 @@ def tiny_model_dir(tmp_path_factory):
 
 def untrained_spec():
     """tiny_model_dir's spec: 1 layer x 32 hidden, 2 warm-up steps."""
-    from posttrain.models.tiny import TinySpec
+    from posttrain.tiny.arith import TinySpec
 
     return TinySpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                     sft_max_steps=2, sft_eval_every=1000)
@@ -50,7 +50,7 @@ def untrained_spec():
 @pytest.fixture(scope="session")
 def trained_tiny_model_dir():
     """The embedded tiny model itself (shipped in the package, checked against its digest)."""
-    from posttrain.models import ensure_tiny_model
+    from posttrain.tiny.arith import ensure_tiny_model
 
     return ensure_tiny_model()
 

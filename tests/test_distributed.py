@@ -202,7 +202,7 @@ def test_multi_turn_tool_use_on_two_workers_resumes_exactly(cluster, tmp_path):
     workers: 2 + 2 steps resumed from the sharded checkpoint equal 4 straight steps (weights, scores,
     losses and tool counts), and the tool messages were in the batches."""
     from posttrain.data.preprocess import products
-    from posttrain.models.tiny_tools import tools_model
+    from posttrain.models.shipped import tools_model
 
     products.run(tmp_path / "data", num_train=8, num_test=4, system=False)
     data = tmp_path / "data"

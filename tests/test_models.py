@@ -8,9 +8,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from posttrain.errors import ModelError
-from posttrain.models import check_model_dir, ensure_tiny_model, load_model, load_tokenizer
-from posttrain.models import tiny
-from posttrain.models.tiny import TinySpec, build_tiny_model
+from posttrain.files import directory_digest
+from posttrain.models import check_model_dir, load_model, load_tokenizer, shipped
+from posttrain.tiny import arith
+from posttrain.tiny.arith import TinySpec, build_tiny_model, ensure_tiny_model
 
 SMALL = TinySpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                  sft_max_steps=3, sft_eval_every=1000)
@@ -86,10 +87,8 @@ def test_build_is_deterministic_by_seed_and_loads_back(tmp_path):
 
 def test_ensure_reuses_the_cache(tmp_path, monkeypatch):
     calls = []
-    import posttrain.models.tiny as tiny
-
-    real = tiny.build_tiny_model
-    monkeypatch.setattr(tiny, "build_tiny_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = arith.build_tiny_model
+    monkeypatch.setattr(arith, "build_tiny_model", lambda *a, **k: calls.append(1) or real(*a, **k))
     first = ensure_tiny_model(cache_dir=tmp_path, spec=SMALL, progress=False)
     second = ensure_tiny_model(cache_dir=tmp_path, spec=SMALL, progress=False)
     assert first == second and len(calls) == 1
@@ -97,7 +96,7 @@ def test_ensure_reuses_the_cache(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # built aside, renamed into place
 
 
-# The shipped weights, recorded here as well as in tiny.EMBEDDED_DIGEST: replacing them is a
+# The shipped weights, recorded here as well as in shipped.EMBEDDED_DIGEST: replacing them is a
 # deliberate change of both, with the README's sample output run anew.
 SHIPPED_WEIGHTS_SHA256 = "19893b85c28171073712ba209d5439027514594d65814b20a7e25ed05dcb0ed2"
 
@@ -105,15 +104,13 @@ SHIPPED_WEIGHTS_SHA256 = "19893b85c28171073712ba209d5439027514594d65814b20a7e25e
 def test_the_shipped_model_is_the_recorded_bytes(monkeypatch):
     import hashlib
 
-    import posttrain.models.tiny as tiny
-
-    monkeypatch.setattr(tiny, "build_tiny_model", lambda *a, **k: pytest.fail("the default must not be built"))
+    monkeypatch.setattr(arith, "build_tiny_model", lambda *a, **k: pytest.fail("the default must not be built"))
     path = ensure_tiny_model()
-    assert path == tiny.EMBEDDED_DIR
+    assert path == shipped.EMBEDDED_DIR
     assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == SHIPPED_WEIGHTS_SHA256
-    assert tiny.directory_digest(path) == tiny.EMBEDDED_DIGEST
+    assert directory_digest(path) == shipped.EMBEDDED_DIGEST
     meta = json.loads((path / "posttrain_tiny.json").read_text())
-    assert (meta["version"], meta["seed"], meta["spec"]) == (tiny.VERSION, 0, asdict(TinySpec()))
+    assert (meta["version"], meta["seed"], meta["spec"]) == (arith.VERSION, 0, asdict(TinySpec()))
     assert 0.3 <= meta["dev_accuracy"] <= 0.75 and 0.15 <= meta["test_accuracy"] <= 0.75  # competent, imperfect
     model = load_model(path)
     assert sum(p.numel() for p in model.parameters()) == meta["parameters"]
@@ -122,11 +119,9 @@ def test_the_shipped_model_is_the_recorded_bytes(monkeypatch):
 def test_a_changed_shipped_file_is_refused_with_the_fix(tmp_path, monkeypatch):
     import shutil
 
-    import posttrain.models.tiny as tiny
-
     copy = tmp_path / "embedded"
-    shutil.copytree(tiny.EMBEDDED_DIR, copy)
-    monkeypatch.setattr(tiny, "EMBEDDED_DIR", copy)
+    shutil.copytree(shipped.EMBEDDED_DIR, copy)
+    monkeypatch.setattr(shipped, "EMBEDDED_DIR", copy)
     assert ensure_tiny_model() == copy
     data = bytearray((copy / "model.safetensors").read_bytes())
     data[-1] ^= 1  # one bit of one weight
@@ -139,11 +134,10 @@ def test_a_changed_shipped_file_is_refused_with_the_fix(tmp_path, monkeypatch):
 
 
 def test_tiny_model_copies_the_shipped_model(tmp_path, capsys):
-    import posttrain.models.tiny as tiny
     from posttrain.cli import main
 
     assert main(["tiny-model", "--output", str(tmp_path / "m")]) == 0
-    assert tiny.directory_digest(tmp_path / "m") == tiny.EMBEDDED_DIGEST
+    assert directory_digest(tmp_path / "m") == shipped.EMBEDDED_DIGEST
     assert main(["tiny-model", "--output", str(tmp_path / "m")]) == 2
     assert "is not empty" in capsys.readouterr().err
 
@@ -172,19 +166,19 @@ def test_the_tool_using_model_ships_and_calls_the_calculator_imperfectly(tmp_pat
     right less often: what the multi-turn demonstration starts from."""
     import hashlib
 
-    import posttrain.models.tiny_tools as tiny_tools
+    import posttrain.tiny.tools as tiny_tools
     from posttrain.cli import main
     from posttrain.data.preprocess import products
     from posttrain.tools import load_tools
 
     assert main(["tiny-model", "--task", "tools"]) == 0
     path = Path(capsys.readouterr().out.strip())
-    assert path == tiny_tools.TOOLS_DIR
+    assert path == shipped.TOOLS_DIR
     assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == TOOLS_WEIGHTS_SHA256
     meta = json.loads((path / "posttrain_tiny.json").read_text())
     assert meta["version"] == tiny_tools.VERSION and meta["spec"] == asdict(tiny_tools.ToolsSpec())
     assert main(["tiny-model", "--task", "tools", "--output", str(tmp_path / "m")]) == 0
-    assert tiny.directory_digest(tmp_path / "m") == tiny_tools.TOOLS_DIGEST
+    assert directory_digest(tmp_path / "m") == shipped.TOOLS_DIGEST
     assert main(["tiny-model", "--task", "tools", "--rebuild"]) == 2  # needs --output
     tools = load_tools(functions=["calculator"])
     try:
@@ -199,11 +193,11 @@ def test_the_tool_warm_up_builds_a_loadable_model_from_the_shipped_one(tmp_path)
     """build_tools_model's path, 2 steps (the shipped one took 720; `posttrain tiny-model --task tools
     --rebuild --output DIR` runs it all): the weights moved from the arith model's, the directory loads,
     and its record says what was built."""
-    import posttrain.models.tiny_tools as tiny_tools
+    import posttrain.tiny.tools as tiny_tools
 
     spec = tiny_tools.ToolsSpec(max_steps=2, eval_every=1, eval_below_loss=100.0, dev_size=4, batch_size=8)
     meta = tiny_tools.build_tools_model(tmp_path / "m", spec=spec, progress=False)
-    assert (meta["sft_steps"], meta["base"], meta["spec"]) == (2, tiny.VERSION, asdict(spec))
-    before, after = load_file(tiny.EMBEDDED_DIR / "model.safetensors"), load_file(tmp_path / "m" / "model.safetensors")
+    assert (meta["sft_steps"], meta["base"], meta["spec"]) == (2, arith.VERSION, asdict(spec))
+    before, after = load_file(shipped.EMBEDDED_DIR / "model.safetensors"), load_file(tmp_path / "m" / "model.safetensors")
     assert set(before) == set(after) and any(not torch.equal(before[k], after[k]) for k in before)
     assert load_tokenizer(tmp_path / "m").eos_token_id == load_model(tmp_path / "m").config.eos_token_id

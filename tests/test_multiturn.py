@@ -265,8 +265,8 @@ def test_samples_and_the_report_show_a_conversation_turn_by_turn():
 def test_the_tool_warm_up_conversation_labels_only_the_assistants_turns():
     """The warm-up's conversation, laid out as a rollout lays it out: its labels are the call + EOS and
     the answer + EOS; the prompt, the tool's message and the template's tokens between turns are -100."""
-    from posttrain.models import ensure_tiny_model
-    from posttrain.models.tiny_tools import conversation
+    from posttrain.tiny.arith import ensure_tiny_model
+    from posttrain.tiny.tools import conversation
 
     tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
     ids, labels = conversation(tok, 347, 829)

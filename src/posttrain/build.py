@@ -86,7 +86,7 @@ def set_aside(metrics: Path, keep_up_to: int) -> None:
 def embedded_data_files() -> tuple[str, str]:
     """The arith task's train/test parquet, generated once into the cache."""
     from posttrain.data.preprocess import arith
-    from posttrain.models.tiny import cache_root
+    from posttrain.files import cache_root
 
     out = cache_root() / "data" / EMBEDDED_DATA_VERSION
     train, test = out / "train.parquet", out / "test.parquet"
@@ -96,7 +96,7 @@ def embedded_data_files() -> tuple[str, str]:
 
 
 def model_dir_of(cfg) -> str:
-    from posttrain.models import ensure_tiny_model
+    from posttrain.tiny.arith import ensure_tiny_model
 
     return cfg.model.path or str(ensure_tiny_model())
 
@@ -466,7 +466,7 @@ def build_run(cfg):
     distributed = uses_ray(cfg)
     remote = None
     if checkpoint.is_url(tr.run_dir):
-        from posttrain.models.tiny import cache_root
+        from posttrain.files import cache_root
 
         if tr.nnodes > 1:
             raise ConfigError(f"trainer.run_dir={tr.run_dir} is a URL, but workers on {tr.nnodes} nodes write "

@@ -130,7 +130,9 @@ def cmd_tiny_model(args) -> int:
     import shutil
     from pathlib import Path
 
-    from posttrain.models import tiny, tiny_tools
+    from posttrain.files import directory_digest
+    from posttrain.models import shipped
+    from posttrain.tiny import arith, tools as tiny_tools
 
     tools = args.task == "tools"
     if tools and args.seed != 0 and not args.rebuild:
@@ -138,24 +140,24 @@ def cmd_tiny_model(args) -> int:
     if args.output is None:
         if args.rebuild:
             raise PosttrainError("--rebuild needs --output DIR (a new or empty directory to build into)")
-        print(tiny_tools.tools_model() if tools else tiny.ensure_tiny_model(seed=args.seed))
+        print(shipped.tools_model() if tools else arith.ensure_tiny_model(seed=args.seed))
         return 0
     out = Path(args.output)
     if out.exists() and any(out.iterdir()):
         raise PosttrainError(f"output directory '{out}' is not empty; choose a new --output")
     if not args.rebuild:
-        shutil.copytree(tiny_tools.tools_model() if tools else tiny.ensure_tiny_model(seed=args.seed), out,
+        shutil.copytree(shipped.tools_model() if tools else arith.ensure_tiny_model(seed=args.seed), out,
                         dirs_exist_ok=True)
         print(f"wrote the {'tool-using ' if tools else ''}embedded tiny model to {out}; use it with "
               f"actor_rollout_ref.model.path={out}")
         return 0
-    meta = (tiny_tools.build_tools_model if tools else tiny.build_tiny_model)(out, seed=args.seed)
-    shipped = tiny_tools.TOOLS_DIR if tools else tiny.EMBEDDED_DIR
-    weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, shipped)]
+    meta = (tiny_tools.build_tools_model if tools else arith.build_tiny_model)(out, seed=args.seed)
+    shipped_dir = shipped.TOOLS_DIR if tools else shipped.EMBEDDED_DIR
+    weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, shipped_dir)]
     same = "the same weights as" if weights[0] == weights[1] else "other weights than"
     print(f"built the tiny model into {out} in {meta['seconds']:.0f} s: {meta['sft_steps']} warm-up steps, dev accuracy "
           f"{meta['dev_accuracy']:.3f}, test accuracy {meta['test_accuracy']:.3f}; {same} the shipped model "
-          f"(seed 0; rounding differs between CPUs). Its digest: {tiny.directory_digest(out)}")
+          f"(seed 0; rounding differs between CPUs). Its digest: {directory_digest(out)}")
     return 0
 
 

@@ -180,7 +180,7 @@ def measure_cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, n: 
 def cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, cache_file: Path | None = None) -> float:
     """Measured once per (CPU model, threads, dtype) and cached as JSON."""
     if cache_file is None:
-        from posttrain.models.tiny import cache_root
+        from posttrain.files import cache_root
 
         cache_file = cache_root() / "peak_flops.json"
     key = f"{cpu_name()}|threads={threads}|{str(dtype).removeprefix('torch.')}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from posttrain.checkpoint.manifest import STEP_DIR, latest_valid, verify
 from posttrain.errors import CheckpointError
-from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a LoRA checkpoint's actor/ holds these only
+from posttrain.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a LoRA checkpoint's actor/ holds these only
 
 
 def resolve(path: str | Path) -> Path:

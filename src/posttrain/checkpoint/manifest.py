@@ -15,23 +15,16 @@ that matches its files is never loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrain.files import sha256
+
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fsync_path(path: Path) -> None:

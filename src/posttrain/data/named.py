@@ -96,10 +96,10 @@ REFUSED = {
 
 
 def data_dir() -> Path:
-    """$POSTTRAIN_DATA, else <posttrain cache>/data (the cache: models.tiny.cache_root)."""
+    """$POSTTRAIN_DATA, else <posttrain cache>/data (the cache: files.cache_root)."""
     if os.environ.get("POSTTRAIN_DATA"):
         return Path(os.environ["POSTTRAIN_DATA"])
-    from posttrain.models.tiny import cache_root
+    from posttrain.files import cache_root
 
     return cache_root() / "data"
 

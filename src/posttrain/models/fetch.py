@@ -22,10 +22,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.checkpoint.manifest import sha256 as file_sha256
 from posttrain.errors import ModelError
+from posttrain.files import cache_root
+from posttrain.files import sha256 as file_sha256
 from posttrain.models.gguf import convert_gguf, require_gguf_support
-from posttrain.models.tiny import cache_root
 
 
 @dataclass(frozen=True)

@@ -7,31 +7,11 @@ from pathlib import Path
 import torch
 
 from posttrain.errors import ModelError
+from posttrain.files import check_model_dir
 from posttrain.models.attention import use_grouped_attention
 from posttrain.text import one_line
 
-_FIX = ("point actor_rollout_ref.model.path (model.path) at a Hugging Face model directory, "
-        "or make one with `posttrain tiny-model --output DIR`")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_model_dir(path: str | Path, fix: str = _FIX) -> Path:
-    """Fail early, with the fix (`fix`: which key to point where), on a directory that cannot hold a model."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelError(f"model directory '{p}' does not exist; {fix}")
-    if not p.is_dir():
-        raise ModelError(f"model path '{p}' is a file, not a directory; {fix}")
-    if not (p / "config.json").exists():
-        raise ModelError(f"model directory '{p}' has no config.json; {fix}")
-    if not (list(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists()):
-        pickled = list(p.glob("pytorch_model*.bin")) or list(p.glob("*.pt"))
-        hint = (" (it has only pickled .bin weights, which posttrain does not unpickle: "
-                "convert them to safetensors)") if pickled else ""
-        raise ModelError(f"model directory '{p}' has no safetensors weights{hint}; {fix}")
-    if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
-        raise ModelError(f"model directory '{p}' has no tokenizer files (tokenizer.json / tokenizer_config.json); {fix}")
-    return p
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

@@ -22,9 +22,8 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from posttrain.errors import ConfigError, ModelError
+from posttrain.files import ADAPTER_CONFIG
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # peft's wrappers in front of the base model's names
 
 

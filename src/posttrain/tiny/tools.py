@@ -1,6 +1,6 @@
 """The embedded tiny model warmed up on calculator calls: where the tool-use demonstration starts.
 
-The shipped tiny model (models/tiny.py) fine-tuned on whole conversations of the products task
+The shipped tiny model (tiny/arith.py) fine-tuned on whole conversations of the products task
 (data/preprocess/products.py, without its system prompt):
 
     user:       What is 347 * 829?
@@ -17,9 +17,9 @@ into it (and the tool's answer out of it) unreliably; GRPO with the calculator t
 The copying appears suddenly (none right until ~step 600, most calls right by ~step 720); a model
 stopped at 0.3, just after, was too fragile for RL (one seed of three gained), hence 0.5.
 
-Its weights ship inside the package (embedded_tools/), for the reason the tiny model's do: every
-machine starts from the same bytes. `posttrain tiny-model --task tools` prints its directory;
-`--rebuild` runs this module's build and says whether it reproduced them.
+Its weights ship inside the package (models/embedded_tools/, checked by models/shipped.py), for the
+reason the tiny model's do: every machine starts from the same bytes. `posttrain tiny-model --task tools`
+prints its directory; `--rebuild` runs this module's build and says whether it reproduced them.
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ from pathlib import Path
 import torch
 
 from posttrain.data.preprocess import products
-from posttrain.models import tiny
+from posttrain.models import shipped
+from posttrain.tiny import arith
 
 VERSION = "tiny-qwen2-v2-tools-v1"
-TOOLS_DIR = Path(__file__).with_name("embedded_tools")
-# tiny.directory_digest(TOOLS_DIR): the shipped model's bytes, every file of it
-TOOLS_DIGEST = "ca5c8aaee5b23c8ebb6508f7125c4678bdd22a0d203c014cd77c2663861cac5d"
 MAX_RESPONSE_TOKENS = 160  # a call (~87 tokens), the tool's message and the answer, with room to spare
 
 
@@ -102,7 +100,7 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
     start = time.perf_counter()
     out = Path(output_dir)
     write_tokenizer(out)  # the base's tokenizer files, byte for byte
-    base = tiny.embedded_model()
+    base = shipped.embedded_model()
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     torch.manual_seed(seed)
     model = load_model(base)
@@ -119,7 +117,7 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
     step, dev_scores = 0, {"accuracy": 0.0, "tool_correct": 0.0}
     try:
         while step < spec.max_steps:
-            loss = tiny.sft_step(model, opt, ids, attention, labels, spec.batch_size, gen)
+            loss = arith.sft_step(model, opt, ids, attention, labels, spec.batch_size, gen)
             step += 1
             if step % 50 == 0 and progress:
                 print(f"posttrain: warming up the tiny model on calculator calls: step {step}, loss {loss.item():.3f}",
@@ -139,7 +137,7 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
     finally:
         tools.close()
     model.save_pretrained(out, safe_serialization=True)
-    meta = {"version": VERSION, "base": tiny.VERSION, "seed": seed, "spec": asdict(spec), "sft_steps": step,
+    meta = {"version": VERSION, "base": arith.VERSION, "seed": seed, "spec": asdict(spec), "sft_steps": step,
             "dev_accuracy": dev_scores["accuracy"], "dev_tool_correct": dev_scores["tool_correct"],
             "test_accuracy": test["accuracy"], "test_tool_correct": test["tool_correct"],
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -147,8 +145,3 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
     (out / "posttrain_tiny.json").write_text(json.dumps(meta, indent=2))
     return meta
 
-
-def tools_model() -> Path:
-    """The shipped tool-using tiny model's directory, checked against TOOLS_DIGEST."""
-    return tiny.checked_directory(TOOLS_DIR, TOOLS_DIGEST, "the tool-using tiny model",
-                                  "posttrain tiny-model --task tools --rebuild --output DIR")

@@ -1,13 +1,13 @@
 """The embedded tiny model: a small Qwen2 that starts competent but imperfect
-at two-number addition. Its weights ship inside the package (embedded/, 3.3 MB),
+at two-number addition. Its weights ship inside the package (models/embedded/, 3.3 MB),
 so that every machine trains the same bytes: a model rebuilt on each machine
 differs from machine to machine (CPU kernels round differently, and the warm-up
 below stops on an accuracy that rounding moves), and so would every result.
 
 `posttrain tiny-model --rebuild --output DIR` runs this module's build code and
 says whether it reproduced the shipped bytes; to replace the shipped model,
-rebuild into embedded/ and set EMBEDDED_DIGEST to the digest it prints. Another
-seed or spec is built on first use and cached.
+rebuild into models/embedded/ and set EMBEDDED_DIGEST (models/shipped.py) to the
+digest it prints. Another seed or spec is built on first use and cached.
 
 Built from scratch with a seeded initialisation, then trained supervised on
 the arith task's *train* pairs until its greedy accuracy on a dev slice of
@@ -31,13 +31,11 @@ from pathlib import Path
 import torch
 
 from posttrain.data import arith
-from posttrain.errors import ModelError
+from posttrain.files import cache_root
+from posttrain.models import shipped
 from posttrain.models.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB_SIZE, write_tokenizer
 
 VERSION = "tiny-qwen2-v2"
-EMBEDDED_DIR = Path(__file__).with_name("embedded")
-# directory_digest(EMBEDDED_DIR): the shipped model's bytes, every file of it
-EMBEDDED_DIGEST = "4a09583d34fe4752b0f8949c3a42c9acf47b7a92cb3480676d335f361f2bf9c8"
 
 
 @dataclass(frozen=True)
@@ -57,14 +55,6 @@ class TinySpec:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
-
-
-def cache_root() -> Path:
-    """$POSTTRAIN_CACHE, else $XDG_CACHE_HOME/posttrain, else ~/.cache/posttrain."""
-    if os.environ.get("POSTTRAIN_CACHE"):
-        return Path(os.environ["POSTTRAIN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "posttrain"
 
 
 def _config(spec: TinySpec, tokenizer):
@@ -161,38 +151,12 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = Tin
     return meta
 
 
-def directory_digest(path: str | Path) -> str:
-    """sha256 over a directory's files: each file's name and the sha256 of its bytes, in name order."""
-    outer = hashlib.sha256()
-    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
-        outer.update(f"{f.name}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
-    return outer.hexdigest()
-
-
-def embedded_model() -> Path:
-    """The shipped model's directory, checked against EMBEDDED_DIGEST (a few milliseconds)."""
-    return checked_directory(EMBEDDED_DIR, EMBEDDED_DIGEST, "the embedded tiny model",
-                             "posttrain tiny-model --rebuild --output DIR")
-
-
-def checked_directory(path: Path, digest: str, what: str, rebuild: str) -> Path:
-    """`path` if its files are the shipped ones (directory_digest == digest), else ModelError with the fix."""
-    fix = f"reinstall posttrain, or build one with `{rebuild}` and train with model.path=DIR"
-    if not path.is_dir():
-        raise ModelError(f"{what}'s directory {path} is missing; {fix}")
-    found = directory_digest(path)
-    if found != digest:
-        raise ModelError(f"{what}'s files in {path} are not the ones posttrain shipped "
-                         f"(digest {found[:16]}, expected {digest[:16]}); {fix}")
-    return path
-
-
 def ensure_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, spec: TinySpec = TinySpec(),
                       progress: bool = True) -> Path:
     """The embedded model's directory: the shipped one for seed 0 and the default spec;
     any other is built on first use into the cache (atomically, one builder at a time)."""
     if seed == 0 and spec == TinySpec():
-        return embedded_model()
+        return shipped.embedded_model()
     root = Path(cache_dir) if cache_dir else cache_root() / "models"
     final = root / f"{VERSION}-seed{seed}-{spec.digest()}"
     if (final / "posttrain_tiny.json").exists():
