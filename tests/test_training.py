@@ -6,7 +6,7 @@ import torch
 from posttrain.batch import RolloutBatch
 from posttrain.loop import place_on_last_token
 from posttrain.rollout.base import RolloutOutput
-from posttrain.training.actor import UpdateSettings, make_optimizer, micro_weight, update_policy
+from posttrain.training.actor import UpdateSettings, loss_units, make_optimizer, update_policy
 from posttrain.training.logprobs import compute_log_probs
 
 
@@ -52,6 +52,13 @@ def test_log_probs_match_unpadded_forward(random_qwen2):
     with torch.no_grad():
         logits_t = (random_qwen2(input_ids=torch.tensor([[5, 6, 13, 1]])).logits[0] / 2.0).log_softmax(-1)
     torch.testing.assert_close(lp_t[1, 0], logits_t[1, 13], atol=1e-5, rtol=1e-5)
+
+
+def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """Share of a micro-batch in its mini-batch, so that summing the weighted
+    micro losses gives the loss of the whole mini-batch."""
+    total = loss_units(mini_mask, loss_agg_mode)
+    return loss_units(micro_mask, loss_agg_mode) / total if total > 0 else 0.0
 
 
 def test_micro_weights_by_tokens_or_sequences():
