@@ -56,11 +56,11 @@ def cmd_eval(args) -> int:
     from posttrain.build import make_reward_pool, pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
-    from posttrain.loop import validate
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
+    from posttrain.validation import validate
 
     if args.reward_workers is not None and args.reward_workers < 0:
         raise ConfigError(f"--reward-workers must be >= 0 (0: score in this process), got {args.reward_workers}")
