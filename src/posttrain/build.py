@@ -30,6 +30,7 @@ from posttrain.distributed.cluster import connect
 from posttrain.distributed.group import WorkerGroup
 from posttrain.errors import ConfigError, DataError
 from posttrain.flops import ModelFlops
+from posttrain.generation import load_tool_use
 from posttrain.loop import Run
 from posttrain.models import cache_root, ensure_tiny_model, load_tokenizer
 from posttrain.models.loader import eos_token_ids
@@ -42,7 +43,7 @@ from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.rollout.vllm import check_vllm_available
 from posttrain.sinks import check_sinks
 from posttrain.specs import lora_settings, sampling_params, worker_spec
-from posttrain.tools import ToolSet, load_tools
+from posttrain.tools import ToolSet
 from posttrain.worker import Worker, WorkerSpec
 
 EMBEDDED_DATA_VERSION = "arith-v1"
@@ -124,18 +125,18 @@ def template_kwargs(cfg, tool_schemas: list | None) -> dict:
     return kwargs
 
 
-def make_tools(cfg, model_dir: str, tokenizer):
-    """rollout.multi_turn.*: -> (posttrain.tools.ToolSet, rollout.multiturn.MultiTurnSettings), or (None, None)."""
+def make_tools(cfg, model_dir: str, tokenizer) -> tuple[ToolSet | None, MultiTurnSettings | None]:
+    """rollout.multi_turn.*: -> (the tools, the multi-turn rollout's settings: generation.load_tool_use),
+    or (None, None)."""
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return None, None
-    tools = load_tools(tool_config_path=mt.tool_config_path, functions=mt.tools, timeout_s=cfg.reward.timeout_s)
-    settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
-                                 max_tool_response_length=mt.max_tool_response_length,
-                                 max_response_length=cfg.data.max_response_length,
-                                 template_kwargs=template_kwargs(cfg, tools.schemas),
-                                 eos_token_ids=tuple(driver_eos_ids(model_dir, tokenizer)))
-    return tools, settings
+    return load_tool_use(mt.tool_config_path, mt.tools, cfg.reward.timeout_s,
+                         max_assistant_turns=mt.max_assistant_turns or 5,
+                         max_tool_response_length=mt.max_tool_response_length,
+                         max_response_length=cfg.data.max_response_length,
+                         eos_token_ids=driver_eos_ids(model_dir, tokenizer),
+                         template_kwargs=cfg.data.apply_chat_template_kwargs)
 
 
 def driver_eos_ids(model_dir: str, tokenizer) -> list[int]:

@@ -20,7 +20,7 @@ from posttrain.metrics import timed
 from posttrain.redact import redact_text
 from posttrain.rollout.base import SamplingParams, decode_responses
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
-from posttrain.tools import ToolSet
+from posttrain.tools import ToolSet, load_tools
 
 if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
     from posttrain.loop import Run
@@ -188,3 +188,18 @@ def report_reward_errors(run: Run, result) -> None:
             # an exception's text may quote a URL with a password, or a token the function was handed
             print(redact_text(f"posttrain: warning: reward function failed (scored 0): {msg}"), file=sys.stderr)
 
+
+def load_tool_use(tool_config_path: str | None, functions: list[str] | None, timeout_s: float, *,
+                  max_assistant_turns: int, max_tool_response_length: int, max_response_length: int,
+                  eos_token_ids, template_kwargs: dict | None = None) -> tuple[ToolSet, MultiTurnSettings]:
+    """The tools a model may call (tools.load_tools: a verl tool config file, function specs) and the
+    multi-turn rollout's settings (`posttrain train` and `posttrain eval` both make them here). The chat
+    template's arguments (`template_kwargs`) gain the tools' schemas as tools=, which templates with tool
+    support render into the system prompt: prompts are encoded with settings.template_kwargs too."""
+    tools = load_tools(tool_config_path=tool_config_path, functions=functions, timeout_s=timeout_s)
+    settings = MultiTurnSettings(max_assistant_turns=max_assistant_turns,
+                                 max_tool_response_length=max_tool_response_length,
+                                 max_response_length=max_response_length,
+                                 template_kwargs={**(template_kwargs or {}), "tools": tools.schemas},
+                                 eos_token_ids=tuple(eos_token_ids))
+    return tools, settings
