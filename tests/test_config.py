@@ -178,7 +178,7 @@ def test_algorithm_family_errors(overrides, message):
 
 
 def test_nemo_rl_grpo_keys_load_and_reach_the_update():
-    from posttrain.build import critic_spec, update_settings, worker_spec
+    from posttrain.specs import critic_spec, update_settings, worker_spec
 
     cfg = load_config()
     assert cfg.actor.clip_ratio_c == 3.0 and cfg.actor.lr_warmup_start_factor is None
@@ -221,7 +221,7 @@ def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
 
 
 def test_verls_dynamic_batch_keys_set_token_budgets_for_every_pass():
-    from posttrain.build import critic_spec, update_settings, worker_spec
+    from posttrain.specs import critic_spec, update_settings, worker_spec
 
     base = ["model.path=/m", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=3",
             "actor.ppo_micro_batch_size=5"]  # 12 sequences do not divide into 5: no matter with a token budget
@@ -235,7 +235,7 @@ def test_verls_dynamic_batch_keys_set_token_budgets_for_every_pass():
     assert (c.critic.use_dynamic_bsz, c.critic.forward_max_token_len_per_gpu) == (True, 7000)
     spec = worker_spec(c, "/m", None, "cpu", total_steps=1)
     assert spec.update.micro_max_tokens == 3000 == update_settings(c).micro_max_tokens
-    assert (spec.log_prob_max_tokens, spec.ref_log_prob_max_tokens) == (3000, 5000)
+    assert (spec.log_prob_max_tokens, spec.ref.log_prob_max_tokens) == (3000, 5000)
     critic = critic_spec(c, "/m", 1).update
     assert (critic.micro_max_tokens, critic.forward_max_tokens) == (7000, 7000)
     off = worker_spec(load_config(None, base[:-1] + ["actor.ppo_micro_batch_size=4"]), "/m", None, "cpu", total_steps=1)
@@ -276,7 +276,7 @@ def test_verls_memory_and_compile_switches_reach_the_passes():
     are honoured (their effect: tests/test_fast_paths.py); a triton backend is named unused."""
     import warnings
 
-    from posttrain.build import update_settings, worker_spec
+    from posttrain.specs import update_settings, worker_spec
 
     keys = ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.entropy_checkpointing=true",
             "++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
@@ -286,7 +286,7 @@ def test_verls_memory_and_compile_switches_reach_the_passes():
         c = load_config(None, ["model.path=/m", *keys])
     o = update_settings(c).pass_options()
     assert (o.fused, o.entropy_chunking, o.entropy_checkpointing, o.compile) == (True, True, True, True)
-    assert worker_spec(c, "/m", None, "cpu", 10).ref_torch_compile is True
+    assert worker_spec(c, "/m", None, "cpu", 10).ref.torch_compile is True
     with pytest.warns(UserWarning, match="model.fused_kernel_options.impl_backend=triton: verl's settings"):
         c = load_config(None, ["model.path=/m", "actor_rollout_ref.model.use_fused_kernels=True",
                                "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"])

@@ -134,7 +134,7 @@ def test_ppo_checkpoints_hold_the_critic_and_resume_exactly(tmp_path, data, tiny
 
 def test_sharded_critic_state_round_trips_in_one_process(tmp_path, tiny_model_dir, data):
     """save_shards / load_checkpoint write and read critic_dcp/ beside actor_dcp/."""
-    from posttrain.build import worker_spec
+    from posttrain.specs import worker_spec
     from posttrain.worker import Worker
 
     cfg = load_config(None, ppo(tiny_model_dir, data, tmp_path / "r", 2))

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from posttrain.batch import RolloutBatch
-from posttrain.build import build_run, embedded_data_files, worker_spec
+from posttrain.build import build_run, embedded_data_files
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import load_config
 from posttrain.data.schema import read_rows, write_rows
@@ -22,6 +22,7 @@ from posttrain.distributed.balance import balanced_partition, concat_rollouts, e
 from posttrain.loop import train
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.weights import hf_name
+from posttrain.specs import worker_spec
 from posttrain.worker import Worker
 
 from listeners import non_loopback_listeners, process_tree

@@ -8,7 +8,8 @@ import torch
 
 from posttrain.batch import RolloutBatch
 from posttrain.config import load_config
-from posttrain.loop import Run, rollout_and_score
+from posttrain.generation import rollout_and_score
+from posttrain.loop import Run
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams

@@ -77,10 +77,22 @@ def _ours(name: str) -> str | None:
     return ".".join(parts) or "__init__"
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def imports(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
     """(line, imported posttrain module) for every import in `module`'s source, nested ones too."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    # names imported only for annotations (`if TYPE_CHECKING:`) are never imported when the code runs:
+    # generation.py may name loop.Run in a signature without depending on the loop
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, _ours(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -145,3 +157,5 @@ def test_the_checker_finds_every_kind_of_import():
         "src/posttrain/models/fetch.py:9: models.fetch (floor 'models, batch') imports loop "
         "(floor 'loop, distributed'), a higher floor",
     ]
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from posttrain.loop import Run\nimport posttrain.cli\n"
+    assert [m.split(": ")[0] for m in climbs("models.fetch", typed, "f.py")] == ["f.py:4"]  # annotations only: no climb

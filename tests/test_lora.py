@@ -12,10 +12,11 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from posttrain.build import build_run, worker_spec  # noqa: E402
+from posttrain.build import build_run  # noqa: E402
 from posttrain.config import load_config  # noqa: E402
 from posttrain.loop import train  # noqa: E402
 from posttrain.models.lora import LoraSettings, add_adapters, base_only, lora_scaling, merged_weights  # noqa: E402
+from posttrain.specs import worker_spec  # noqa: E402
 from posttrain.worker import Worker  # noqa: E402
 
 from test_checkpoint import comparable, data, overrides  # noqa: E402,F401  (data: a fixture)

@@ -15,7 +15,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.models.lora import LoraSettings  # noqa: E402
 from posttrain.rollout.vllm import vllm_lora_rank  # noqa: E402
 from posttrain.training.actor import UpdateSettings  # noqa: E402
-from posttrain.worker import Worker, WorkerSpec  # noqa: E402
+from posttrain.worker import RolloutSpec, Worker, WorkerSpec  # noqa: E402
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 
@@ -36,11 +36,11 @@ def logits(model, ids=IDS):
 
 def spec(model_dir, sync, rollout="hf", **kw):
     return WorkerSpec(model_dir=str(model_dir), update=UpdateSettings(mini_batch_size=4, micro_batch_size=4),
-                      rollout=rollout, lora=LoraSettings(rank=8, alpha=16, sync=sync), **kw)
+                      rollout=RolloutSpec(name=rollout, **kw), lora=LoraSettings(rank=8, alpha=16, sync=sync))
 
 
 def test_the_default_is_applied_adapters_on_hf_and_merged_weights_on_vllm():
-    from posttrain.build import lora_settings
+    from posttrain.specs import lora_settings
 
     hf = load_config(None, ["model.path=/m", "model.lora_rank=8"])
     assert lora_settings(hf).sync == "adapter"

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from posttrain.batch import RolloutBatch
 from posttrain.data.dataset import encode_prompt
-from posttrain.loop import place_on_last_token
+from posttrain.algorithms import place_on_last_token
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 

@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from posttrain.build import check_offload, critic_spec, worker_spec
+from posttrain.build import check_offload
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
+from posttrain.specs import critic_spec, worker_spec
 from posttrain.training.actor import move_optimizer_state
 
 SHARDED_STEP = """
@@ -58,7 +59,7 @@ def test_verls_offload_keys_reach_every_model():
                            "critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True",
                            "critic.model.use_remove_padding=False"])
     spec = worker_spec(c, "/m", None, "cuda", total_steps=1)
-    assert spec.param_offload and spec.optimizer_offload and spec.ref_param_offload
+    assert spec.param_offload and spec.optimizer_offload and spec.ref.param_offload
     assert spec.critic.param_offload and spec.critic.optimizer_offload
     assert spec.update.remove_padding and not critic_spec(c, "/m", 1).update.remove_padding  # the critic's own
     check_offload(spec, sharded=True)  # FSDP2 workers: offloaded
@@ -103,7 +104,7 @@ def test_verls_fsdp_and_vision_keys_reach_the_worker():
                            "actor_rollout_ref.ref.fsdp_config.forward_prefetch=True",
                            "actor_rollout_ref.actor.freeze_vision_tower=True"])
     spec = worker_spec(c, "/m", None, "cpu", total_steps=1)
-    assert spec.forward_prefetch and spec.ref_forward_prefetch and spec.freeze_vision_tower
+    assert spec.forward_prefetch and spec.ref.forward_prefetch and spec.freeze_vision_tower
     with pytest.warns(UserWarning, match="actor.use_orig_params: verl's settings"):
         load_config(None, ["model.path=/m", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True"])
 

@@ -13,7 +13,8 @@ from posttrain.algorithms import compute_advantages, gpg_advantages, remax_advan
 from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.data.schema import read_rows, write_rows
-from posttrain.loop import Run, greedy_baselines, rl_step, rollout_and_score, train
+from posttrain.generation import greedy_baselines, rollout_and_score
+from posttrain.loop import Run, rl_step, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from posttrain.batch import RolloutBatch
-from posttrain.loop import place_on_last_token
+from posttrain.algorithms import place_on_last_token
 from posttrain.rollout.base import RolloutOutput
-from posttrain.training.actor import UpdateSettings, make_optimizer, micro_weight, update_policy
+from posttrain.training.actor import UpdateSettings, loss_units, make_optimizer, update_policy
 from posttrain.training.logprobs import compute_log_probs
 
 
@@ -52,6 +52,13 @@ def test_log_probs_match_unpadded_forward(random_qwen2):
     with torch.no_grad():
         logits_t = (random_qwen2(input_ids=torch.tensor([[5, 6, 13, 1]])).logits[0] / 2.0).log_softmax(-1)
     torch.testing.assert_close(lp_t[1, 0], logits_t[1, 13], atol=1e-5, rtol=1e-5)
+
+
+def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """Share of a micro-batch in its mini-batch, so that summing the weighted
+    micro losses gives the loss of the whole mini-batch."""
+    total = loss_units(mini_mask, loss_agg_mode)
+    return loss_units(micro_mask, loss_agg_mode) / total if total > 0 else 0.0
 
 
 def test_micro_weights_by_tokens_or_sequences():
@@ -109,8 +116,8 @@ def test_overlong_filtering_leaves_truncated_rows_out_of_the_update(random_qwen2
     one of the other rows alone."""
     import dataclasses
 
-    from posttrain.algorithms import grpo_advantages
-    from posttrain.loop import overlong_filtered, truncated_rows
+    from posttrain.algorithms import grpo_advantages, truncated_rows
+    from posttrain.loop import overlong_filtered
 
     b = make_batch()  # responses [11, 12, EOS], [13, EOS], [14, 15, 16], [EOS]; EOS = 1, limit 3 tokens
     b.truncated = torch.tensor([False, False, True, False])  # row 2 reached the limit without an EOS
@@ -127,7 +134,7 @@ def test_overlong_filtering_leaves_truncated_rows_out_of_the_update(random_qwen2
     assert filtered.response_mask.tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
     assert b.response_mask[2].tolist() == [1, 1, 1]  # the step's batch keeps it: response_length/* counts it
     # an engine that does not report truncation: every response as long as the limit (rows 0 and 2)
-    assert truncated_rows(dataclasses.replace(b, truncated=None), 3).tolist() == [True, False, True, False]
+    assert truncated_rows(None, b.response_mask, 3).tolist() == [True, False, True, False]
     none = {}
     kept = b.select([0, 1, 3])
     assert overlong_filtered(kept, 3, none) is kept and none == {"actor/overlong_filtered_ratio": 0.0}

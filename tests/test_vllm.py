@@ -127,20 +127,23 @@ VERL_ENGINE_KEYS = ["actor_rollout_ref.rollout.enable_chunked_prefill=True",
 def test_verls_engine_keys_are_handed_to_vllm():
     import warnings
 
-    from posttrain.build import worker_spec
     from posttrain.config import load_config
+    from posttrain.specs import worker_spec
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # on vLLM nothing is reported unused
         cfg = load_config(None, ["model.path=/m", "rollout.name=vllm", *VERL_ENGINE_KEYS])
     spec = worker_spec(cfg, "/m", None, "cuda", total_steps=1)
     # verl's dummy_dtensor (its trainer pushes the weights) is vLLM's dummy, and the worker pushes them
-    assert spec.engine_kwargs == {"enable_chunked_prefill": True, "max_num_batched_tokens": 8192, "max_num_seqs": 64,
-                                  "enforce_eager": False, "load_format": "dummy", "swap_space": 4}
-    assert spec.weights_from_policy and not spec.free_cache_engine and spec.max_model_len == 3000
+    assert spec.rollout.engine_kwargs == {"enable_chunked_prefill": True, "max_num_batched_tokens": 8192,
+                                          "max_num_seqs": 64, "enforce_eager": False, "load_format": "dummy",
+                                          "swap_space": 4}
+    r = spec.rollout
+    assert r.weights_from_policy and not r.free_cache_engine and r.max_model_len == 3000
     default = worker_spec(load_config(None, ["model.path=/m"]), "/m", None, "cpu", total_steps=1)
-    assert default.engine_kwargs == {} and default.free_cache_engine and not default.weights_from_policy
-    assert default.max_model_len == 512 + 512  # data.max_prompt_length + data.max_response_length
+    r = default.rollout
+    assert r.engine_kwargs == {} and r.free_cache_engine and not r.weights_from_policy
+    assert r.max_model_len == 512 + 512  # data.max_prompt_length + data.max_response_length
 
 
 def test_engine_keys_on_the_hf_engine_are_reported_unused_in_one_line():
@@ -197,7 +200,7 @@ def test_the_worker_pushes_weights_into_a_dummy_loaded_engine_and_sleeps_only_if
     import types
 
     from posttrain.training.actor import UpdateSettings
-    from posttrain.worker import Worker, WorkerSpec
+    from posttrain.worker import RolloutSpec, Worker, WorkerSpec
 
     calls = []
 
@@ -218,8 +221,8 @@ def test_the_worker_pushes_weights_into_a_dummy_loaded_engine_and_sleeps_only_if
     vllm.LLM = LLM
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     spec = WorkerSpec(model_dir=str(tiny_model_dir), update=UpdateSettings(mini_batch_size=4, micro_batch_size=4),
-                      rollout="vllm", engine_kwargs={"load_format": "dummy"}, weights_from_policy=True,
-                      free_cache_engine=free_cache_engine)
+                      rollout=RolloutSpec(name="vllm", engine_kwargs={"load_format": "dummy"}, weights_from_policy=True,
+                                          free_cache_engine=free_cache_engine))
     w = Worker(spec)
     w.setup()
     assert calls[0] == ("init", "dummy", free_cache_engine)

@@ -61,11 +61,12 @@ def cmd_eval(args) -> int:
     from posttrain.build import make_reward_pool, pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
-    from posttrain.loop import validate
+    from posttrain.generation import load_tool_use
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
+    from posttrain.validation import validate
 
     if args.reward_workers is not None and args.reward_workers < 0:
         raise ConfigError(f"--reward-workers must be >= 0 (0: score in this process), got {args.reward_workers}")
@@ -81,15 +82,10 @@ def cmd_eval(args) -> int:
     eos = eos_token_ids(tokenizer, model)
     tools, settings = None, None
     if args.tool_config or args.tools:  # multi-turn: the model may call the tools (rollout/multiturn.py)
-        from posttrain.rollout.multiturn import MultiTurnSettings
-        from posttrain.tools import load_tools
-
-        tools = load_tools(tool_config_path=args.tool_config, functions=args.tools, timeout_s=args.reward_timeout)
-        settings = MultiTurnSettings(max_assistant_turns=args.max_assistant_turns,
-                                     max_tool_response_length=args.max_tool_response_length,
-                                     max_response_length=args.max_response_length,
-                                     template_kwargs={"tools": tools.schemas},
-                                     eos_token_ids=tuple(eos))
+        tools, settings = load_tool_use(args.tool_config, args.tools, args.reward_timeout,
+                                        max_assistant_turns=args.max_assistant_turns,
+                                        max_tool_response_length=args.max_tool_response_length,
+                                        max_response_length=args.max_response_length, eos_token_ids=eos)
     data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval",
                                template_kwargs=settings.template_kwargs if settings else None)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, seed=args.seed)

@@ -1,7 +1,5 @@
-"""The RL loop: `rl_step()` is one step top to bottom; `train()` runs many.
-
-Read this file first. Every box of the step is a call into a module that
-knows nothing of the loop: rollout/, rewards/, training/, algorithms/.
+"""The RL loop (read this file first): `rl_step()` is one step top to bottom; `train()` runs many. Every box
+of the step calls a module that knows nothing of the loop: generation, validation, the actor's verbs, algorithms/.
 """
 
 from __future__ import annotations
@@ -12,59 +10,72 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.algorithms import (
-    NEEDS_CRITIC, apply_kl_penalty, compute_advantages, overlong_penalty, pf_ppo_resample, pf_ppo_weights,
-    varied_groups,
+    NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
+    pf_ppo_weights, truncated_rows,
 )
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
+from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
+from posttrain.flops import ModelFlops
+from posttrain.generation import rollout_and_score
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler
-from posttrain.redact import redact_text
+from posttrain.rewards.model import ModelRewards
 from posttrain.rewards.pool import RewardPool
-from posttrain.rollout.base import SamplingParams, decode_responses
-from posttrain.rollout.multiturn import rollout_with_tools
-from posttrain.samples import sample_rows, val_sample_rows
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.multiturn import MultiTurnSettings
+from posttrain.samples import sample_rows
 from posttrain.sinks import make_sinks
+from posttrain.tools import ToolSet
+from posttrain.validation import run_validation
+from posttrain.worker import Worker
+
+if TYPE_CHECKING:  # Run's field types: the group sits beside the loop; the others are heavy to import
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.checkpoint import CheckpointWriter
+    from posttrain.config import Config
+    from posttrain.distributed.group import WorkerGroup
 
 
 @dataclass
 class Run:
     """What a run holds between steps (built by `posttrain.build.build_run`)."""
 
-    cfg: object
+    cfg: Config
     run_dir: Path
-    actor: object  # a Worker in this process, or a distributed.WorkerGroup: the same verbs
-    tokenizer: object
-    kl_ctrl: object
-    train_data: object
-    val_data: object | None
-    sampler: object
+    actor: Worker | WorkerGroup  # a Worker in this process, or a distributed.WorkerGroup: the same verbs
+    tokenizer: PreTrainedTokenizerBase
+    kl_ctrl: AdaptiveKLController | FixedKLController | None  # None: no KL in the reward
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    sampler: PromptSampler
     sampling: SamplingParams
     val_sampling: SamplingParams
     total_steps: int
-    rewards: RewardPool  # score_batch(...) -> ScoreResult, in worker processes; train() closes it
-    writer: object = None
+    rewards: RewardPool | ModelRewards  # score_batch(...) -> ScoreResult, in worker processes; train() closes it
+    writer: CheckpointWriter | None = None
     model_dir: str = ""
     resumed_from: Path | None = None
     global_step: int = 0
     stop_signal: int | None = None
-    flops: object = None  # flops.ModelFlops of the policy (None: its config lacks a field MFU needs)
+    flops: ModelFlops | None = None  # the policy's FLOPs per token (None: its config lacks a field MFU needs)
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
     guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
-    tools: object = None  # posttrain.tools.ToolSet with rollout.multi_turn.enable; train() closes it
-    multi_turn: object = None  # rollout.multiturn.MultiTurnSettings
-    reward_messages_shown: set = field(default_factory=set)
-    warned: set = field(default_factory=set)  # warnings printed once per run
+    tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
+    multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools
+    reward_messages_shown: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)  # warnings printed once per run
 
     def __post_init__(self):
         if self.guard is None:
@@ -147,26 +158,14 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     return m, batch
 
 
-def truncated_rows(batch: RolloutBatch, max_response_length: int) -> torch.Tensor:
-    """[N] bool: the responses that ran out of tokens before an EOS, as the
-    rollout engine reported (an engine that does not say: those as long as
-    max_response_length)."""
-    if batch.truncated is not None:
-        return batch.truncated.bool()
-    return batch.response_mask.sum(-1) >= max_response_length
-
-
 def overlong_filtered(batch: RolloutBatch, max_response_length: int, m: dict) -> RolloutBatch:
-    """algorithm.overlong_filtering (NeMo-RL's grpo.overlong_filtering): the
-    batch the policy update sees, the truncated responses' response_mask
-    zeroed after their advantages were computed with them in their groups.
-    So they add nothing to the policy loss, the KL loss, the entropy bonus or
-    the counts that token-mean divides by (NeMo-RL's loss_multiplier 0), and
-    the other rows' loss is what it would be without them. `batch` itself
-    keeps its mask: response_length/*, the clip ratio and the advantages'
-    statistics still count every row. Adds actor/overlong_filtered_ratio
-    (the share of rows filtered) to `m`."""
-    cut = truncated_rows(batch, max_response_length)  # [N]
+    """algorithm.overlong_filtering (NeMo-RL's grpo.overlong_filtering): the batch the policy update sees,
+    the truncated responses' response_mask zeroed after their advantages were computed with them in their
+    groups. So they add nothing to the policy loss, the KL loss, the entropy bonus or the counts that
+    token-mean divides by (NeMo-RL's loss_multiplier 0), and the other rows' loss is what it would be without
+    them. `batch` keeps its mask: response_length/*, the clip ratio and the advantages' statistics still count
+    every row. Adds actor/overlong_filtered_ratio (the share of rows filtered) to `m`."""
+    cut = truncated_rows(batch.truncated, batch.response_mask, max_response_length)  # [N]
     m["actor/overlong_filtered_ratio"] = float(cut.float().mean()) if len(cut) else 0.0
     if not bool(cut.any()):
         return batch
@@ -178,238 +177,6 @@ def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
     with replacement with weights from each row's summed token-level score."""
     weights = pf_ppo_weights(batch.token_level_scores.sum(-1), pf.reweight_method, pf.weight_pow)
     return batch.select(pf_ppo_resample(weights, torch.Generator().manual_seed(seed)))
-
-
-def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
-    """Sample n responses per prompt and score them (scores [N] and
-    token_level_scores [N, R]); timings and reward counts add up in `m`."""
-    with timed(m, "gen"):
-        batch, trajectories = sample(run.actor, run.tokenizer, items, run.sampling, run.tools, run.multi_turn)
-    if run.flops is not None:  # every round of dynamic sampling counts toward perf/mfu/rollout
-        r = run.cfg.rollout
-        shared = run.sampling.n if r.shared_prefill or r.name == "vllm" else 1  # a prompt's samples share its prefill
-        prompt_lengths = batch.attention_mask[:, :batch.prompt_width].sum(-1)
-        flops = run.flops.rollout(prompt_lengths, batch.response_mask.sum(-1), shared)
-        m["perf/flops/rollout"] = m.get("perf/flops/rollout", 0.0) + flops
-    if trajectories:  # tool use: the metrics count it
-        for key, value in multi_turn_metrics(trajectories).items():
-            m[key] = m.get(key, 0.0) + value if key == "multi_turn/tool_errors" else value
-    with timed(m, "reward"):
-        batch.scores, reward_metrics = score_responses(run, batch, [items[g].messages for g in batch.group.tolist()])
-        shaped = batch.scores
-        ob = run.cfg.reward.overlong_buffer
-        if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
-            penalty = overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len, ob.penalty_factor)
-            shaped = shaped + penalty
-            if ob.log:
-                reward_metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
-                reward_metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
-        # an empty response (only EOS or special tokens) scored 0 unjudged, so it carries no signal: a zero mask
-        # gives it no reward token (place_on_last_token), no advantage (estimators multiply by the mask) and
-        # no loss (agg_loss leaves fully masked rows out of its means)
-        empty = torch.tensor([text == "" for text in batch.response_text], dtype=torch.bool)
-        batch.response_mask = batch.response_mask.masked_fill(empty.unsqueeze(-1), 0)
-        reward_metrics["response/empty_ratio"] = float(empty.sum()) / max(len(empty), 1)
-        batch.token_level_scores = place_on_last_token(shaped, batch.response_mask)
-    for key, value in reward_metrics.items():
-        m[key] = m.get(key, 0.0) + value if key.endswith(("num_errors", "num_timeouts", "num_crashes")) else value
-    if run.cfg.algorithm.adv_estimator == "remax":  # per round, so dynamic sampling's rows keep theirs
-        batch.reward_baselines = greedy_baselines(run, items, m)[batch.group]  # [N]
-    return batch
-
-
-def sample(engine, tokenizer, items, params: SamplingParams, tools=None, multi_turn=None):
-    """params.n responses per prompt of `items` (PromptItems) from `engine` (the actor's generate verb) as
-    a RolloutBatch with their texts; with `tools`, conversations (rollout.multiturn): the texts are the
-    final answers and each row's extra_info gains its turns, tool calls and messages, which the reward
-    function sees. -> (batch, the trajectories or None)."""
-    prompts = [it.prompt_ids for it in items]
-    if tools is not None:
-        out, trajectories = rollout_with_tools(engine.generate, tokenizer, prompts, [it.messages for it in items],
-                                               params, tools, [tool_context(it) for it in items], multi_turn)
-        texts = [t.answer for t in trajectories]
-    else:
-        out, trajectories = engine.generate(prompts, params), None
-        texts = decode_responses(tokenizer, out)
-    batch = RolloutBatch.from_rollout(out, params.n, [it.data_source for it in items],
-                                      [it.ground_truth for it in items], [it.extra_info for it in items], texts)
-    if trajectories:
-        batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages}
-                            for info, t in zip(batch.extra_info, trajectories)]
-    return batch, trajectories
-
-
-def tool_context(item) -> dict:
-    """What a prompt's tools may see (an answer checker: the ground truth)."""
-    return {"ground_truth": item.ground_truth, "extra_info": item.extra_info, "data_source": item.data_source}
-
-
-def multi_turn_metrics(trajectories) -> dict[str, float]:
-    """Turns and tool use of a step's samples: per sample means, the share that called a tool, errors
-    (malformed calls, unknown tools, failed or timed-out tools), generated vs tool tokens."""
-    k = max(len(trajectories), 1)
-    return {"multi_turn/turns/mean": sum(t.turns for t in trajectories) / k,
-            "multi_turn/tool_calls/mean": sum(len(t.tool_calls) + t.malformed for t in trajectories) / k,
-            "multi_turn/tool_use_ratio": sum(1 for t in trajectories if t.tool_calls or t.malformed) / k,
-            "multi_turn/tool_errors": float(sum(t.tool_errors for t in trajectories)),
-            "multi_turn/generated_tokens/mean": sum(t.generated_tokens for t in trajectories) / k,
-            "multi_turn/tool_tokens/mean": sum(t.tool_tokens for t in trajectories) / k,
-            "multi_turn/max_turns_ratio": sum(1 for t in trajectories if t.ended == "max_turns") / k}
-
-
-def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
-    """ReMax's baselines: one greedy response per prompt (as long as the
-    samples may be; with tools, a greedy conversation), scored as the samples are: the reward function, plus
-    DAPO's overlong penalty where it is on. -> [len(items)] (verl: gen_max)."""
-    greedy = dataclasses.replace(run.sampling, n=1, do_sample=False, temperature=0.0, top_p=1.0, top_k=-1,
-                                 logprobs=False)
-    with timed(m, "gen_max"):  # with tools, a greedy conversation, as the samples are conversations
-        batch, _ = sample(run.actor, run.tokenizer, items, greedy, run.tools, run.multi_turn)
-    with timed(m, "reward"):
-        scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
-        ob = run.cfg.reward.overlong_buffer
-        if ob.enable:
-            scores = scores + overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len,
-                                               ob.penalty_factor)
-    return scores
-
-
-def rollout_and_score(run: Run, items, m: dict) -> RolloutBatch:
-    """The step's scored rollouts. With algorithm.filter_groups.enable (DAPO's
-    dynamic sampling) groups whose samples all got the same score carry no
-    signal: they are dropped and more prompts are drawn until len(items)
-    groups differ, or max_num_gen_batches rounds were drawn; then the batch is
-    filled with dropped groups (so its size never changes) and a warning says so.
-    Metrics: train/num_gen_batches, train/kept_groups_ratio."""
-    fg = run.cfg.algorithm.filter_groups
-    if not fg.enable:
-        return generate_and_score(run, items, m)
-    wanted, varied, uniform, rounds = len(items), [], [], 0
-    while True:
-        rounds += 1
-        batch = generate_and_score(run, items, m)
-        keep = varied_groups(filter_metric(batch, fg.metric), batch.group)  # [N] bool
-        varied.append(batch.select(torch.nonzero(keep).squeeze(-1)))
-        uniform.append(batch.select(torch.nonzero(~keep).squeeze(-1)))
-        found = sum(len(set(b.group.tolist())) for b in varied)
-        if found >= wanted or (fg.max_num_gen_batches > 0 and rounds >= fg.max_num_gen_batches):
-            break
-        _, indices = run.sampler.next_batch()
-        items = [run.train_data[i] for i in indices]
-    m["train/num_gen_batches"] = float(rounds)
-    m["train/kept_groups_ratio"] = min(found, wanted) / wanted
-    if found < wanted and "filter_groups" not in run.warned:
-        run.warned.add("filter_groups")
-        print(f"posttrain: warning: dynamic sampling found {found} of {wanted} prompts with differing scores in "
-              f"{rounds} rounds (algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}); the batch "
-              "is filled with uniform groups, which carry no group-relative signal. Raise the cap, or use data "
-              "the model solves sometimes but not always", file=sys.stderr)
-    parts = [b for b in varied + uniform if len(b)]
-    batch = RolloutBatch.concat(parts, run.tokenizer.pad_token_id)
-    return batch.select(torch.nonzero(batch.group < wanted).squeeze(-1))
-
-
-def filter_metric(batch: RolloutBatch, metric: str) -> torch.Tensor:
-    """[N] what dynamic sampling compares within a group: acc/score are the
-    reward function's scores, seq_reward/seq_final_reward the shaped ones."""
-    return batch.scores if metric in ("acc", "score") else batch.token_level_scores.sum(-1)
-
-
-def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch.Tensor, dict[str, float]]:
-    """-> scores [N] (0 where the reward function failed, or the response is
-    empty), metrics: failures by kind, and by data source where there are any
-    (and a reward model's mean score). prompts: each row's prompt messages."""
-    result = run.rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
-                                     prompts=prompts)
-    report_reward_errors(run, result)
-    metrics = {"reward/num_errors": float(result.num_errors), "reward/num_timeouts": float(result.num_timeouts),
-               "reward/num_crashes": float(result.num_crashes)}
-    if result.model_scores:
-        metrics["reward/rm_score/mean"] = sum(result.model_scores) / len(result.model_scores)
-    for key, mean in result.extra_means().items():  # a dict return's other numbers (verl's acc, ...)
-        metrics[f"reward/{key}/mean"] = mean
-    for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
-        metrics[f"reward/{source}/num_errors"] = float(count)
-    return torch.tensor(result.scores, dtype=torch.float32), metrics
-
-
-def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """scores [N], response_mask [N, R] -> [N, R], zero except at each row's
-    last valid token (an empty response keeps nothing). The mask may have
-    holes (a multi-turn response: tool messages between generated turns):
-    the last 1 counts, not the count of 1s."""
-    mask = response_mask.bool()
-    width = mask.shape[-1]
-    last = width - 1 - mask.flip(-1).int().argmax(-1)  # [N], the last 1 of each row
-    out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    rows = torch.nonzero(mask.any(-1)).squeeze(-1)
-    out[rows, last[rows]] = scores[rows]
-    return out
-
-
-def report_reward_errors(run: Run, result) -> None:
-    """Print each distinct reward error message once per run."""
-    for msg in result.messages:
-        if msg not in run.reward_messages_shown and len(run.reward_messages_shown) < 5:
-            run.reward_messages_shown.add(msg)
-            # an exception's text may quote a URL with a password, or a token the function was handed
-            print(redact_text(f"posttrain: warning: reward function failed (scored 0): {msg}"), file=sys.stderr)
-
-
-@torch.no_grad()
-def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPool,
-             batch_size: int | None = None, keep_samples: int = 0, tools=None,
-             multi_turn=None) -> tuple[dict[str, float], list[dict]]:
-    """Generate for every prompt of `data` (with `tools`: multi-turn, rollout.multiturn), score
-    (rewards.score_batch), and average per data source.
-
-    -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"} (with tools also
-        "val/multi_turn/*"; for a reward's dict return's other numbers "val/<key>/mean" and
-        "val/<data_source>/<key>/mean"), the first `keep_samples` completions as sample rows)
-    """
-    per_source, lengths, errors, rows, trajs = defaultdict(list), [], 0, [], []
-    extras = defaultdict(list)  # (data source or None, key) -> the values a dict return held beside the score
-    items = [data[i] for i in range(len(data))]
-    size = batch_size or len(items)
-    for start in range(0, len(items), size):
-        chunk = items[start:start + size]
-        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn)
-        trajs += turns or []
-        result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
-                                     prompts=[chunk[g].messages for g in batch.group.tolist()])
-        errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
-        for source, score, extra in zip(batch.data_source, result.scores, result.extras or [{}] * len(batch)):
-            per_source[source].append(score)
-            for key, value in extra.items():
-                extras[None, key].append(value)
-                extras[source, key].append(value)
-        if len(rows) < keep_samples:
-            rows += val_sample_rows(batch, result.scores, tokenizer, keep_samples - len(rows))
-        lengths.extend(batch.response_mask.sum(-1).tolist())
-    all_scores = [s for scores in per_source.values() for s in scores]
-    metrics = {"val/score/mean": sum(all_scores) / len(all_scores)}
-    for source, scores in sorted(per_source.items()):
-        metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
-    for (source, key), values in extras.items():
-        metrics[f"val/{key}/mean" if source is None else f"val/{source}/{key}/mean"] = sum(values) / len(values)
-    metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
-    metrics["val/reward_errors"] = float(errors)
-    if trajs:
-        metrics.update({"val/" + k: v for k, v in multi_turn_metrics(trajs).items()})
-    return metrics, rows
-
-
-def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
-    """Validate; the first trainer.log_val_generations completions go to the samples log."""
-    m: dict[str, float] = {}
-    with timed(m, "testing"):
-        metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
-                                 run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
-                                 tools=run.tools, multi_turn=run.multi_turn)
-        m.update(metrics)
-    if rows:
-        logger.log_samples(rows, run.global_step)
-    return m
 
 
 def save(run: Run, m: dict) -> None:
@@ -424,13 +191,12 @@ def save(run: Run, m: dict) -> None:
 
 
 def train(run: Run) -> dict[str, float]:
-    """Validate, run steps up to `total_steps` (validating every `test_freq`
-    and saving every `save_freq` steps, and at the end), validate again
-    (unless trainer.val_at_end is false and the last step is no test_freq multiple).
+    """Validate, run steps up to `total_steps` (validating every `test_freq` and saving every `save_freq`
+    steps, and at the end), validate again (unless trainer.val_at_end is false and the last step is no
+    test_freq multiple).
 
-    SIGTERM or SIGINT: the step in progress finishes, a checkpoint is written
-    and `Preempted` is raised (the CLI exits with status 75); a second
-    signal exits at once.
+    SIGTERM or SIGINT: the step in progress finishes, a checkpoint is written and `Preempted` is raised (the
+    CLI exits with status 75); a second signal exits at once.
 
     -> summary: val_before, val_after, steps, seconds, run_dir
     """
@@ -464,33 +230,51 @@ def train(run: Run) -> dict[str, float]:
                 stopping = run.stop_signal is not None or run.guard.exhausted
                 if stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
                     save(run, metrics)
-            share = run.cfg.model.share_prompt and not run.cfg.model.enable_gradient_checkpointing
-            metrics.update(perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs,
-                                        getattr(run.actor, "world_size", 1), share))
-            metrics.update(run.actor.memory())
-            if tr.log_samples_freq > 0 and (run.global_step % tr.log_samples_freq == 0 or run.global_step == 1):
-                logger.log_samples(sample_rows(batch, run.tokenizer, tr.log_samples_prompts), run.global_step)
-            logger.log(metrics, run.global_step)
-            if run.guard.exhausted:
-                run.writer.wait()
-                raise NonfiniteError(run.guard.message(run.global_step, run.run_dir / "checkpoints"))
-            if run.stop_signal is not None:
-                run.writer.wait()
-                raise Preempted(
-                    f"stopped by {signal.Signals(run.stop_signal).name} after step {run.global_step}; checkpoint "
-                    f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
+            log_step(run, logger, metrics, batch)
+            stop_if_asked(run)
     finally:
         restore_stop_handlers(previous)
-        run.rewards.close()  # first: a failure below must not leave reward workers behind
-        if run.tools is not None:
-            run.tools.close()
-        logger.close()
-        run.writer.close()
-        run.actor.shutdown()
-        run.profiler.close()
+        close(run, logger)
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary
+
+
+def log_step(run: Run, logger: MetricsLogger, metrics: dict, batch: RolloutBatch) -> None:
+    """The step's line: its metrics with throughput, MFU and peak memory; every trainer.log_samples_freq
+    steps (and the first) some of its samples."""
+    tr = run.cfg.trainer
+    share = run.cfg.model.share_prompt and not run.cfg.model.enable_gradient_checkpointing
+    metrics.update(perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs,
+                                getattr(run.actor, "world_size", 1), share))
+    metrics.update(run.actor.memory())
+    if tr.log_samples_freq > 0 and (run.global_step % tr.log_samples_freq == 0 or run.global_step == 1):
+        logger.log_samples(sample_rows(batch, run.tokenizer, tr.log_samples_prompts), run.global_step)
+    logger.log(metrics, run.global_step)
+
+
+def stop_if_asked(run: Run) -> None:
+    """NonfiniteError after a streak of non-finite steps (trainer.max_nonfinite_steps), Preempted after
+    SIGTERM/SIGINT: raised once the step's checkpoint is written."""
+    if run.guard.exhausted:
+        run.writer.wait()
+        raise NonfiniteError(run.guard.message(run.global_step, run.run_dir / "checkpoints"))
+    if run.stop_signal is not None:
+        run.writer.wait()
+        raise Preempted(
+            f"stopped by {signal.Signals(run.stop_signal).name} after step {run.global_step}; checkpoint "
+            f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
+
+
+def close(run: Run, logger: MetricsLogger) -> None:
+    """Stop what the run started (the checkpoint writer after its last save)."""
+    run.rewards.close()  # first: a failure below must not leave reward workers behind
+    if run.tools is not None:
+        run.tools.close()
+    logger.close()
+    run.writer.close()
+    run.actor.shutdown()
+    run.profiler.close()
 
 
 def install_stop_handlers(run: Run) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.training.actor import (
     UpdateSettings, make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
@@ -51,8 +52,38 @@ class CriticSpec:
 
 
 @dataclass
+class RefSpec:
+    """The reference model (a frozen copy of the starting policy; with LoRA, the policy with its adapters off)."""
+
+    needed: bool = False  # its log-probs are needed: a KL loss, or KL in the reward
+    param_offload: bool = False  # its sharded parameters in CPU memory (FSDP2, workers)
+    log_prob_micro_batch_size: int = 64
+    log_prob_max_tokens: int | None = None  # ref.log_prob_use_dynamic_bsz: a token budget per micro-batch
+    torch_compile: bool = False  # ref.use_torch_compile: its log-prob function compiled
+    forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
+
+
+@dataclass
+class RolloutSpec:
+    """The rollout engine that samples from the policy: hf (rollout/hf.py) or vllm (rollout/vllm.py)."""
+
+    name: str = "hf"
+    micro_batch_size: int | None = None  # hf: sequences per generate pass
+    shared_prefill: bool = True  # the hf engine's fast paths (rollout/hf.py)
+    remove_padding: bool = True
+    early_stop: bool = True
+    tensor_parallel_size: int = 1  # vLLM's engine from here on
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    engine_kwargs: dict = field(default_factory=dict)  # more vllm.LLM arguments (specs.vllm_engine_kwargs)
+    free_cache_engine: bool = True  # vLLM sleeps between generations
+    weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
+
+
+@dataclass
 class WorkerSpec:
-    """Plain settings for building a worker (made from the config by build.py)."""
+    """Plain settings for building a worker (made from the config by specs.worker_spec): the policy's
+    model, optimizer and passes here; the reference, rollout engine and critic in their own parts."""
 
     model_dir: str
     update: UpdateSettings
@@ -61,9 +92,7 @@ class WorkerSpec:
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     small_attention: bool = True  # models/attention.py
-    need_ref: bool = False
     param_offload: bool = False  # the policy's sharded parameters and gradients in CPU memory (FSDP2, workers)
-    ref_param_offload: bool = False  # ... the reference's
     optimizer_offload: bool = False  # the policy optimizer's state on the CPU between updates
     device: str = "cpu"  # cpu | cuda
     lr: float = 1e-6
@@ -71,28 +100,13 @@ class WorkerSpec:
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
     warmup_start_factor: float | None = None  # actor.lr_warmup_start_factor (training.actor.warmup_lr_factor)
-    log_prob_micro_batch_size: int = 64
-    ref_log_prob_micro_batch_size: int = 64
+    log_prob_micro_batch_size: int = 64  # the policy's log-prob pass (rollout.log_prob_micro_batch_size)
     log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
-    ref_log_prob_max_tokens: int | None = None
-    ref_torch_compile: bool = False  # ref.use_torch_compile: the reference pass's log-prob function compiled
     forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
-    ref_forward_prefetch: bool = False
     freeze_vision_tower: bool = False  # a vision-language model's image encoder does not train
     sequence_parallel: int = 1  # Ulysses: workers per group that split each sequence's positions
-    lora: object = None  # models.lora.LoraSettings: adapters train, the base is frozen (and is the reference)
-    temperature: float = 1.0
-    rollout: str = "hf"
-    rollout_micro_batch_size: int | None = None
-    rollout_shared_prefill: bool = True  # the hf engine's fast paths (rollout/hf.py)
-    rollout_remove_padding: bool = True
-    rollout_early_stop: bool = True
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    max_model_len: int | None = None
-    engine_kwargs: dict = field(default_factory=dict)  # more vllm.LLM arguments (build.vllm_engine_kwargs)
-    free_cache_engine: bool = True  # vLLM sleeps between generations
-    weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
+    lora: LoraSettings | None = None  # adapters train, the base is frozen (and is the reference)
+    temperature: float = 1.0  # the rollout's: log-probs are taken at the temperature that sampled
     # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's
     # gathered parameters with several workers, and torch.autocast's in every pass (`Worker.autocast`)
     mixed_precision: str | None = None
@@ -101,6 +115,8 @@ class WorkerSpec:
     collective_timeout_s: float = 600.0
     threads: int | None = None  # torch threads in a worker process
     env: dict = field(default_factory=dict)
+    ref: RefSpec = field(default_factory=RefSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
     critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
 
 
@@ -160,21 +176,21 @@ class Worker:
             warnings.warn(f"actor.freeze_vision_tower=true: {type(self.policy).__name__} has no vision tower; "
                           "every parameter trains", stacklevel=2)
         rollout_model = self.policy
-        if self.merged_rollout and s.rollout == "hf":  # a plain base, its weights W + s B A at every sync
+        if self.merged_rollout and s.rollout.name == "hf":  # a plain base, its weights W + s B A at every sync
             rollout_model = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
         elif self.distributed:
-            rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout == "hf" else None
+            rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout.name == "hf" else None
         if self.distributed:
             parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
                         offload_params=s.param_offload, forward_prefetch=s.forward_prefetch,
                         reduce_dtype=s.reduce_dtype)
         elif s.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
-        if s.need_ref and s.lora is None:  # with LoRA the reference is the policy's base: its adapters switched off
+        if s.ref.needed and s.lora is None:  # with LoRA the reference is the policy's base: its adapters switched off
             self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
             if self.distributed:
-                parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref_param_offload,
-                            forward_prefetch=s.ref_forward_prefetch)
+                parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref.param_offload,
+                            forward_prefetch=s.ref.forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor)
         if s.critic is not None:
@@ -182,7 +198,7 @@ class Worker:
         if s.sequence_parallel > 1 and self.distributed:  # after the rollout's copy was made: it samples whole rows
             self._setup_sequence_parallel(s.sequence_parallel)
         self.engine = self._make_engine(rollout_model, eos)
-        if s.weights_from_policy:
+        if s.rollout.weights_from_policy:
             self.sync_weights()
         from posttrain.flops import device_peak_flops
 
@@ -242,23 +258,23 @@ class Worker:
                                 timeout=timedelta(seconds=self.spec.collective_timeout_s))
 
     def _make_engine(self, rollout_model, eos: list[int]):
-        s = self.spec
-        if s.rollout == "vllm":
+        s, r = self.spec, self.spec.rollout
+        if r.name == "vllm":
             from posttrain.rollout.vllm import VLLMRolloutEngine
 
             return VLLMRolloutEngine(
                 s.model_dir, eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id,
-                tensor_parallel_size=s.tensor_parallel_size, gpu_memory_utilization=s.gpu_memory_utilization,
-                dtype=s.mixed_precision or s.dtype, max_model_len=s.max_model_len, seed=s.seed + self.rank,
-                trust_remote_code=s.trust_remote_code, enable_sleep_mode=s.free_cache_engine,
-                engine_kwargs=s.engine_kwargs,
+                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+                dtype=s.mixed_precision or s.dtype, max_model_len=r.max_model_len, seed=s.seed + self.rank,
+                trust_remote_code=s.trust_remote_code, enable_sleep_mode=r.free_cache_engine,
+                engine_kwargs=r.engine_kwargs,
                 lora_rank=self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0)
         from posttrain.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
-                               micro_batch_size=s.rollout_micro_batch_size, seed=s.seed + self.rank,
-                               progress=not self.distributed, shared_prefill=s.rollout_shared_prefill,
-                               remove_padding=s.rollout_remove_padding, early_stop=s.rollout_early_stop)
+                               micro_batch_size=r.micro_batch_size, seed=s.seed + self.rank,
+                               progress=not self.distributed, shared_prefill=r.shared_prefill,
+                               remove_padding=r.remove_padding, early_stop=r.early_stop)
 
     # ------------------------------------------------------------ verbs
 
@@ -280,8 +296,8 @@ class Worker:
         lora_ref = which != "policy" and s.lora is not None  # the reference is the base: the policy, adapters off
         model = self.policy if which == "policy" or lora_ref else self.ref
         size, budget = ((s.log_prob_micro_batch_size, s.log_prob_max_tokens) if which == "policy"
-                        else (s.ref_log_prob_micro_batch_size, s.ref_log_prob_max_tokens))
-        options = s.update.pass_options(compile=None if which == "policy" else s.ref_torch_compile, sp=self.sp)
+                        else (s.ref.log_prob_micro_batch_size, s.ref.log_prob_max_tokens))
+        options = s.update.pass_options(compile=None if which == "policy" else s.ref.torch_compile, sp=self.sp)
         with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
 
@@ -347,13 +363,13 @@ class Worker:
         process), a copy of them, the LoRA adapters alone (vLLM's LoRA request), or the base with the
         adapters merged in (rollout.lora_sync=merged)."""
         s = self.spec
-        if not self.distributed and s.rollout == "hf" and not self.merged_rollout:
+        if not self.distributed and s.rollout.name == "hf" and not self.merged_rollout:
             self.engine.update_weights(self.policy)  # the same module: nothing to copy
             return
         from posttrain.rollout.weights import named_full_weights
 
         self._wake()  # the weights go into a sleeping engine's device memory
-        if s.lora is not None and s.rollout == "vllm" and not self.merged_rollout:
+        if s.lora is not None and s.rollout.name == "vllm" and not self.merged_rollout:
             from posttrain.models.lora import adapter_config_json, adapter_weights
 
             self.engine.load_adapter(adapter_weights(named_full_weights(self.policy, lora_only=True)),
@@ -372,7 +388,7 @@ class Worker:
             self._asleep = False
 
     def _sleep(self) -> None:
-        if hasattr(self.engine, "sleep") and self.spec.free_cache_engine:
+        if hasattr(self.engine, "sleep") and self.spec.rollout.free_cache_engine:
             self.engine.sleep()
             self._asleep = True
 

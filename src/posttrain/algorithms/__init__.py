@@ -1,4 +1,4 @@
-"""Pure tensor functions: advantages, policy and value losses, KL estimators, DAPO's shaping."""
+"""Pure tensor functions: advantages, policy and value losses, KL estimators, DAPO's shaping, scores on tokens."""
 
 from posttrain.algorithms.advantages import (
     ADV_ESTIMATORS, NEEDS_CRITIC, compute_advantages, gae_advantages, get_adv_estimator, gpg_advantages,
@@ -13,6 +13,7 @@ from posttrain.algorithms.losses import (
     LOSS_AGG_MODES, POLICY_LOSSES, agg_loss, entropy_from_logits, get_policy_loss, gpg_policy_loss, gspo_policy_loss, masked_mean,
     ppo_policy_loss,
 )
+from posttrain.algorithms.masks import place_on_last_token, truncated_rows
 from posttrain.algorithms.shaping import (
     PF_PPO_METHODS, overlong_penalty, pf_ppo_resample, pf_ppo_weights, varied_groups,
 )
@@ -26,4 +27,5 @@ __all__ = [
     "apply_kl_penalty", "kl_penalty", "make_kl_controller", "LOSS_AGG_MODES", "POLICY_LOSSES", "agg_loss",
     "entropy_from_logits", "get_policy_loss", "gpg_policy_loss", "gspo_policy_loss", "masked_mean", "ppo_policy_loss",
     "overlong_penalty", "varied_groups", "PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_resample",
+    "place_on_last_token", "truncated_rows",
 ]

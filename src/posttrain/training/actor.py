@@ -106,13 +106,6 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
     return float((mask.sum(-1) > 0).sum())
 
 
-def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
-    """Share of a micro-batch in its mini-batch, so that summing the weighted
-    micro losses gives the loss of the whole mini-batch."""
-    total = loss_units(mini_mask, loss_agg_mode)
-    return loss_units(micro_mask, loss_agg_mode) / total if total > 0 else 0.0
-
-
 def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch (with grad) and its detached metrics.
 
