@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+from helpers import free_ports, write_prompts
+
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Ray reads these when it is first imported (any test module may import it):
@@ -29,6 +31,13 @@ def random_qwen2():
     return Qwen2ForCausalLM(cfg).eval()
 
 
+@pytest.fixture
+def data(tmp_path):
+    """tmp_path holding 8 embedded prompts in train.parquet and the next 4 in val.parquet."""
+    write_prompts(tmp_path, 8, val=4)
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small, barely trained model directory in the embedded model's format (seconds to build)."""
@@ -53,22 +62,6 @@ def trained_tiny_model_dir():
     from posttrain.tiny.arith import ensure_tiny_model
 
     return ensure_tiny_model()
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports free now (all held open while choosing, so none repeats)."""
-    import socket
-
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -98,13 +91,13 @@ def ray_cluster(tmp_path_factory):
     home = Path(temp_dir) / "home"
     home.mkdir()
     (home / "ray_bootstrap_config.yaml").write_text("{}\n")
-    env.update(HOME=str(home), RAY_USAGE_STATS_REPORT_URL=f"http://127.0.0.1:{_free_ports(1)[0]}/")
+    env.update(HOME=str(home), RAY_USAGE_STATS_REPORT_URL=f"http://127.0.0.1:{free_ports(1)[0]}/")
     log_path = Path(temp_dir) / "ray-start.log"
     # A port chosen free can be taken by someone else before Ray binds it: a start
     # that fails is tried again with new ports; the last failure shows Ray's output.
     for attempt in range(3):
         # Every port chosen free, so that two test sessions on one machine do not collide.
-        port, dash, *others = _free_ports(9)
+        port, dash, *others = free_ports(9)
         ports = dict(zip(("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                           "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
                           "object-manager-port"), others))

@@ -1,7 +1,6 @@
 """Every algorithm of the family trains the embedded tiny model on the default
 task and raises its validation score (a short run each)."""
 
-import json
 import math
 import statistics
 
@@ -12,6 +11,8 @@ from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.loop import train
 
+from helpers import read_metrics
+
 STEPS = 20
 
 
@@ -20,8 +21,7 @@ def short_run(tmp_path, name, *extra):
                              "trainer.save_freq=-1", "data.val_max_samples=256", "trainer.logger=[]",
                              f"trainer.run_dir={tmp_path / name}", *extra])
     summary = train(build_run(cfg))
-    lines = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    return summary, [x for x in lines if "critic/score/mean" in x]
+    return summary, [x for x in read_metrics(tmp_path / name) if "critic/score/mean" in x]
 
 
 @pytest.mark.slow

@@ -4,54 +4,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.build import build_run, embedded_data_files
+from posttrain.build import build_run
 from posttrain.checkpoint import CheckpointWriter, list_checkpoints, take_snapshot
 from posttrain.cli import main
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.loop import train
 
-POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
-TIMING = ("timing_s/", "perf/")  # timings, throughput, MFU, memory: not reproducible
-
-
-@pytest.fixture
-def data(tmp_path):
-    rows = read_rows(embedded_data_files()[1])
-    write_rows(rows[:8], tmp_path / "train.parquet")
-    write_rows(rows[8:12], tmp_path / "val.parquet")
-    return tmp_path
-
-
-def overrides(model, data, run_dir, steps, *extra):
-    """4 prompts a step over 8 prompts: an epoch every 2 steps. Two updates a
-    step, LR warm-up, KL loss and adaptive KL in the reward: every piece of
-    state that a resume must bring back."""
-    return [f"model.path={model}", f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
-            "data.max_response_length=5", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
-            "actor.lr=1e-3", "actor.lr_warmup_steps=3", "rollout.n=4", "actor.use_kl_loss=True",
-            "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=10",
-            "trainer.test_freq=2", f"trainer.total_training_steps={steps}", f"trainer.run_dir={run_dir}",
-            "trainer.logger=[]", *extra]
+from helpers import POSTTRAIN, comparable, read_metrics, resume_overrides
 
 
 def run(args):
     return train(build_run(load_config(None, args)))
-
-
-def comparable(run_dir):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if not k.startswith(TIMING)} for line in lines]
 
 
 def final_weights(run_dir, step):
@@ -60,9 +30,9 @@ def final_weights(run_dir, step):
 
 @pytest.mark.parametrize("stop_at", [3, 2])  # 2: the stop falls on an epoch boundary
 def test_stop_and_resume_is_exact(tmp_path, data, tiny_model_dir, stop_at):
-    run(overrides(tiny_model_dir, data, tmp_path / "whole", 6, "trainer.save_freq=6"))
-    run(overrides(tiny_model_dir, data, tmp_path / "split", stop_at, f"trainer.save_freq={stop_at}"))
-    summary = run(overrides(tiny_model_dir, data, tmp_path / "split", 6, "trainer.save_freq=6"))
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "whole", 6, "trainer.save_freq=6"))
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "split", stop_at, f"trainer.save_freq={stop_at}"))
+    summary = run(resume_overrides(tiny_model_dir, data, tmp_path / "split", 6, "trainer.save_freq=6"))
     assert summary["steps"] == 6 and "val_before" not in summary
     a, b = final_weights(tmp_path / "whole", 6), final_weights(tmp_path / "split", 6)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -76,11 +46,11 @@ def test_stop_and_resume_is_exact(tmp_path, data, tiny_model_dir, stop_at):
 
 
 def test_resume_refuses_another_config(tmp_path, data, tiny_model_dir):
-    run(overrides(tiny_model_dir, data, tmp_path / "r", 1, "trainer.save_freq=1"))
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "r", 1, "trainer.save_freq=1"))
     with pytest.raises(ConfigError, match=r"actor.lr: 0.001 -> 0.002"):
-        run(overrides(tiny_model_dir, data, tmp_path / "r", 2, "actor.lr=2e-3"))
+        run(resume_overrides(tiny_model_dir, data, tmp_path / "r", 2, "actor.lr=2e-3"))
     with pytest.raises(ConfigError, match="already holds an earlier run"):
-        run(overrides(tiny_model_dir, data, tmp_path / "r", 2, "trainer.resume_mode=disable"))
+        run(resume_overrides(tiny_model_dir, data, tmp_path / "r", 2, "trainer.resume_mode=disable"))
 
 
 def test_resume_compares_the_new_training_keys_and_tolerates_older_checkpoints(tmp_path):
@@ -132,7 +102,7 @@ def wait_for(predicate, timeout=120):
 
 def test_sigkill_in_the_middle_of_a_save(tmp_path, data, tiny_model_dir):
     run_dir = tmp_path / "r"
-    args = ["train", *overrides(tiny_model_dir, data, run_dir, 3, "trainer.save_freq=1")]
+    args = ["train", *resume_overrides(tiny_model_dir, data, run_dir, 3, "trainer.save_freq=1")]
     proc = spawn(args, POSTTRAIN_TEST_CHECKPOINT_DELAY_S="1.5")
     ckpts = run_dir / "checkpoints"
     wait_for(lambda: (ckpts / "global_step_1" / "manifest.json").exists() and list(ckpts.glob(".global_step_2.tmp-*")))
@@ -143,12 +113,12 @@ def test_sigkill_in_the_middle_of_a_save(tmp_path, data, tiny_model_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resuming from {ckpts / 'global_step_1'}" in result.stderr
     assert [i.step for i in list_checkpoints(run_dir) if i.valid] == [1, 2, 3]
-    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert [x["step"] for x in read_metrics(run_dir)] == [0, 1, 2, 3]
 
 
 def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, data, tiny_model_dir):
     run_dir = tmp_path / "r"
-    proc = spawn(["train", *overrides(tiny_model_dir, data, run_dir, 500)])
+    proc = spawn(["train", *resume_overrides(tiny_model_dir, data, run_dir, 500)])
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -156,17 +126,17 @@ def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, data, tiny_model_dir)
     saved = [i for i in list_checkpoints(run_dir) if i.valid]
     assert len(saved) == 1 and "run the same command again to resume" in err
     stopped_at = saved[0].step
-    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == stopped_at
-    result = subprocess.run([POSTTRAIN, "train", *overrides(tiny_model_dir, data, run_dir, stopped_at + 2)],
+    assert read_metrics(run_dir)[-1]["step"] == stopped_at
+    result = subprocess.run([POSTTRAIN, "train", *resume_overrides(tiny_model_dir, data, run_dir, stopped_at + 2)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [x["step"] for x in read_metrics(run_dir)]
     assert steps[-3:] == [stopped_at, stopped_at + 1, stopped_at + 2]
 
 
 def test_corrupt_checkpoints_are_never_loaded(tmp_path, data, tiny_model_dir, capsys):
     run_dir = tmp_path / "r"
-    run(overrides(tiny_model_dir, data, run_dir, 4, "trainer.save_freq=1"))
+    run(resume_overrides(tiny_model_dir, data, run_dir, 4, "trainer.save_freq=1"))
     ck = run_dir / "checkpoints"
     weights = ck / "global_step_4" / "actor" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])                       # truncated
@@ -181,7 +151,7 @@ def test_corrupt_checkpoints_are_never_loaded(tmp_path, data, tiny_model_dir, ca
     assert main(["checkpoints", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert out.count("INVALID") == 3 and "valid" in out
-    summary = run(overrides(tiny_model_dir, data, run_dir, 5, "trainer.save_freq=1"))
+    summary = run(resume_overrides(tiny_model_dir, data, run_dir, 5, "trainer.save_freq=1"))
     assert f"resuming from {ck / 'global_step_1'}" in capsys.readouterr().err and summary["steps"] == 5
     assert [i.step for i in list_checkpoints(run_dir) if i.valid] == [1, 2, 3, 4, 5]  # re-saved on the new timeline
     opt = ck / "global_step_5" / "optimizer.pt"
@@ -189,13 +159,13 @@ def test_corrupt_checkpoints_are_never_loaded(tmp_path, data, tiny_model_dir, ca
     raw[-10] ^= 0xFF
     opt.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="global_step_5.*checksum"):
-        run(overrides(tiny_model_dir, data, run_dir, 6, f"trainer.resume_mode={ck / 'global_step_5'}"))
+        run(resume_overrides(tiny_model_dir, data, run_dir, 6, f"trainer.resume_mode={ck / 'global_step_5'}"))
 
 
 def test_retention_keeps_newest_and_best(tmp_path, data, tiny_model_dir):
     run_dir = tmp_path / "r"
-    run(overrides(tiny_model_dir, data, run_dir, 5, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=2",
-                  "trainer.keep_top_k=1", "trainer.keep_top_k_metric=critic/score/mean"))
+    run(resume_overrides(tiny_model_dir, data, run_dir, 5, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=2",
+                         "trainer.keep_top_k=1", "trainer.keep_top_k_metric=critic/score/mean"))
     infos = list_checkpoints(run_dir)
     scores = {i.step: i.metrics["critic/score/mean"] for i in infos}
     assert {4, 5} <= set(scores)
@@ -263,7 +233,7 @@ def test_export_loads_in_transformers_and_generates_the_same(tmp_path, data, tra
     from posttrain.rollout.hf import HFRolloutEngine
 
     run_dir = tmp_path / "r"
-    run(overrides(trained_tiny_model_dir, data, run_dir, 2, "trainer.save_freq=2", "actor.lr=1e-4"))
+    run(resume_overrides(trained_tiny_model_dir, data, run_dir, 2, "trainer.save_freq=2", "actor.lr=1e-4"))
     assert main(["export", str(run_dir), "--output", str(tmp_path / "hf")]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -289,14 +259,14 @@ def test_run_directory_on_an_fsspec_file_system(tmp_path, data, tiny_model_dir, 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))  # the local staging area
     url = f"memory://bucket/{tmp_path.name}/run" if scheme == "memory" else f"file://{tmp_path / 'remote' / 'run'}"
     fs, root = fsspec.core.url_to_fs(url)
-    run(overrides(tiny_model_dir, data, url, 2, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
+    run(resume_overrides(tiny_model_dir, data, url, 2, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
     assert fs.exists(f"{root}/checkpoints/global_step_2/manifest.json")
     assert not fs.exists(f"{root}/checkpoints/global_step_1")   # pruned remotely too
     assert len(fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()) == 3
     # An upload cut short (no manifest) is never used: resume takes global_step_2.
     fs.makedirs(f"{root}/checkpoints/global_step_3/actor", exist_ok=True)
     fs.pipe_file(f"{root}/checkpoints/global_step_3/actor/model.safetensors", b"partial")
-    summary = run(overrides(tiny_model_dir, data, url, 3, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
+    summary = run(resume_overrides(tiny_model_dir, data, url, 3, "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
     assert summary["steps"] == 3
     assert fs.exists(f"{root}/checkpoints/global_step_3/manifest.json")
     steps = [json.loads(x)["step"] for x in fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()]
@@ -307,7 +277,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path, data, 
     run_dir = tmp_path / "r"
     (run_dir / "checkpoints" / ".global_step_1.tmp-999" / "actor").mkdir(parents=True)  # a save cut short
     (run_dir / "metrics.jsonl").write_text('{"step": 0, "val/score/mean": 0.5}\n{"step": 1, "critic/sco')
-    summary = run(overrides(tiny_model_dir, data, run_dir, 1))
+    summary = run(resume_overrides(tiny_model_dir, data, run_dir, 1))
     assert summary["steps"] == 1 and "val_before" in summary
     assert (run_dir / "metrics.discarded.jsonl").read_text().count("\n") == 2  # the old timeline, kept aside
-    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert [x["step"] for x in read_metrics(run_dir)] == [0, 1]

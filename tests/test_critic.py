@@ -7,15 +7,16 @@ import torch
 from safetensors.torch import load_file
 
 from posttrain.batch import RolloutBatch
-from posttrain.build import build_run, embedded_data_files
+from posttrain.build import build_run
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.errors import ModelError
 from posttrain.loop import train
 from posttrain.models import load_value_model
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training.actor import make_optimizer
 from posttrain.training.critic import CriticSettings, compute_values, update_critic
+
+from helpers import read_metrics, small_run_overrides
 
 
 def small_batch():
@@ -82,22 +83,10 @@ def test_critic_updates_fit_the_returns(tiny_model_dir):
     assert error < 0.2
 
 
-@pytest.fixture
-def data(tmp_path):
-    rows = read_rows(embedded_data_files()[1])
-    write_rows(rows[:8], tmp_path / "train.parquet")
-    write_rows(rows[8:12], tmp_path / "val.parquet")
-    return tmp_path
-
-
 def ppo(model, data, run_dir, steps, *extra):
-    return [f"model.path={model}", f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
-            "data.max_response_length=5", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
-            "actor.lr=1e-3", "rollout.n=4", "algorithm.name=ppo", "critic.lr=1e-3", "critic.lr_warmup_steps=2",
-            "critic.ppo_micro_batch_size=2", "algorithm.gamma=0.9", "algorithm.lam=0.8", "trainer.critic_warmup=1",
-            "trainer.test_freq=2", f"trainer.total_training_steps={steps}", f"trainer.run_dir={run_dir}",
-            "trainer.logger=[]", *extra]
+    return small_run_overrides(model, data, run_dir, steps, "algorithm.name=ppo", "critic.lr=1e-3",
+                               "critic.lr_warmup_steps=2", "critic.ppo_micro_batch_size=2", "algorithm.gamma=0.9",
+                               "algorithm.lam=0.8", "trainer.critic_warmup=1", *extra)
 
 
 def test_ppo_checkpoints_hold_the_critic_and_resume_exactly(tmp_path, data, tiny_model_dir):
@@ -116,9 +105,8 @@ def test_ppo_checkpoints_hold_the_critic_and_resume_exactly(tmp_path, data, tiny
     assert load_value_model(ckpt / "critic").config.num_labels == 1  # a Hugging Face directory of its own
 
     def lines(run_dir):
-        out = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [{k: v for k, v in x.items() if not k.startswith(("timing_s/", "perf/", "val/"))}
-                for x in out]
+                for x in read_metrics(run_dir)]
 
     whole = lines(tmp_path / "whole")
     assert whole == lines(tmp_path / "split")

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.deploy.slurm import SlurmJob, render_script
 
+from helpers import free_ports
 from listeners import non_loopback_listeners
 
 SHELLCHECK = Path(sys.executable).with_name("shellcheck")
@@ -172,17 +172,6 @@ def test_wrong_values_are_clear_errors(argv, expected, capsys):
 
 
 # --- the start sequence, run here: two fake nodes on loopback -----------------------------------
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 SRUN = r"""#!/bin/bash
 # Stands in for srun: runs the step here as fake node -w NODE, in a session of its own

@@ -1,11 +1,9 @@
 """Worker groups on Ray: splitting batches, FSDP2 equal to one process,
 the loop on 2 workers, sharded checkpoints, a worker killed mid-run."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,10 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from posttrain.batch import RolloutBatch
-from posttrain.build import build_run, embedded_data_files
+from posttrain.build import build_run
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
 from posttrain.loop import train
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -25,9 +22,8 @@ from posttrain.rollout.weights import hf_name
 from posttrain.specs import worker_spec
 from posttrain.worker import Worker
 
+from helpers import POSTTRAIN, read_metrics, resume_overrides, write_prompts
 from listeners import non_loopback_listeners, process_tree
-
-POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 
 
 # ---------------------------------------------------------------- plumbing (no Ray)
@@ -80,20 +76,14 @@ def test_uneven_mini_batches_over_workers_are_refused():
 
 @pytest.fixture
 def data(tmp_path):
-    rows = read_rows(embedded_data_files()[1])
-    write_rows(rows[:8], tmp_path / "train.parquet")
-    write_rows(rows[8:16], tmp_path / "val.parquet")
+    """The shared `data` fixture's 8 prompts, validated on the 8 after them."""
+    write_prompts(tmp_path, 8, val=8)
     return tmp_path
 
 
 def small(model, data, run_dir, steps, *extra):
-    return [f"model.path={model}", f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
-            "data.max_response_length=5", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=2",
-            "actor.lr=1e-3", "actor.lr_warmup_steps=3", "rollout.n=4", "actor.use_kl_loss=True",
-            "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=10",
-            "trainer.test_freq=2", f"trainer.total_training_steps={steps}", f"trainer.run_dir={run_dir}",
-            "trainer.logger=[]", "trainer.device=cpu", *extra]
+    """The checkpoint tests' run on the CPU, in micro-batches of 2."""
+    return resume_overrides(model, data, run_dir, steps, "trainer.device=cpu", *extra, micro_batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +180,8 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def scores(run_dir):
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [(x["step"], x.get("critic/score/mean"), x.get("actor/pg_loss"), x.get("critic/vf_loss"))
-                for x in lines if "actor/pg_loss" in x]
+                for x in read_metrics(run_dir) if "actor/pg_loss" in x]
 
     assert scores(straight) == scores(halves)
 
@@ -222,9 +211,9 @@ def test_multi_turn_tool_use_on_two_workers_resumes_exactly(cluster, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def steps(run_dir):
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [(x["step"], x["critic/score/mean"], x["actor/pg_loss"], x["multi_turn/tool_calls/mean"],
-                 x["multi_turn/tool_tokens/mean"], x["reward/tool_correct/mean"]) for x in lines if "actor/pg_loss" in x]
+                 x["multi_turn/tool_tokens/mean"], x["reward/tool_correct/mean"])
+                for x in read_metrics(run_dir) if "actor/pg_loss" in x]
 
     assert steps(straight) == steps(halves) and len(steps(straight)) == 4
     assert all(tool_tokens > 0 for *_, tool_tokens, _ in steps(straight))
@@ -328,7 +317,7 @@ def two_worker_run(run_dir: Path, *extra: str) -> tuple[float, float]:
          "trainer.test_freq=40", "data.val_max_samples=256", f"trainer.run_dir={run_dir}", *extra],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     return lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from helpers import read_metrics
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -399,7 +401,7 @@ def test_cpu_image_build_steps_then_one_training_step(tmp_path):
                           capture_output=True, text=True, timeout=600, check=False)
     timings["one step"] = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     assert [x["step"] for x in lines] == [1]
     assert "critic/score/mean" in lines[0] and "actor/pg_loss" in lines[0]
     assert not (tmp_path / "cache" / "models").exists()  # the shipped model, not one built on the spot

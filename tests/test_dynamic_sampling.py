@@ -14,21 +14,9 @@ from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 
-PAD = 0
+from helpers import pad
 
-
-def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
-def right_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return ids, mask
+PAD = 0  # helpers.pad's id
 
 
 class ScriptedActor:
@@ -43,8 +31,8 @@ class ScriptedActor:
         letters = [bytes(p).decode() for p in prompts]
         self.calls.append(letters)
         texts = [t for letter in letters for t in self.SCRIPT[letter]]
-        p_ids, p_mask = left_pad([list(letter.encode()) for letter in letters for _ in range(params.n)])
-        r_ids, r_mask = right_pad([list(t.encode()) for t in texts])
+        p_ids, p_mask = pad([list(letter.encode()) for letter in letters for _ in range(params.n)], left=True)
+        r_ids, r_mask = pad([list(t.encode()) for t in texts], left=False)
         return RolloutOutput(p_ids, p_mask, r_ids, r_mask)
 
 
@@ -140,8 +128,8 @@ def test_overlong_shaping_lowers_long_responses_and_seq_reward_filters_on_it(tin
 
 def test_concat_repads_prompts_left_and_responses_right():
     def batch(prompts, responses, groups):
-        p, pm = left_pad(prompts)
-        r, rm = right_pad(responses)
+        p, pm = pad(prompts, left=True)
+        r, rm = pad(responses, left=False)
         out = RolloutBatch.from_rollout(RolloutOutput(p, pm, r, rm), 1, ["s"] * len(prompts), ["t"] * len(prompts),
                                         [{}] * len(prompts), [str(x) for x in responses])
         out.group = torch.tensor(groups)

@@ -1,38 +1,25 @@
 """Whole runs through the console script, as a user types them (slow: minutes)."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import posttrain, read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
-POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 STEP_KEYS = ["critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
              "actor/grad_norm", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen",
              "timing_s/update_actor", "timing_s/step", "perf/throughput", "val/score/mean"]
-
-
-def posttrain(args, cwd):
-    proc = subprocess.run([POSTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def default_run(cwd: Path, *extra: str) -> tuple[float, float, list[dict], str]:
     """`posttrain train [extra]` in `cwd` -> (validation before, after, metrics lines, stdout)."""
     proc = posttrain(["train", *extra], cwd)
     run_dir = next((cwd / "runs" / "posttrain").iterdir())
-    lines = metrics(run_dir)
+    lines = read_metrics(run_dir)
     return lines[0]["val/score/mean"], lines[-1]["val/score/mean"], lines, proc.stdout
 
 
@@ -72,7 +59,7 @@ def verl_command(data_dir: Path, model_dir: Path, max_prompt_length: int) -> lis
 
 def check_verl_run(tmp_path):
     run_dir = tmp_path / "runs" / "x"
-    lines = metrics(run_dir)
+    lines = read_metrics(run_dir)
     assert [x["step"] for x in lines] == [0, 1, 2]
     for key in STEP_KEYS:
         assert key in lines[2], key
@@ -118,7 +105,7 @@ def test_the_tool_use_example_runs_as_the_docs_say(tmp_path):
     posttrain(["train", str(REPO / "examples" / "tiny_tools.yaml"), f"model.path={model}",
                "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.run_dir=runs/tools",
                "trainer.log_samples_freq=1"], tmp_path)
-    lines = metrics(tmp_path / "runs" / "tools")
+    lines = read_metrics(tmp_path / "runs" / "tools")
     assert [x["step"] for x in lines] == [0, 1, 2]
     for key in ("val/score/mean", "val/tool_correct/mean", "val/products/tool_correct/mean",
                 "val/multi_turn/tool_use_ratio"):
@@ -143,7 +130,7 @@ def test_grpo_with_the_calculator_raises_correct_tool_use_and_the_held_out_score
     model = posttrain(["tiny-model", "--task", "tools"], tmp_path).stdout.strip()
     posttrain(["train", str(REPO / "examples" / "tiny_tools.yaml"), f"model.path={model}", "trainer.test_freq=40",
                "trainer.run_dir=runs/tools"], tmp_path)
-    lines = [x for x in metrics(tmp_path / "runs" / "tools") if "val/score/mean" in x]
+    lines = [x for x in read_metrics(tmp_path / "runs" / "tools") if "val/score/mean" in x]
     first, last = lines[0], lines[-1]
     assert (first["step"], last["step"]) == (0, 40)
     assert last["val/tool_correct/mean"] - first["val/tool_correct/mean"] >= 0.07, (first, last)

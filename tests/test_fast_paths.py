@@ -18,6 +18,8 @@ from posttrain.rollout.hf import HFRolloutEngine, sample_next
 from posttrain.training.actor import UpdateSettings, update_policy
 from posttrain.training.logprobs import PassOptions, compute_log_probs, length_order, trim_padding
 
+from helpers import run_overrides, write_prompts
+
 # different lengths, so prompts are left-padded and chunks differ
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
 EOS = [3, 7, 9]  # common enough in a random 40-token model that rows end at different steps
@@ -176,16 +178,14 @@ def test_on_policy_update_without_old_log_probs_equals_one_with_them(random_qwen
 
 
 def one_step_run(tmp_path, model_dir, name, *overrides):
-    from posttrain.build import build_run, embedded_data_files
+    from posttrain.build import build_run
     from posttrain.config import load_config
-    from posttrain.data.schema import read_rows, write_rows
 
-    write_rows(read_rows(str(embedded_data_files()[1]))[:4], tmp_path / "train.parquet")
-    cfg = load_config(None, [
-        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=4",
-        "data.max_prompt_length=64", "data.max_response_length=4", "actor.ppo_mini_batch_size=4",
-        "actor.ppo_micro_batch_size=3", "rollout.n=3", "actor.use_kl_loss=true", "reward.num_workers=0",
-        "trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / name}", "trainer.logger=[]", *overrides])
+    write_prompts(tmp_path, 4)
+    cfg = load_config(None, run_overrides(
+        model_dir, tmp_path, tmp_path / name, "data.train_batch_size=4", "data.max_response_length=4",
+        "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=3", "rollout.n=3", "actor.use_kl_loss=true",
+        "reward.num_workers=0", "trainer.total_training_steps=1", *overrides))
     run = build_run(cfg)
     passes = []
     compute = run.actor.compute_log_probs

@@ -9,7 +9,6 @@ on a GPU machine.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from posttrain.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings
 from posttrain.worker import Worker, WorkerSpec
+
+from helpers import read_metrics
 
 NO_CUDA = not torch.cuda.is_available()
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(NO_CUDA, reason="no CUDA device")]
@@ -245,10 +246,6 @@ def cuda_run(tmp: Path, run_dir: Path, steps: int, save_freq: int, deterministic
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def lines(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_a_cuda_run_stopped_and_resumed_equals_the_whole_run(tmp_path):
@@ -261,8 +258,8 @@ def test_a_cuda_run_stopped_and_resumed_equals_the_whole_run(tmp_path):
     cuda_run(tmp_path, tmp_path / "split", 2, 2, deterministic=True)
     cuda_run(tmp_path, tmp_path / "split", 4, 4, deterministic=True)
     keep = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))}  # noqa: E731
-    whole = [keep(m) for m in lines(tmp_path / "whole")]
-    split = [keep(m) for m in lines(tmp_path / "split")]
+    whole = [keep(m) for m in read_metrics(tmp_path / "whole")]
+    split = [keep(m) for m in read_metrics(tmp_path / "split")]
     assert [m.get("critic/score/mean") for m in whole] == [m.get("critic/score/mean") for m in split]
     assert whole == split
     a = load_file(tmp_path / "whole/checkpoints/global_step_4/actor/model.safetensors")
@@ -276,7 +273,7 @@ def test_a_cuda_run_reports_device_memory_and_mfu_against_the_gpus_peak(tmp_path
     from posttrain.flops import gpu_peak_flops
 
     cuda_run(tmp_path, tmp_path / "run", 2, -1)
-    steps = [m for m in lines(tmp_path / "run") if "timing_s/step" in m]
+    steps = [m for m in read_metrics(tmp_path / "run") if "timing_s/step" in m]
     assert steps and all(m["perf/max_memory_allocated_gb"] > 0 for m in steps)
     name = torch.cuda.get_device_name(0)
     if gpu_peak_flops(name) is None:

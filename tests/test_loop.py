@@ -1,35 +1,30 @@
 """The loop end to end on the embedded tiny model."""
 
-import json
-
 import pytest
 import torch
 
 from posttrain.build import build_run
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.loop import train
+
+from helpers import one_batch_overrides, read_metrics, run_overrides, write_prompts
 
 
 def short_run(tmp_path, model_dir, *extra):
     """12 GRPO steps on 16 prompts, validated on the same prompts. -> (summary, step metrics, names of the
     parameters that did not move)."""
-    rows = read_rows(str(default_test_parquet()))[:16]
-    write_rows(rows, tmp_path / "train.parquet")
-    cfg = load_config(None, [
-        f"model.path={model_dir}",
-        f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=16", "data.max_prompt_length=64", "data.max_response_length=6",
+    write_prompts(tmp_path, 16)
+    cfg = load_config(None, run_overrides(
+        model_dir, tmp_path, tmp_path / "run", f"data.val_files={tmp_path / 'train.parquet'}",
+        "data.train_batch_size=16", "data.max_response_length=6",
         "actor.ppo_mini_batch_size=16", "actor.ppo_micro_batch_size=128", "actor.lr=1e-4", "actor.weight_decay=0",
-        "rollout.n=8", "trainer.total_training_steps=12", "trainer.test_freq=12", f"trainer.run_dir={tmp_path / 'run'}",
-        "trainer.logger=[]", *extra,
-    ])
+        "rollout.n=8", "trainer.total_training_steps=12", "trainer.test_freq=12", *extra,
+    ))
     run = build_run(cfg)
     before = {n: p.detach().clone() for n, p in run.actor.policy.named_parameters()}
     summary = train(run)
     still = [n for n, p in run.actor.policy.named_parameters() if torch.equal(before[n], p.detach())]
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return summary, [x for x in lines if "critic/score/mean" in x], still
+    return summary, [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x], still
 
 
 def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tiny_model_dir):
@@ -49,29 +44,18 @@ def test_short_run_moves_every_parameter_and_raises_reward(tmp_path, trained_tin
     assert sum(x["critic/score/mean"] for x in last) > sum(x["critic/score/mean"] for x in first)
 
 
-def default_test_parquet():
-    from posttrain.build import embedded_data_files
-
-    return embedded_data_files()[1]
-
-
 def test_a_raising_reward_costs_only_its_samples(tmp_path, tiny_model_dir, capsys):
     reward = tmp_path / "flaky.py"
     reward.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    if extra_info['a'] % 2:\n        raise ValueError('odd operand')\n"
         "    return 1.0\n")
-    rows = read_rows(str(default_test_parquet()))[:8]
-    write_rows(rows, tmp_path / "train.parquet")
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=4",
-        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "rollout.n=2",
-        "trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / 'run'}", f"reward.custom_fn={reward}",
-    ])
+    rows = write_prompts(tmp_path, 8)
+    cfg = load_config(None, one_batch_overrides(tiny_model_dir, tmp_path, tmp_path / "run", 1,
+                                                f"reward.custom_fn={reward}", quiet=False))
     summary = train(build_run(cfg))
     assert summary["steps"] == 1
-    step = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    step = read_metrics(tmp_path / "run")[-1]
     odd = sum(r["extra_info"]["a"] % 2 for r in rows)
     assert step["reward/num_errors"] == 2 * odd  # n=2 samples per prompt
     assert step["critic/score/mean"] == pytest.approx(1 - odd / 8)
@@ -79,9 +63,10 @@ def test_a_raising_reward_costs_only_its_samples(tmp_path, tiny_model_dir, capsy
 
 
 def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
+    from posttrain.build import embedded_data_files
     from posttrain.cli import main
 
-    assert main(["eval", "--model", str(trained_tiny_model_dir), "--data", default_test_parquet(),
+    assert main(["eval", "--model", str(trained_tiny_model_dir), "--data", embedded_data_files()[1],
                  "--max-samples", "64", "--max-response-length", "6"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("arith") and out[-1].startswith("all")
@@ -90,20 +75,18 @@ def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
 
 
 def test_kl_in_the_reward_with_an_adaptive_controller(tmp_path, tiny_model_dir):
-    rows = read_rows(str(default_test_parquet()))[:8]
-    write_rows(rows, tmp_path / "train.parquet")
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=4",
+    write_prompts(tmp_path, 8)
+    cfg = load_config(None, run_overrides(
+        tiny_model_dir, tmp_path, tmp_path / "run", "data.train_batch_size=4", "data.max_response_length=4",
         "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4", "rollout.n=4", "actor.lr=1e-2",
         "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl", "algorithm.kl_ctrl.type=adaptive",
         "algorithm.kl_ctrl.kl_coef=0.1", "algorithm.kl_ctrl.target_kl=0.01", "algorithm.kl_ctrl.horizon=10",
-        "actor.entropy_coeff=0.01", "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'run'}",
-    ])
+        "actor.entropy_coeff=0.01", "trainer.total_training_steps=3", quiet=False,
+    ))
     run = build_run(cfg)
     assert run.actor.ref is not None
     train(run)
-    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = read_metrics(tmp_path / "run")
     coeffs = [s["actor/reward_kl_penalty_coeff"] for s in steps]
     assert coeffs[0] == pytest.approx(0.1)
     assert steps[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at first
@@ -131,17 +114,14 @@ def test_training_steps_total_epochs_and_max_epochs():
 
 def tiny_run(tmp_path, model_dir, *extra):
     """8 prompts, 4 a step: an epoch is 2 steps; validated on 4 prompts. -> (run, summary, logged lines)"""
-    rows = read_rows(str(default_test_parquet()))
-    write_rows(rows[:8], tmp_path / "train.parquet")
-    write_rows(rows[8:12], tmp_path / "val.parquet")
-    cfg = load_config(None, [
-        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        f"data.val_files={tmp_path / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
-        "data.max_response_length=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2",
-        f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]", "trainer.val_before_train=false", *extra])
+    write_prompts(tmp_path, 8, val=4)
+    cfg = load_config(None, run_overrides(
+        model_dir, tmp_path, tmp_path / "run", "data.train_batch_size=4", "data.max_response_length=4",
+        "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2", "trainer.val_before_train=false",
+        *extra, val=True))
     run = build_run(cfg)
     summary = train(run)
-    return run, summary, [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return run, summary, read_metrics(tmp_path / "run")
 
 
 def test_max_epochs_caps_total_training_steps(tmp_path, tiny_model_dir):

@@ -19,7 +19,7 @@ from posttrain.models.lora import LoraSettings, add_adapters, base_only, lora_sc
 from posttrain.specs import worker_spec  # noqa: E402
 from posttrain.worker import Worker  # noqa: E402
 
-from test_checkpoint import comparable, data, overrides  # noqa: E402,F401  (data: a fixture)
+from helpers import comparable, resume_overrides  # noqa: E402
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear"]
@@ -84,10 +84,10 @@ def test_merged_weights_equal_peft_merge(random_qwen2):
         assert torch.allclose(model(input_ids=x).logits, random_qwen2(input_ids=x).logits, atol=1e-6)
 
 
-def test_checkpoint_holds_the_adapters_and_resume_is_exact(tmp_path, data, trained_tiny_model_dir):  # noqa: F811
+def test_checkpoint_holds_the_adapters_and_resume_is_exact(tmp_path, data, trained_tiny_model_dir):
     def run(run_dir, steps, save):
-        return train(build_run(load_config(None, overrides(trained_tiny_model_dir, data, run_dir, steps,
-                                                           f"trainer.save_freq={save}", *LORA))))
+        return train(build_run(load_config(None, resume_overrides(trained_tiny_model_dir, data, run_dir, steps,
+                                                                  f"trainer.save_freq={save}", *LORA))))
 
     run(tmp_path / "whole", 6, 6)
     run(tmp_path / "split", 3, 3)
@@ -106,7 +106,7 @@ def test_checkpoint_holds_the_adapters_and_resume_is_exact(tmp_path, data, train
     assert whole == split
 
 
-def test_export_merged_and_as_an_adapter_reload_alike(tmp_path, data, trained_tiny_model_dir):  # noqa: F811
+def test_export_merged_and_as_an_adapter_reload_alike(tmp_path, data, trained_tiny_model_dir):
     """`posttrain export` of a LoRA checkpoint: a plain model directory with the
     adapters merged (transformers alone loads it) or, with --adapter, a peft
     directory; both give the policy's greedy text."""
@@ -117,8 +117,8 @@ def test_export_merged_and_as_an_adapter_reload_alike(tmp_path, data, trained_ti
     from posttrain.models.loader import load_model
 
     run_dir = tmp_path / "run"
-    train(build_run(load_config(None, overrides(trained_tiny_model_dir, data, run_dir, 2, "trainer.save_freq=2",
-                                                "actor.lr=5e-2", *LORA))))
+    train(build_run(load_config(None, resume_overrides(trained_tiny_model_dir, data, run_dir, 2, "trainer.save_freq=2",
+                                                       "actor.lr=5e-2", *LORA))))
     ckpt = run_dir / "checkpoints" / "global_step_2"
     merged_dir = export_checkpoint(ckpt, tmp_path / "merged")
     adapter_dir = export_checkpoint(ckpt, tmp_path / "adapter", adapter=True)
@@ -133,6 +133,6 @@ def test_export_merged_and_as_an_adapter_reload_alike(tmp_path, data, trained_ti
     greedy = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(merged.generate(x, **greedy), adapted.generate(x, **greedy))
     with pytest.raises(CheckpointError, match="export it without --adapter"):
-        train(build_run(load_config(None, overrides(trained_tiny_model_dir, data, tmp_path / "full", 1,
-                                                    "trainer.save_freq=1"))))
+        train(build_run(load_config(None, resume_overrides(trained_tiny_model_dir, data, tmp_path / "full", 1,
+                                                           "trainer.save_freq=1"))))
         export_checkpoint(tmp_path / "full" / "checkpoints" / "global_step_1", tmp_path / "x", adapter=True)

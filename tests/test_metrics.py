@@ -4,8 +4,6 @@ completions, and what a real run writes."""
 import json
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from posttrain.flops import ModelFlops
 from posttrain.metrics import format_line, perf_metrics
 from posttrain.samples import sample_rows, val_sample_rows
 
-POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+from helpers import POSTTRAIN, read_metrics
 
 
 def test_console_lines_line_up_from_step_to_step():
@@ -109,7 +107,7 @@ def test_a_run_piped_to_a_file_logs_everything_plainly(tmp_path, trained_tiny_mo
     assert proc.returncode == 0, text
     assert "\r" not in text and "\x1b" not in text, repr(text[:2000])
     assert re.search(r"^step 3/3 \| score", text, re.M) and "done: validation score" in text
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path / "run")
     assert [x["step"] for x in lines] == [0, 1, 2, 3]
     for phase in ("gen", "reward", "ref", "adv", "update_actor", "update_weights", "step"):
         assert all(x[f"timing_s/{phase}"] > 0 for x in lines[1:]), phase

@@ -136,21 +136,19 @@ def test_a_training_run_with_tools_calls_them_and_trains_on_the_models_tokens_on
     second turn, the reward sees the trajectory, and the update trains on the generated tokens only."""
     from posttrain.build import build_run
     from posttrain.config import load_config
-    from posttrain.data.schema import read_rows, write_rows
-    from posttrain.build import embedded_data_files
+
+    from helpers import run_overrides, write_prompts
 
     (tmp_path / "mytools.py").write_text('def add(a: int, b: int) -> int:\n    """Add two integers."""\n'
                                          '    return a + b\n')
     monkeypatch.syspath_prepend(str(tmp_path))
-    rows = read_rows(embedded_data_files()[1])
-    write_rows(rows[:8], tmp_path / "train.parquet")
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-                             "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=96",
-                             "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2",
-                             "actor.lr=1e-3", "trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / 'run'}",
-                             "trainer.logger=[]", "trainer.val_before_train=false", "reward.num_workers=0",
-                             "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[mytools:add]",
-                             "rollout.multi_turn.max_assistant_turns=2"])
+    write_prompts(tmp_path, 8)
+    cfg = load_config(None, run_overrides(
+        tiny_model_dir, tmp_path, tmp_path / "run", "data.train_batch_size=4", "data.max_response_length=96",
+        "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2", "actor.lr=1e-3",
+        "trainer.total_training_steps=1", "trainer.val_before_train=false", "reward.num_workers=0",
+        "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[mytools:add]",
+        "rollout.multi_turn.max_assistant_turns=2", prompt_length=96))
     run = build_run(cfg)
     assert run.tools.names == ("add",)
     real = run.actor.generate
@@ -190,11 +188,12 @@ def test_a_training_run_with_tools_calls_them_and_trains_on_the_models_tokens_on
 
 
 def test_eval_runs_multi_turn_with_tools(tmp_path, tiny_model_dir, capsys):
-    from posttrain.build import embedded_data_files
     from posttrain.cli import main
-    from posttrain.data.schema import read_rows, write_rows
+    from posttrain.data.schema import write_rows
 
-    write_rows(read_rows(embedded_data_files()[1])[:3], tmp_path / "test.parquet")
+    from helpers import embedded_rows
+
+    write_rows(embedded_rows()[:3], tmp_path / "test.parquet")
     assert main(["eval", "--model", str(tiny_model_dir), "--data", str(tmp_path / "test.parquet"), "--tools",
                  "calculator", "--max-response-length", "16", "--reward-workers", "0"]) == 0
     out = capsys.readouterr().out

@@ -13,11 +13,12 @@ import posttrain.worker as worker_mod
 from posttrain.batch import RolloutBatch
 from posttrain.build import build_run
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.loop import train
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training.actor import run_updates
+
+from helpers import one_batch_overrides, read_metrics, write_prompts
 
 NAN, INF = float("nan"), float("inf")
 
@@ -138,15 +139,8 @@ def nan_at_steps(monkeypatch):
 
 
 def small_run_args(tmp_path, model_dir, steps: int, *extra):
-    from posttrain.build import embedded_data_files
-
-    write_rows(read_rows(str(embedded_data_files()[1]))[:8], tmp_path / "train.parquet")
-    return [
-        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=4",
-        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "actor.lr=1e-3", "rollout.n=2",
-        f"trainer.total_training_steps={steps}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]", *extra,
-    ]
+    write_prompts(tmp_path, 8)
+    return one_batch_overrides(model_dir, tmp_path, tmp_path / "run", steps, "actor.lr=1e-3", *extra)
 
 
 def test_a_nan_step_changes_no_weight_and_the_run_goes_on(tmp_path, tiny_model_dir, nan_at_steps):
@@ -163,7 +157,7 @@ def test_a_nan_step_changes_no_weight_and_the_run_goes_on(tmp_path, tiny_model_d
     run.actor.train_step = train_step
     assert train(run)["steps"] == 4
     assert moved == [True, False, True, True]
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path / "run")
     assert [x["actor/nonfinite_steps"] for x in lines] == [0, 1, 1, 1]
     assert [x["actor/nonfinite_updates"] for x in lines] == [0, 1, 0, 0]
 
@@ -181,5 +175,5 @@ def test_a_streak_of_nan_steps_stops_with_the_last_good_state_saved(tmp_path, ti
     step1, step3 = (load_file(ckpts / f"global_step_{n}" / "actor" / "model.safetensors") for n in (1, 3))
     assert step1.keys() == step3.keys() and all(torch.equal(step1[k], step3[k]) for k in step1)
     assert json.loads((ckpts / "global_step_3" / "trainer_state.json").read_text())["nonfinite"]["streak"] == 2
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path / "run")
     assert [x["training/global_step"] for x in lines] == [1, 2, 3]  # every step logged; nothing after the stop

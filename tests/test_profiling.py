@@ -156,18 +156,16 @@ def test_torch_memory_records_and_dumps_a_snapshot_per_step(monkeypatch, tmp_pat
 
 def test_a_short_run_writes_the_listed_steps_trace(tmp_path, tiny_model_dir):
     from posttrain.build import build_run
-    from posttrain.data.schema import read_rows, write_rows
     from posttrain.loop import train
-    from test_loop import default_test_parquet
 
-    write_rows(read_rows(str(default_test_parquet()))[:4], tmp_path / "train.parquet")
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=4",
+    from helpers import run_overrides, write_prompts
+
+    write_prompts(tmp_path, 4)
+    cfg = load_config(None, run_overrides(
+        tiny_model_dir, tmp_path, tmp_path / "run", "data.train_batch_size=4", "data.max_response_length=4",
         "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2", "reward.num_workers=0",
-        "trainer.total_training_steps=2", f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]",
-        "trainer.device=cpu", "global_profiler.tool=torch", "global_profiler.steps=[2]",
-        "actor_rollout_ref.actor.profiler.enable=True"])
+        "trainer.total_training_steps=2", "trainer.device=cpu", "global_profiler.tool=torch",
+        "global_profiler.steps=[2]", "actor_rollout_ref.actor.profiler.enable=True"))
     assert train(build_run(cfg))["steps"] == 2
     profile = tmp_path / "run" / "profile"
     assert [p.name for p in profile.iterdir()] == ["step2.json"]

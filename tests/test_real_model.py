@@ -7,8 +7,6 @@ Without the network to PyPI these tests skip, saying why; in CI (CI=true) they f
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +18,13 @@ from posttrain.models.loader import eos_token_ids, load_model, load_tokenizer
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine
 
+from helpers import posttrain, read_metrics
+
 pytestmark = [pytest.mark.real_model, pytest.mark.timeout(1800)]
 # The held-out gain of examples/smollm2_addition.yaml over trainer.seed 0, 1, 2 (2 threads): +0.511, +0.467, +0.533
 # (0.333 -> 0.844, 0.800, 0.867).
 # The threshold sits far below the lowest gain, several times the whole spread.
 THRESHOLD = 0.25
-POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 IM_END = "<|im_end|>"
 
 
@@ -44,13 +43,6 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
     return load_model(smollm2_dir), load_tokenizer(smollm2_dir)
-
-
-def posttrain(args, cwd):
-    proc = subprocess.run([POSTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def test_converted_directory_is_a_plain_float_llama(smollm2_dir):
@@ -152,7 +144,7 @@ def test_grpo_raises_the_held_out_score_of_a_real_model(smollm2_dir, tmp_path):
     example = Path(__file__).resolve().parents[1] / "examples" / "smollm2_addition.yaml"
     posttrain(["train", str(example), f"model.path={smollm2_dir}", "trainer.save_freq=8",
                f"trainer.run_dir={run_dir}"], tmp_path)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
     assert after - before >= THRESHOLD, (before, after)
 

@@ -2,7 +2,6 @@
 arithmetic is in the comments), against verl's own functions where verl is
 installed, and in the loop (ReMax's greedy baseline, dynamic sampling)."""
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,12 +11,13 @@ import torch
 from posttrain.algorithms import compute_advantages, gpg_advantages, remax_advantages
 from posttrain.build import build_run
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.generation import greedy_baselines, rollout_and_score
 from posttrain.loop import Run, rl_step, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+
+from helpers import pad, read_metrics, run_overrides, write_prompts
 
 T = torch.tensor
 # row 0 full, row 1 padded (1 token), row 2 fully masked (an empty response), row 3 full
@@ -142,14 +142,6 @@ class ScriptedActor:
         return RolloutOutput(*pad(prompts, left=True), *pad([list(t.encode()) for t in texts], left=False))
 
 
-def pad(rows, left):
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r if left else r + [0] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r))
-                         for r in rows])
-    return ids, mask
-
-
 def scripted_run(tiny_model_dir, overrides, draws):
     cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                              "actor.ppo_micro_batch_size=4", "rollout.n=2", "data.max_response_length=3",
@@ -193,21 +185,15 @@ def test_the_greedy_score_takes_the_overlong_penalty_as_the_samples_do(tiny_mode
 # ---------------------------------------------------------------- the loop on the embedded model
 
 def tiny_config(run_dir, model_dir, *extra):
-    from posttrain.build import embedded_data_files
-
-    rows = read_rows(str(embedded_data_files()[1]))[:8]
-    run_dir.mkdir(parents=True)
-    write_rows(rows, run_dir / "train.parquet")
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files={run_dir / 'train.parquet'}", "data.train_batch_size=4",
-        "data.max_prompt_length=64", "data.max_response_length=6", "actor.ppo_mini_batch_size=4",
-        "actor.ppo_micro_batch_size=16", "rollout.n=4", "actor.lr=1e-3", "actor.weight_decay=0",
-        "trainer.total_training_steps=2", f"trainer.run_dir={run_dir / 'run'}", "trainer.logger=[]", *extra])
+    write_prompts(run_dir, 8)
+    return load_config(None, run_overrides(
+        model_dir, run_dir, run_dir / "run", "data.train_batch_size=4", "data.max_response_length=6",
+        "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16", "rollout.n=4", "actor.lr=1e-3",
+        "actor.weight_decay=0", "trainer.total_training_steps=2", *extra))
 
 
 def step_metrics(run_dir):
-    lines = [json.loads(x) for x in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if "critic/score/mean" in x]
+    return [x for x in read_metrics(run_dir / "run") if "critic/score/mean" in x]
 
 
 def test_remax_step_advantage_is_score_minus_the_greedy_score(tmp_path, trained_tiny_model_dir):

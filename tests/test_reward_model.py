@@ -2,7 +2,7 @@
 model scores each (prompt, response) chat; alone its score is the reward,
 with a custom function that function gets it as extra_info["rm_score"]."""
 
-import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +12,8 @@ from posttrain.config import load_config
 from posttrain.errors import ConfigError
 from posttrain.loop import train
 from posttrain.rewards.model import ModelRewards, RewardModel
+
+from helpers import read_metrics, run_overrides
 
 
 @pytest.fixture(scope="module")
@@ -70,22 +72,19 @@ def test_alone_the_model_is_the_reward_with_a_custom_function_it_is_an_input(cla
 def test_a_run_with_verls_reward_model_keys_trains_on_the_models_scores(classifier_dir, tiny_model_dir, tmp_path):
     from posttrain.build import embedded_data_files
 
-    train_file, _ = embedded_data_files()
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files={train_file}", "data.val_files=null",
-        "data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=6",
-        "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2", "actor.lr=1e-3",
-        "trainer.total_training_steps=2", "trainer.logger=[]", f"trainer.run_dir={tmp_path / 'run'}",
-        "trainer.device=cpu", "reward_model.enable=True", f"reward_model.model.path={classifier_dir}",
-        "reward_model.micro_batch_size_per_gpu=4"])
+    embedded = Path(embedded_data_files()[0]).parent  # its train.parquet
+    cfg = load_config(None, run_overrides(
+        tiny_model_dir, embedded, tmp_path / "run", "data.val_files=null", "data.train_batch_size=4",
+        "data.max_response_length=6", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2",
+        "actor.lr=1e-3", "trainer.total_training_steps=2", "trainer.device=cpu", "reward_model.enable=True",
+        f"reward_model.model.path={classifier_dir}", "reward_model.micro_batch_size_per_gpu=4"))
     from transformers import AutoModelForCausalLM
 
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict().items()}
     run = build_run(cfg)
     assert isinstance(run.rewards, ModelRewards)
     train(run)
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "critic/score/mean" in m]
+    steps = [m for m in read_metrics(tmp_path / "run") if "critic/score/mean" in m]
     assert len(steps) == 2
     for m in steps:  # the reward is the model's score (empty responses: 0 on both sides)
         assert m["critic/score/mean"] == pytest.approx(m["reward/rm_score/mean"], abs=1e-6)

@@ -1,7 +1,6 @@
 """Reward functions in worker processes: scores as in-process, a hang, an
 exception or a crash costs only its sample, and no worker outlives the run."""
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,13 +10,14 @@ import torch
 from posttrain.algorithms import compute_advantages
 from posttrain.build import build_run
 from posttrain.config import load_config
-from posttrain.data.schema import read_rows, write_rows
 from posttrain.errors import RewardError
 from posttrain.generation import generate_and_score
 from posttrain.loop import Run, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import RewardPool, builtin_rewards, in_process, reward_loader
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+
+from helpers import one_batch_overrides, read_metrics, write_prompts
 
 # a user's reward file: what it does is picked by the data source (test_misbehaving_calls_cost_only_their_samples)
 # or by the prompt's index (the training run), and every call is logged as "pid what" before it is done
@@ -120,29 +120,16 @@ def test_a_worker_that_cannot_load_the_function_is_a_reward_error(tmp_path):
 
 
 def run_config(tmp_path, model_dir, steps: int, *more):
-    rows = read_rows(str(default_test_parquet()))[:8]
-    write_rows(rows, tmp_path / "train.parquet")
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=4",
-        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "rollout.n=2",
-        f"trainer.total_training_steps={steps}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]",
-        "reward.timeout_s=0.5", "reward.num_workers=2", *more,
-    ])
-
-
-def default_test_parquet():
-    from posttrain.build import embedded_data_files
-
-    return embedded_data_files()[1]
+    write_prompts(tmp_path, 8)
+    return load_config(None, one_batch_overrides(model_dir, tmp_path, tmp_path / "run", steps, "reward.timeout_s=0.5",
+                                                 "reward.num_workers=2", *more))
 
 
 def test_a_run_survives_a_reward_that_hangs_raises_and_crashes(tmp_path, tiny_model_dir, capsys):
     path, log = reward_file(tmp_path)
     summary = train(build_run(run_config(tmp_path, tiny_model_dir, 2, f"reward.custom_fn={path}")))
     assert summary["steps"] == 2
-    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [x for x in steps if "reward/num_errors" in x]
+    steps = [x for x in read_metrics(tmp_path / "run") if "reward/num_errors" in x]
     calls = [line.split() for line in log.read_text().splitlines()]
     did = {what: sum(w == what for _, w in calls) for what in ("ok", "raise", "segv", "hang", "blocked")}
     assert all(did.values()), did  # each kind happened (no prompt of the 8 got only empty responses)

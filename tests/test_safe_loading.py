@@ -20,6 +20,8 @@ from posttrain.errors import CheckpointError, ModelError
 from posttrain.loop import train
 from posttrain.models import load_model, load_tokenizer
 
+from helpers import one_batch_overrides, write_prompts
+
 
 class Payload:
     """Unpickling this runs a shell command (what a malicious checkpoint does)."""
@@ -53,16 +55,10 @@ def test_a_crafted_sharded_index_is_refused_not_run(tmp_path):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory, tiny_model_dir):
     """A one-step run with its checkpoint, and the overrides that resume it."""
-    from posttrain.build import embedded_data_files
-    from posttrain.data.schema import read_rows, write_rows
-
     root = tmp_path_factory.mktemp("saved")
-    write_rows(read_rows(str(embedded_data_files()[1]))[:8], root / "train.parquet")
-    args = [f"model.path={tiny_model_dir}", f"data.train_files={root / 'train.parquet'}",
-            "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=4",
-            "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "rollout.n=2",
-            "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.logger=[]"]
-    train(build_run(load_config(None, [*args, f"trainer.run_dir={root / 'run'}"])))
+    write_prompts(root, 8)
+    args = one_batch_overrides(tiny_model_dir, root, root / "run", 1, "trainer.save_freq=1")
+    train(build_run(load_config(None, args)))
     return root / "run", [*args, "trainer.total_training_steps=2"]
 
 

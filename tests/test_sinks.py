@@ -23,6 +23,7 @@ from posttrain import sinks
 from posttrain.errors import ConfigError
 from posttrain.sinks import OPTIONAL_SINKS, make_sinks
 
+from helpers import read_metrics
 from listeners import non_loopback_listeners, process_tree
 
 STEP1 = {"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "timing_s/gen": 1.5, "actor/kl_loss": None,
@@ -363,7 +364,7 @@ def test_a_short_run_reaches_every_logger_with_its_steps(wandb_env, monkeypatch,
         "trainer.total_training_steps=3", "trainer.test_freq=2", "data.val_max_samples=32",
         "trainer.logger=[console,jsonl,tensorboard,wandb,mlflow]", f"trainer.run_dir={run_dir}"])))
 
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     watched = ["critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "timing_s/gen",
                "timing_s/update_actor", "timing_s/step", "perf/throughput", "perf/mfu/actor", "perf/mfu/rollout"]
     jsonl = {k: [(x["step"], x[k]) for x in lines if x.get(k) is not None] for k in watched + ["val/score/mean"]}

@@ -15,6 +15,8 @@ from posttrain.distributed import jobs
 from posttrain.errors import ConfigError
 from posttrain.files import cache_root
 
+from helpers import read_metrics
+
 pytestmark = pytest.mark.ray
 
 
@@ -293,7 +295,7 @@ def test_nemo_rl_job_with_a_runtime_env_json_saves_every_2_keeps_2_and_resumes(
     assert rc == 0, out + err
     assert "hf_notarealtoken" not in out + err
     assert sorted(p.name for p in (ckpt / "checkpoints").glob("global_step_*")) == ["global_step_2", "global_step_4"]
-    steps = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    steps = read_metrics(ckpt)
     assert [s["step"] for s in steps if "step" in s and "actor/pg_loss" in s] == [1, 2, 3, 4]
     import yaml
 
@@ -307,5 +309,5 @@ def test_nemo_rl_job_with_a_runtime_env_json_saves_every_2_keeps_2_and_resumes(
     rc, out, err = posttrain(cluster_env, *submit, *nemo_rl_job(tiny_model_dir, ckpt, 6), timeout=540)
     assert rc == 0, out + err
     assert sorted(p.name for p in (ckpt / "checkpoints").glob("global_step_*")) == ["global_step_4", "global_step_6"]
-    steps = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    steps = read_metrics(ckpt)
     assert [s["step"] for s in steps if "step" in s and "actor/pg_loss" in s] == [1, 2, 3, 4, 5, 6]

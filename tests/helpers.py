@@ -1,0 +1,114 @@
+"""Builders the tests share: small parquet files cut from the embedded data, the overrides of short runs on
+them, what a run wrote, the `posttrain` command, padded token rows and free loopback ports."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))  # this venv's command
+
+
+def embedded_rows() -> list[dict]:
+    """The rows of the embedded arith task's test split (its prompts, answers and extra_info)."""
+    from posttrain.build import embedded_data_files
+    from posttrain.data.schema import read_rows
+
+    return read_rows(str(embedded_data_files()[1]))
+
+
+def write_prompts(directory: Path, train: int, val: int = 0) -> list[dict]:
+    """The first `train` embedded rows as directory/train.parquet and the `val` after them as
+    directory/val.parquet (none without `val`). -> the train rows"""
+    from posttrain.data.schema import write_rows
+
+    rows = embedded_rows()
+    write_rows(rows[:train], directory / "train.parquet")
+    if val:
+        write_rows(rows[train:train + val], directory / "val.parquet")
+    return rows[:train]
+
+
+def run_overrides(model_dir, data_dir: Path, run_dir, *more: str, val: bool = False, quiet: bool = True,
+                  prompt_length: int = 64) -> list[str]:
+    """A run of model_dir on data_dir/train.parquet (validated on data_dir/val.parquet with `val`), prompts
+    of up to `prompt_length` tokens, written to run_dir; no logger but metrics.jsonl unless not `quiet`.
+    `more`: the batch shape and the rest, after these (a later override of a key wins)."""
+    files = [f"data.train_files={data_dir / 'train.parquet'}"]
+    files += [f"data.val_files={data_dir / 'val.parquet'}"] if val else []
+    return [f"model.path={model_dir}", *files, f"data.max_prompt_length={prompt_length}", f"trainer.run_dir={run_dir}",
+            *(["trainer.logger=[]"] if quiet else []), *more]
+
+
+def one_batch_overrides(model_dir, data_dir: Path, run_dir, steps: int, *extra: str, quiet: bool = True) -> list[str]:
+    """`steps` steps, each over all 8 prompts of write_prompts(data_dir, 8) in one batch and one update:
+    2 samples a prompt, responses of up to 4 tokens."""
+    return run_overrides(model_dir, data_dir, run_dir, "data.train_batch_size=8", "data.max_response_length=4",
+                         "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=16", "rollout.n=2",
+                         f"trainer.total_training_steps={steps}", *extra, quiet=quiet)
+
+
+def small_run_overrides(model_dir, data_dir: Path, run_dir, steps: int, *extra: str,
+                        micro_batch: int = 4) -> list[str]:
+    """4 prompts a step over the 8 of the `data` fixture (an epoch every 2 steps), validated on its
+    val.parquet every 2 steps: 4 samples a prompt, responses of up to 5 tokens, two updates a step."""
+    return run_overrides(model_dir, data_dir, run_dir, "data.train_batch_size=4", "data.max_response_length=5",
+                         "actor.ppo_mini_batch_size=2", f"actor.ppo_micro_batch_size={micro_batch}", "actor.lr=1e-3",
+                         "rollout.n=4", "trainer.test_freq=2", f"trainer.total_training_steps={steps}", *extra,
+                         val=True)
+
+
+def resume_overrides(model_dir, data_dir: Path, run_dir, steps: int, *extra: str, micro_batch: int = 4) -> list[str]:
+    """small_run_overrides with LR warm-up, KL loss and adaptive KL in the reward: every piece of state that a
+    resume must bring back."""
+    return small_run_overrides(model_dir, data_dir, run_dir, steps, "actor.lr_warmup_steps=3", "actor.use_kl_loss=True",
+                               "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
+                               "algorithm.kl_ctrl.horizon=10", *extra, micro_batch=micro_batch)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """run_dir/metrics.jsonl, a dict a line."""
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+TIMING = ("timing_s/", "perf/")  # timings, throughput, MFU, memory: not reproducible
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    """run_dir's metrics.jsonl without the keys that differ from run to run (TIMING)."""
+    return [{k: v for k, v in line.items() if not k.startswith(TIMING)} for line in read_metrics(run_dir)]
+
+
+def posttrain(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """`posttrain ARGS` in cwd, which must succeed (else its stderr's tail is the failure)."""
+    proc = subprocess.run([POSTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def pad(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows padded with id 0 to the longest, on the left (prompts) or the right (responses). -> (ids, mask)"""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r if left else r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r))
+                         for r in rows])
+    return ids, mask
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now (all held open while choosing, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
