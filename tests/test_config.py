@@ -199,7 +199,7 @@ def test_the_readme_table_of_algorithms_matches_the_presets():
     import re
     from pathlib import Path
 
-    from posttrain.algorithm_presets import ALGORITHMS
+    from posttrain.config.presets import ALGORITHMS
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     rows = {}

@@ -19,9 +19,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain import algorithm_presets
-from posttrain import config_aliases as aliases
-from posttrain import config_nemo_rl as nemo_rl
+from posttrain.config import nemo_rl
+from posttrain.config import presets as algorithm_presets
+from posttrain.config import verl as aliases
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
 from posttrain.errors import ConfigError
 from posttrain.text import invalid_text
