@@ -1,177 +1,32 @@
 """NeMo-RL's GRPO config layout (grpo.*, loss_fn.*, policy.*, checkpointing.*,
-cluster.*, logger.*, data.*, env.*) read and mapped onto posttrain's keys.
+cluster.*, logger.*, data.*, env.*): its files and its overrides, all of it here.
 
     tree = load_tree("grpo_math_8B.yaml")           # `defaults:` inheritance, as NeMo-RL composes files
-    tree = apply_overrides(tree, ["grpo.max_num_steps=20", "++policy.optimizer.kwargs.lr=1e-6"])
-    layer = translate(resolve(tree), "in grpo_math_8B.yaml")   # {"trainer.total_training_steps": 20, ...}
+    nemo, rest = split_overrides(["grpo.max_num_steps=20", "++policy.optimizer.kwargs.lr=1e-6", "actor.lr=1"], tree)
+    keys = layer(tree, nemo, "in grpo_math_8B.yaml")   # {"trainer.total_training_steps": 20, ...}
+    # that is: translate(resolve(apply_overrides(tree, [parse_override(a) for a in nemo])), origin)
 
-Where NeMo-RL's meaning differs from verl's, NeMo-RL's keys keep NeMo-RL's:
-`policy.train_global_batch_size` counts samples (verl's mini-batch counts
-prompts), `grpo.use_leave_one_out_baseline` picks the leave-one-out GRPO
-estimator, `checkpointing.keep_top_k` with `metric_name: null` keeps the
-newest k, `grpo.max_num_epochs` caps `grpo.max_num_steps`, validation samples
-at `policy.generation.val_temperature` (the training temperature unless set).
-
-Every leaf of the file is accounted for: mapped, an "off" value of a feature
-posttrain does not have, a setting of a section the file disables
-(`megatron_cfg.enabled: false`), or an engine/launcher tuning knob with no
-effect on the result (TUNING). Anything else is refused with one line.
+Overrides are Hydra's: `key=value`, `+key=value` / `++key=value` (the path
+created), `~key` (deleted); a value reads as NeMo-RL reads it (`1e-6` a float).
+translate (nemo_rl_translate.py) maps the resolved tree onto posttrain's keys
+with the tables of nemo_rl_keys.py.
 """
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Container, Sequence
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from posttrain.config.nemo_rl_keys import DATA_KEYS, SECTIONS
+from posttrain.config.nemo_rl_translate import clipped, translate
 from posttrain.errors import ConfigError
+from posttrain.yamlfile import YAML_ERRORS, first_line, read_mapping
 
-# top-level sections only NeMo-RL has (posttrain and verl have `data` too)
-SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "env", "reward_penalties",
-            "data_plane", "on_policy_distillation")
-# data.* keys only NeMo-RL has (its newer per-split layout and loader settings)
-DATA_KEYS = ("data.max_input_seq_length", "data.num_workers", "data.use_multiple_dataloader", "data.train.",
-             "data.validation.", "data.default.")
-
-# NeMo-RL key -> posttrain key, the value as it is
-RENAMES = {
-    "grpo.num_prompts_per_step": "data.train_batch_size",
-    "grpo.num_generations_per_prompt": "rollout.n",
-    "grpo.max_num_steps": "trainer.total_training_steps",
-    "grpo.max_num_epochs": "trainer.max_epochs",
-    "grpo.val_period": "trainer.test_freq",
-    "grpo.val_at_start": "trainer.val_before_train",
-    "grpo.val_at_end": "trainer.val_at_end",
-    "grpo.max_val_samples": "data.val_max_samples",
-    "grpo.val_batch_size": "data.val_batch_size",
-    "grpo.val_num_generations_per_prompt": "rollout.val_kwargs.n",
-    "grpo.seed": "trainer.seed",
-    "grpo.use_dynamic_sampling": "algorithm.filter_groups.enable",
-    "grpo.dynamic_sampling_max_gen_batches": "algorithm.filter_groups.max_num_gen_batches",
-    "grpo.overlong_filtering": "algorithm.overlong_filtering",
-    "grpo.reward_shaping.overlong_buffer_length": "reward.overlong_buffer.len",
-    "grpo.reward_shaping.overlong_buffer_penalty": "reward.overlong_buffer.penalty_factor",
-    "grpo.reward_shaping.max_response_length": "reward.overlong_buffer.max_resp_len",
-    "loss_fn.ratio_clip_min": "actor.clip_ratio_low",
-    "loss_fn.ratio_clip_max": "actor.clip_ratio_high",
-    "loss_fn.ratio_clip_c": "actor.clip_ratio_c",
-    "policy.model_name": "model.path",
-    "policy.train_micro_batch_size": "actor.ppo_micro_batch_size",
-    "policy.precision": "model.dtype",
-    "policy.generation.temperature": "rollout.temperature",
-    "policy.generation.top_p": "rollout.top_p",
-    "policy.generation.max_new_tokens": "data.max_response_length",
-    "policy.generation.val_top_p": "rollout.val_kwargs.top_p",
-    "policy.generation.vllm_cfg.tensor_parallel_size": "rollout.tensor_model_parallel_size",
-    "policy.generation.vllm_cfg.gpu_memory_utilization": "rollout.gpu_memory_utilization",
-    "policy.dtensor_cfg.activation_checkpointing": "model.enable_gradient_checkpointing",
-    "policy.dtensor_cfg.context_parallel_size": "actor.ulysses_sequence_parallel_size",
-    "policy.optimizer.kwargs.lr": "actor.lr",
-    "policy.optimizer.kwargs.weight_decay": "actor.weight_decay",
-    "policy.optimizer.kwargs.betas": "actor.betas",
-    "checkpointing.save_period": "trainer.save_freq",
-    "cluster.gpus_per_node": "trainer.n_gpus_per_node",
-    "cluster.num_nodes": "trainer.nnodes",
-    "logger.num_val_samples_to_print": "trainer.log_val_generations",
-    "data.shuffle": "data.shuffle",
-    "data.max_input_seq_length": "data.max_prompt_length",
-    "env.math.num_workers": "reward.num_workers",
-}
-
-# accepted only with the value(s) that mean "off" (what posttrain does); any other is refused
-OFF = {
-    "grpo.max_rollout_turns": (1,),
-    "grpo.val_start_at": (-1, 0, None),
-    "grpo.advantage_clip_low": (None,), "grpo.advantage_clip_high": (None,),
-    "grpo.stop_at_validation_metric": (None,), "grpo.stop_at_validation_threshold": (None,),
-    "grpo.seq_logprob_error_threshold": (None,),
-    "grpo.invalid_tool_call_advantage": (None,), "grpo.malformed_thinking_advantage": (None,),
-    "grpo.reward_shaping.stop_properly_penalty_coef": (None,),
-    "loss_fn.kl_input_clamp_value": (20, None), "loss_fn.kl_output_clamp_value": (10, None),  # posttrain's k3 clamps
-    "loss_fn.use_on_policy_kl_approximation": (False,),
-    "loss_fn.use_importance_sampling_correction": (False,),
-    "loss_fn.truncated_importance_sampling_type": (None,), "loss_fn.truncated_importance_sampling_ratio": (None,),
-    "loss_fn.truncated_importance_sampling_ratio_min": (None,),
-    "loss_fn.force_on_policy_ratio": (False,), "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),
-    "loss_fn.positive_example_nll_weight": (0,),
-    "checkpointing.checkpoint_must_save_by": (None,),
-    "checkpointing.save_optimizer": (True,),  # posttrain always saves it: resume is exact
-    "policy.hf_config_overrides": ({}, None),
-    "policy.tokenizer.chat_template": (None, "default"),
-    "policy.dtensor_cfg.sequence_parallel": (False,),
-    "policy.dtensor_cfg.tensor_parallel_size": (1,), "policy.dtensor_cfg.expert_parallel_size": (1,),
-    "policy.dtensor_cfg.custom_parallel_plan": (None,),
-    "policy.generation.stop_token_ids": (None, []), "policy.generation.stop_strings": (None, []),
-    "policy.generation.vllm_cfg.pipeline_parallel_size": (1,),
-    "policy.generation.vllm_cfg.expert_parallel_size": (1,),
-    "policy.generation.vllm_cfg.kv_cache_dtype": ("auto",),
-    "policy.generation.colocated.enabled": (True,),
-    "policy.optimizer.kwargs.eps": (1e-8,),  # torch's AdamW default, posttrain's
-    "data.use_multiple_dataloader": (False,),
-    "data.default.env_name": ("math", "reward_model", None), "data.train.env_name": ("math", "reward_model", None),
-    "data.validation.env_name": ("math", "reward_model", None),
-    "data.default.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.train.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.validation.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "reward_penalties.*": (False, None),
-    "on_policy_distillation": (None,),
-}
-
-# sections a file switches off with `enabled: false`: then nothing below them matters; on, refused (the why)
-SWITCHED = {
-    "policy.megatron_cfg": "posttrain trains with FSDP2, not Megatron; set policy.megatron_cfg.enabled=false "
-                           "policy.dtensor_cfg.enabled=true (FSDP2 shards every weight over all workers: Megatron's "
-                           "tensor/pipeline sizes have no counterpart)",
-    "grpo.async_grpo": "asynchronous GRPO is not supported; set grpo.async_grpo.enabled=false",
-    "grpo.reward_scaling": "reward scaling is not supported; set grpo.reward_scaling.enabled=false and scale in "
-                           "the reward function (reward.custom_fn)",
-    "policy.draft": "draft-model training is not supported; set policy.draft.enabled=false",
-    "policy.router_replay": "MoE router replay is not supported; set policy.router_replay.enabled=false",
-}
-
-# engine, launcher and monitoring knobs: no effect on what is trained (the guide lists them)
-TUNING = (
-    "policy.generation.port_range_*", "policy.generation.refit_*", "policy.generation.real_quant_export_cpu_offload",
-    "policy.generation.mcore_generation_config.*", "policy.generation.colocated.resources.*",
-    "policy.generation.vllm_cfg.use_tqdm", "policy.generation.vllm_cfg.enable_vllm_metrics_logger",
-    "policy.generation.vllm_cfg.vllm_metrics_logger_interval", "policy.generation.vllm_cfg.http_refit_*",
-    "policy.generation.vllm_cfg.zmq_refit_*", "policy.generation.vllm_cfg.reset_encoder_cache_after_weight_update",
-    "policy.generation.vllm_cfg.use_deep_gemm", "policy.generation.vllm_cfg.num_last_layers_in_bf16",
-    "policy.generation.vllm_cfg.num_first_layers_in_bf16", "policy.generation.vllm_cfg.logprobs_mode",
-    "policy.generation.vllm_cfg.precision", "policy.generation.vllm_cfg.skip_tokenizer_init",
-    "policy.generation.vllm_cfg.load_format", "policy.generation_batch_size", "policy.logprob_chunk_size",
-    "policy.offload_optimizer_for_logprob", "policy.make_sequence_length_divisible_by",
-    "policy.tokenizer.use_fastokens", "policy.dtensor_cfg._v2", "policy.dtensor_cfg.automodel_kwargs.*",
-    "policy.dtensor_cfg.clear_cache_every_n_steps", "policy.dtensor_cfg.env_vars.*",
-    "policy.dtensor_cfg.lora_cfg.use_triton", "policy.dtensor_cfg.lora_cfg.dropout_position",
-    "policy.dtensor_cfg.lora_cfg.lora_A_init",
-    "policy.sequence_packing.algorithm", "policy.sequence_packing.microbatch_order",
-    "policy.sequence_packing.sequence_length_round", "policy.dynamic_batching.sequence_length_round",
-    "policy.optimizer.kwargs.foreach", "policy.optimizer.kwargs.fused",
-    "cluster.master_port_range_*", "cluster.segment_size", "grpo.calculate_advantages_on_gpu",
-    "logger.monitor_gpus", "logger.gpu_monitoring.*", "logger.wandb.log_nemo_gym_full_result_tables",
-    "logger.swanlab.*", "logger.tensorboard.*", "logger.mlflow.*", "logger.wandb.*",
-    "data.num_workers", "env.math.math_verify_impl", "checkpointing.save_consolidated",
-    "checkpointing.model_save_format", "policy.generation.vllm_cfg.async_engine",
-    "data_plane.*",  # how batches move between NeMo-RL's workers (TransferQueue): posttrain moves its own
-    "policy.generation.vllm_cfg.enable_prefix_caching", "policy.generation.vllm_cfg.env_vars.*",
-    "grpo.skip_reference_policy_logprobs_calculation",  # posttrain runs the reference only when a KL term needs it
-    "grpo.batch_multiplier",  # prompts per round of dynamic sampling: posttrain draws rounds until the batch fills
-)
-
-# checkpointing.metric_name -> posttrain's metric of the same meaning
-METRICS = {"val:accuracy": "val/score/mean", "val:avg_length": "val/response_length/mean",
-           "train:reward": "critic/score/mean", "train:loss": "actor/pg_loss", "train:grad_norm": "actor/grad_norm",
-           "train:kl_penalty": "actor/kl_loss", "train:mean_gen_tokens_per_sample": "response_length/mean"}
-BACKENDS = {"vllm": "vllm", "hf": "hf"}
-KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "k3"}
-KL_IN_REWARD = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 _ABSENT = object()
 
 
@@ -202,13 +57,7 @@ def load_tree(path: str | Path, _seen: tuple = ()) -> dict:
     if not path.is_file():
         where = f" (named by `defaults:` in {_seen[-1]})" if _seen else ""
         raise ConfigError(f"config file '{path}'{where} does not exist; pass an existing YAML file")
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ConfigError(f"config file '{path}' cannot be read as YAML ({first}); fix the file") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+    data = read_mapping(path, "config file", loader=_Loader)
     defaults = data.pop("defaults", None) or []
     merged: dict = {}
     for parent in [defaults] if isinstance(defaults, str) else defaults:
@@ -234,7 +83,7 @@ def value_of(raw: str):
     """An override's text as NeMo-RL reads it (`1e-6` a number, `null` None, `[a, b]` a list)."""
     try:
         return yaml.load(raw, Loader=_Loader) if raw.strip() else None
-    except yaml.YAMLError:
+    except YAML_ERRORS:  # e.g. 2020-02-30: not a date, so the text itself
         return raw
 
 
@@ -247,6 +96,35 @@ def _merge(base: dict, child: dict) -> dict:
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- overrides on the command line
+
+def split_overrides(overrides: Sequence[str], tree: dict | None) -> tuple[list[str], list[str]]:
+    """The command line's `key=value`s -> (NeMo-RL's: its keys or a key of the file's `tree`, then Hydra's
+    `~key` deletes; the rest: posttrain's and verl's), each in the order given."""
+    nemo = [a for a in overrides if "=" in a and is_key(a.split("=", 1)[0], tree)]
+    nemo += [a for a in overrides if a.startswith("~") and "=" not in a]
+    return nemo, [a for a in overrides if a not in nemo]
+
+
+def parse_override(arg: str) -> tuple[str, str, Any]:
+    """A Hydra-style override: '++a.b=1' / '+a.b=1' / 'a.b=1' set, '~a.b' deletes. -> (op, key, value)."""
+    if arg.startswith("~"):
+        return "~", arg[1:].split("=", 1)[0], None
+    key, raw = arg.split("=", 1)
+    return ("+" if arg.startswith("+") else ""), key.strip().lstrip("+"), value_of(raw)
+
+
+def layer(tree: dict | None, overrides: Sequence[str], origin: str, given: Container[str] = ()) -> dict[str, Any]:
+    """posttrain's keys for a NeMo-RL `tree` (None: only overrides) with NeMo-RL `overrides` applied. Data files
+    among `given` (posttrain's keys set on the command line) replace the tree's dataset named instead."""
+    tree = apply_overrides(tree or {}, [parse_override(a) for a in overrides])
+    out = translate(resolve(tree), origin + " (NeMo-RL's layout)")
+    for files, name in (("data.train_files", "data.dataset_name"), ("data.val_files", "data.val_dataset_name")):
+        if files in given:
+            out.pop(name, None)
     return out
 
 
@@ -263,7 +141,7 @@ def apply_overrides(tree: dict, overrides: list[tuple[str, str, Any]]) -> dict:
             else:
                 OmegaConf.update(cfg, key, value, merge=True, force_add=True)
         except (OmegaConfBaseException, ValueError, TypeError) as e:
-            raise ConfigError(f"override {key}={_short(value)} does not fit the NeMo-RL config ({_first(e)}); "
+            raise ConfigError(f"override {key}={clipped(value)} does not fit the NeMo-RL config ({first_line(e)}); "
                               "fix the key or value") from None
     return OmegaConf.to_container(cfg, resolve=False)
 
@@ -274,7 +152,7 @@ def resolve(tree: dict) -> dict:
     try:
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"NeMo-RL config key '{getattr(e, 'full_key', '')}' cannot be resolved ({_first(e)}); "
+        raise ConfigError(f"NeMo-RL config key '{getattr(e, 'full_key', '')}' cannot be resolved ({first_line(e)}); "
                           "fix the interpolation") from None
 
 
@@ -293,347 +171,3 @@ def _lookup(tree: dict, key: str):
             return _ABSENT
         node = node[part]
     return node
-
-
-def _first(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-
-
-def _short(value, limit: int = 60) -> str:
-    text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-# ---------------------------------------------------------------- mapping onto posttrain's keys
-
-class _Leaves:
-    """The file's leaves by dotted key; `get` marks a key as read, so what is left was not understood."""
-
-    def __init__(self, tree: dict):
-        self.flat: dict[str, Any] = {}
-        self._walk(tree, "")
-        self.read: set[str] = set()
-
-    def _walk(self, node, prefix: str) -> None:
-        for k, v in node.items():
-            key = f"{prefix}{k}"
-            if isinstance(v, dict) and v and key != "policy.generation.vllm_kwargs":
-                self._walk(v, key + ".")
-            else:
-                self.flat[key] = v
-
-    def has(self, key: str) -> bool:
-        return key in self.flat
-
-    def get(self, key: str, default=None):
-        self.read.add(key)
-        return self.flat.get(key, default)
-
-    def under(self, prefix: str) -> dict[str, Any]:
-        """Every leaf below `prefix.` (marked read)."""
-        found = {k: v for k, v in self.flat.items() if k.startswith(prefix + ".") or k == prefix}
-        self.read.update(found)
-        return found
-
-    def left(self) -> dict[str, Any]:
-        return {k: v for k, v in self.flat.items() if k not in self.read}
-
-
-def translate(tree: dict, origin: str) -> dict[str, Any]:
-    """A resolved NeMo-RL tree -> {posttrain key: value}. ConfigError names the first NeMo-RL key
-    posttrain cannot honour."""
-    f = _Leaves(tree)
-    out: dict[str, Any] = {}
-    for section, why in SWITCHED.items():
-        if f.get(f"{section}.enabled") is True:
-            raise ConfigError(f"{section}.enabled=true ({origin}): {why}")
-        f.under(section)
-    for nemo, ours in RENAMES.items():
-        if f.has(nemo):
-            out[ours] = f.get(nemo)
-    _grpo(f, out, origin)
-    _loss(f, out, origin)
-    _policy(f, out, origin)
-    _checkpointing_and_logger(f, out, origin)
-    _data(f, out, origin)
-    _env(f, out, origin)
-    for key, value in f.left().items():
-        allowed = next((v for pattern, v in OFF.items() if fnmatch.fnmatchcase(key, pattern)), None)
-        if allowed is not None and value in allowed:
-            continue
-        if allowed is not None:
-            raise ConfigError(f"{key}={_short(value)} ({origin}) is not supported by posttrain; set it to "
-                              f"{' or '.join('null' if a is None else str(a).lower() for a in allowed)}")
-        if any(fnmatch.fnmatchcase(key, pattern) or key == pattern.removesuffix(".*") for pattern in TUNING):
-            continue
-        raise ConfigError(f"NeMo-RL key {key!r} ({origin}) is not supported by posttrain{_nearest(key)} "
-                          "(the guide docs/coming-from-nemo-rl.md lists the keys)")
-    return {k: v for k, v in out.items() if v is not _ABSENT}
-
-
-def _grpo(f: _Leaves, out: dict, origin: str) -> None:
-    name = f.get("grpo.adv_estimator.name", "grpo")
-    normalize = f.get("grpo.adv_estimator.normalize_rewards", f.get("grpo.normalize_rewards", True))
-    loo = f.get("grpo.adv_estimator.use_leave_one_out_baseline", f.get("grpo.use_leave_one_out_baseline", False))
-    if f.has("grpo.adv_estimator.name") or f.has("grpo.use_leave_one_out_baseline") or f.has("grpo.normalize_rewards"):
-        if name == "grpo":
-            out["algorithm.adv_estimator"] = "grpo_loo" if loo else "grpo"
-            out["algorithm.norm_adv_by_std_in_grpo"] = bool(normalize)
-        elif name == "reinforce_plus_plus":
-            baseline = f.get("grpo.adv_estimator.minus_baseline", True)
-            out["algorithm.adv_estimator"] = "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus"
-        else:
-            raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo or "
-                              "reinforce_plus_plus (posttrain's algorithm.adv_estimator lists more)")
-    f.get("grpo.adv_estimator.minus_baseline")
-    if f.has("grpo.reward_shaping.enabled"):
-        out["reward.overlong_buffer.enable"] = bool(f.get("grpo.reward_shaping.enabled"))
-        if not out["reward.overlong_buffer.enable"]:  # its other settings then do nothing
-            for key in ("len", "penalty_factor", "max_resp_len"):
-                out.pop(f"reward.overlong_buffer.{key}", None)
-
-
-def _loss(f: _Leaves, out: dict, origin: str) -> None:
-    if f.has("loss_fn.reference_policy_kl_penalty"):
-        coef = f.get("loss_fn.reference_policy_kl_penalty") or 0.0
-        kind = f.get("loss_fn.reference_policy_kl_type", "k3")
-        if kind not in KL_TYPES:
-            raise ConfigError(f"loss_fn.reference_policy_kl_type={kind} ({origin}) is not one of: k1, k2, k3")
-        if f.get("loss_fn.use_kl_in_reward", False):  # Reinforce++'s KL in the reward instead of the loss
-            out.update({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": coef,
-                        "algorithm.kl_penalty": KL_IN_REWARD[kind], "actor.use_kl_loss": False})
-        else:
-            out.update({"actor.use_kl_loss": coef > 0, "actor.kl_loss_coef": coef, "actor.kl_loss_type": kind,
-                        "algorithm.use_kl_in_reward": False})
-    elif f.has("loss_fn.use_kl_in_reward"):
-        out["algorithm.use_kl_in_reward"] = bool(f.get("loss_fn.use_kl_in_reward"))
-    f.get("loss_fn.reference_policy_kl_type")
-    seq_ratio = f.get("loss_fn.sequence_level_importance_ratios", False)
-    if f.has("loss_fn.token_level_loss"):
-        token = f.get("loss_fn.token_level_loss")
-        out["actor.loss_agg_mode"] = "token-mean" if token else "seq-mean-token-mean"
-    if seq_ratio:
-        out["actor.policy_loss.loss_mode"] = "gspo"  # one importance ratio per sequence: GSPO
-
-
-def _policy(f: _Leaves, out: dict, origin: str) -> None:
-    if f.get("policy.megatron_cfg.enabled") is not True and f.get("policy.dtensor_cfg.enabled") is False:
-        raise ConfigError(f"policy.dtensor_cfg.enabled=false ({origin}) with Megatron off: posttrain trains with "
-                          "FSDP2 (DTensor); set policy.dtensor_cfg.enabled=true")
-    model = f.get("policy.model_name", _ABSENT)
-    tokenizer = f.get("policy.tokenizer.name", _ABSENT)
-    if tokenizer not in (_ABSENT, None, model):
-        raise ConfigError(f"policy.tokenizer.name={tokenizer} ({origin}): posttrain uses the model directory's own "
-                          "tokenizer; put the tokenizer files there and drop this key")
-    if f.has("policy.tokenizer.chat_template_kwargs"):
-        out["data.apply_chat_template_kwargs"] = f.get("policy.tokenizer.chat_template_kwargs") or {}
-    if f.has("policy.train_global_batch_size"):
-        samples = f.get("policy.train_global_batch_size")
-        n = f.get("grpo.num_generations_per_prompt")
-        if n is None:
-            raise ConfigError(f"policy.train_global_batch_size ({origin}) counts samples: give "
-                              "grpo.num_generations_per_prompt too, so it can be turned into prompts")
-        if samples % n:
-            raise ConfigError(f"policy.train_global_batch_size={samples} ({origin}) counts samples and must be a "
-                              f"multiple of grpo.num_generations_per_prompt={n} (whole groups per update)")
-        out["actor.ppo_mini_batch_size"] = samples // n  # posttrain's (verl's) mini-batch counts prompts
-    if f.has("policy.logprob_batch_size"):
-        out["rollout.log_prob_micro_batch_size"] = out["ref.log_prob_micro_batch_size"] = f.get(
-            "policy.logprob_batch_size")
-    if f.has("policy.max_grad_norm"):
-        norm = f.get("policy.max_grad_norm")
-        out["actor.grad_clip"] = float("inf") if norm is None else norm  # null: no clipping
-    if f.has("policy.optimizer"):  # `optimizer: null`: a Megatron file's (its optimizer is megatron_cfg's)
-        raise ConfigError(f"policy.optimizer is null ({origin}): this file configures Megatron's optimizer; with "
-                          "FSDP2 give ++policy.optimizer.kwargs.lr=LR (AdamW)")
-    name = f.get("policy.optimizer.name", "torch.optim.AdamW")
-    if name.rsplit(".", 1)[-1] != "AdamW":
-        raise ConfigError(f"policy.optimizer.name={name} ({origin}) is not supported; posttrain trains with "
-                          "torch.optim.AdamW")
-    if f.has("policy.scheduler"):
-        out.update(_scheduler(f.get("policy.scheduler"), origin))
-    if f.get("policy.dtensor_cfg.cpu_offload", False):
-        out["actor.param_offload"] = out["actor.optimizer_offload"] = True
-    _generation(f, out, origin)
-    _lora(f, out)
-    packing = f.get("policy.sequence_packing.enabled", False)
-    dynamic = f.get("policy.dynamic_batching.enabled", False)
-    if packing or dynamic:  # micro-batches by a token budget instead of a row count
-        kind = "sequence_packing" if packing else "dynamic_batching"
-        out["actor.use_dynamic_bsz"] = True
-        out["actor.ppo_max_token_len_per_gpu"] = f.get(f"policy.{kind}.train_mb_tokens")
-        out["rollout.log_prob_use_dynamic_bsz"] = True
-        out["rollout.log_prob_max_token_len_per_gpu"] = f.get(f"policy.{kind}.logprob_mb_tokens")
-    f.under("policy.sequence_packing"), f.under("policy.dynamic_batching")
-    if f.has("policy.max_total_sequence_length") and out.get("rollout.name") == "vllm":
-        out.setdefault("rollout.max_model_len", f.get("policy.max_total_sequence_length"))
-    f.get("policy.max_total_sequence_length"), f.get("policy.dtensor_cfg.enabled")
-
-
-def _generation(f: _Leaves, out: dict, origin: str) -> None:
-    g = "policy.generation."
-    if f.has(g + "backend"):
-        backend = f.get(g + "backend")
-        if backend not in BACKENDS:
-            raise ConfigError(f"policy.generation.backend={backend} ({origin}) is not supported; posttrain "
-                              "generates with vllm (GPUs) or hf")
-        out["rollout.name"] = BACKENDS[backend]
-    if f.has(g + "top_k"):
-        out["rollout.top_k"] = -1 if f.get(g + "top_k") is None else f.get(g + "top_k")
-    if f.has(g + "val_temperature"):  # NeMo-RL validates by sampling (its default: the training temperature)
-        t = f.get(g + "val_temperature")
-        out["rollout.val_kwargs.temperature"] = t
-        out["rollout.val_kwargs.do_sample"] = t > 0
-    if f.has(g + "val_top_k"):
-        out["rollout.val_kwargs.top_k"] = -1 if f.get(g + "val_top_k") is None else f.get(g + "val_top_k")
-    vllm = out.get("rollout.name") == "vllm"
-    for key, ours in (("max_model_len", "rollout.max_model_len"), ("enforce_eager", "rollout.enforce_eager")):
-        if f.has(g + "vllm_cfg." + key) and vllm:  # vLLM's engine settings: on hf they would be named unused
-            out[ours] = f.get(g + "vllm_cfg." + key)
-        f.get(g + "vllm_cfg." + key)
-    if not vllm:
-        for key in ("rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"):
-            out.pop(key, None)
-    kwargs = f.get(g + "vllm_kwargs", {})
-    if kwargs:
-        out["rollout.engine_kwargs"] = {"vllm": dict(kwargs)}
-
-
-def _lora(f: _Leaves, out: dict) -> None:
-    p = "policy.dtensor_cfg.lora_cfg."
-    if not f.get(p + "enabled", False):
-        f.under(p.rstrip("."))
-        return
-    out["model.lora_rank"] = f.get(p + "dim", 8)
-    out["model.lora_alpha"] = f.get(p + "alpha", 32)
-    out["model.lora_dropout"] = f.get(p + "dropout", 0.0)
-    targets = f.get(p + "target_modules") or []
-    out["model.target_modules"] = "all-linear" if f.get(p + "match_all_linear", True) or not targets else targets
-    out["model.exclude_modules"] = f.get(p + "exclude_modules") or None
-
-
-def _scheduler(value, origin: str) -> dict:
-    """NeMo-RL's list of torch schedulers -> posttrain's linear warm-up (LinearLR, then a constant LR)."""
-    items = value if isinstance(value, list) else [value] if value else []
-    named = [s for s in items if isinstance(s, dict) and s.get("name")]
-    kinds = [str(s["name"]).rsplit(".", 1)[-1] for s in named]
-    kw = [s.get("kwargs") or {} for s in named]
-    constant_ok = all(k.get("factor", 1 / 3) == 1.0 for n, k in zip(kinds, kw) if n == "ConstantLR")
-    refuse = ConfigError(f"policy.scheduler {kinds} ({origin}) is not supported; posttrain's schedule is a linear "
-                         "warm-up (torch LinearLR ending at factor 1.0) then a constant LR")
-    if not kinds:
-        return {}
-    if kinds[0] == "LinearLR" and set(kinds[1:]) <= {"ConstantLR"} and constant_ok:
-        if kw[0].get("end_factor", 1.0) != 1.0:
-            raise refuse
-        return {"actor.lr_warmup_steps": int(kw[0].get("total_iters", 5)),
-                "actor.lr_warmup_start_factor": float(kw[0].get("start_factor", 1 / 3))}
-    if set(kinds) == {"ConstantLR"} and constant_ok:
-        return {"actor.lr_warmup_steps": 0}
-    raise refuse
-
-
-def _checkpointing_and_logger(f: _Leaves, out: dict, origin: str) -> None:
-    enabled = f.get("checkpointing.enabled", True)
-    if not enabled:
-        out["trainer.save_freq"] = -1
-    if f.has("checkpointing.checkpoint_dir") and enabled:
-        out["trainer.run_dir"] = f.get("checkpointing.checkpoint_dir")  # checkpoints and metrics in one place
-    elif f.has("logger.log_dir"):
-        out["trainer.run_dir"] = f.get("logger.log_dir")
-    f.get("checkpointing.checkpoint_dir"), f.get("logger.log_dir")
-    k = f.get("checkpointing.keep_top_k")
-    metric = f.get("checkpointing.metric_name")
-    higher = f.get("checkpointing.higher_is_better", True)
-    if k is not None and enabled:
-        if metric is None:  # NeMo-RL: no metric ranks by recency, so the newest k stay
-            out["trainer.max_ckpt_to_keep"] = k
-        else:
-            out["trainer.keep_top_k"] = k
-            out["trainer.keep_top_k_metric"] = _metric(metric, origin)
-            out["trainer.keep_top_k_mode"] = "max" if higher else "min"
-    loggers = ["console"]
-    for name in ("wandb", "tensorboard", "mlflow", "swanlab"):
-        if f.get(f"logger.{name}_enabled", False):
-            if name == "swanlab":
-                raise ConfigError(f"logger.swanlab_enabled=true ({origin}): posttrain has no SwanLab logger; use "
-                                  "wandb, tensorboard or mlflow")
-            loggers.append(name)
-    if any(f.has(f"logger.{n}_enabled") for n in ("wandb", "tensorboard", "mlflow", "swanlab")):
-        out["trainer.logger"] = loggers
-    for key, ours in (("logger.wandb.project", "trainer.project_name"), ("logger.wandb.name", "trainer.experiment_name")):
-        if f.has(key) and "wandb" in loggers:
-            out[ours] = f.get(key)
-
-
-def _metric(name, origin: str) -> str:
-    if name in METRICS:
-        return METRICS[name]
-    if isinstance(name, str) and ":" in name and "/" in name.split(":", 1)[1]:
-        return name.split(":", 1)[1]  # a posttrain metric name after NeMo-RL's val:/train: prefix
-    raise ConfigError(f"checkpointing.metric_name={name} ({origin}) is not one posttrain records; use one of "
-                      f"{', '.join(METRICS)}, null (the newest), or val:/train: followed by a posttrain metric "
-                      "(val:val/score/mean)")
-
-
-def _data(f: _Leaves, out: dict, origin: str) -> None:
-    for split in ("train", "validation"):
-        if isinstance(f.flat.get(f"data.{split}"), list):
-            raise ConfigError(f"data.{split} is a list of datasets ({origin}): give posttrain their parquet files, "
-                              f"data.{'train' if split == 'train' else 'val'}_files=[a.parquet,b.parquet] (`posttrain "
-                              "preprocess` writes them), instead of NeMo-RL's per-dataset entries")
-    repeat = f.get("data.validation.repeat")
-    if repeat:  # each validation prompt k times: k samples per prompt
-        out["rollout.val_kwargs.n"] = repeat * out.get("rollout.val_kwargs.n", 1)
-    size = f.get("data.train.split_validation_size")
-    if size:  # NeMo-RL holds out this share of the training rows for validation when no validation set is named
-        out["data.val_split_size"] = size
-    for split, ours in (("train", "data.dataset_name"), ("validation", "data.val_dataset_name")):
-        name = f.get(f"data.{split}.dataset_name")
-        if split == "train" and name is None:
-            name = f.get("data.dataset_name")  # the older flat layout
-        path = f.get(f"data.{split}.data_path")
-        if path is not None:
-            if not str(path).endswith(".parquet"):
-                raise ConfigError(f"data.{split}.data_path={path} ({origin}): posttrain reads parquet rows in its "
-                                  "(verl's) layout; convert it with `posttrain preprocess` and give the .parquet")
-            out["data.train_files" if split == "train" else "data.val_files"] = [path]
-        elif name is not None:
-            out[ours] = name
-        if f.get(f"data.{split}.seed") is not None:
-            out["data.seed"] = f.get(f"data.{split}.seed")
-    for key in ("prompt_file", "system_prompt_file"):  # a split's own first (validation's), then the defaults
-        for where in ("validation", "train", "default", None):
-            spelled = f"data.{where}.{key}" if where else f"data.{key}"
-            if f.has(spelled):
-                out.setdefault(f"data.{key}", f.get(spelled))
-    f.get("data.validation")
-
-
-def _env(f: _Leaves, out: dict, origin: str) -> None:
-    envs = {k.split(".")[1] for k in f.flat if k.startswith("env.")}
-    used = {f.flat.get(f"data.{s}.env_name") for s in ("default", "train", "validation")} - {None}
-    if "reward_model" in envs and "reward_model" in used:  # a reward model scores every response
-        rm = f.under("env.reward_model")
-        out["reward.model.enable"] = True
-        out["reward.model.path"] = rm.get("env.reward_model.model_name")
-        if rm.get("env.reward_model.batch_size"):
-            out["reward.model.micro_batch_size"] = rm["env.reward_model.batch_size"]
-        if rm.get("env.reward_model.max_model_len"):
-            out["reward.model.max_length"] = rm["env.reward_model.max_model_len"]
-        if rm.get("env.reward_model.tokenizer.name") not in (None, out["reward.model.path"]):
-            raise ConfigError(f"env.reward_model.tokenizer.name ({origin}): posttrain uses the reward model "
-                              "directory's own tokenizer; drop the key")
-        for key in ("data.default.env_name", "data.train.env_name", "data.validation.env_name"):
-            f.get(key)
-        envs.discard("reward_model")
-    other = sorted(envs - {"math"})
-    if other:
-        raise ConfigError(f"env.{other[0]} ({origin}): posttrain scores with reward functions by data_source (math, "
-                          "gsm8k, ...); NeMo-RL environments other than math are not supported")
-
-
-def _nearest(key: str) -> str:
-    known = [*RENAMES, *OFF, *(f"{s}.enabled" for s in SWITCHED)]
-    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f"; did you mean '{match[0]}'?" if match else ""

@@ -1,0 +1,367 @@
+"""A resolved NeMo-RL tree (nemo_rl.py reads the files and applies the overrides)
+-> posttrain's keys, with the tables of nemo_rl_keys.py.
+
+    translate({"grpo": {"max_num_steps": 20}}, "in run.yaml")   # {"trainer.total_training_steps": 20}
+
+Where NeMo-RL's meaning differs from verl's, NeMo-RL's keys keep NeMo-RL's:
+`policy.train_global_batch_size` counts samples (verl's mini-batch counts
+prompts), `grpo.use_leave_one_out_baseline` picks the leave-one-out GRPO
+estimator, `checkpointing.keep_top_k` with `metric_name: null` keeps the
+newest k, `grpo.max_num_epochs` caps `grpo.max_num_steps`, validation samples
+at `policy.generation.val_temperature` (the training temperature unless set).
+
+Every leaf of the file is accounted for: mapped, an "off" value of a feature
+posttrain does not have, a setting of a section the file disables
+(`megatron_cfg.enabled: false`), or an engine/launcher tuning knob with no
+effect on the result (TUNING). Anything else is refused with one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from typing import Any
+
+from posttrain.config.nemo_rl_keys import BACKENDS, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES, SWITCHED, TUNING
+from posttrain.errors import ConfigError
+
+_ABSENT = object()
+
+
+def clipped(value, limit: int = 60) -> str:
+    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Leaves:
+    """The file's leaves by dotted key; `get` marks a key as read, so what is left was not understood."""
+
+    def __init__(self, tree: dict):
+        self.flat: dict[str, Any] = {}
+        self._walk(tree, "")
+        self.read: set[str] = set()
+
+    def _walk(self, node, prefix: str) -> None:
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and v and key != "policy.generation.vllm_kwargs":
+                self._walk(v, key + ".")
+            else:
+                self.flat[key] = v
+
+    def has(self, key: str) -> bool:
+        return key in self.flat
+
+    def get(self, key: str, default=None):
+        self.read.add(key)
+        return self.flat.get(key, default)
+
+    def under(self, prefix: str) -> dict[str, Any]:
+        """Every leaf below `prefix.` (marked read)."""
+        found = {k: v for k, v in self.flat.items() if k.startswith(prefix + ".") or k == prefix}
+        self.read.update(found)
+        return found
+
+    def left(self) -> dict[str, Any]:
+        return {k: v for k, v in self.flat.items() if k not in self.read}
+
+
+def translate(tree: dict, origin: str) -> dict[str, Any]:
+    """A resolved NeMo-RL tree -> {posttrain key: value}. ConfigError names the first NeMo-RL key
+    posttrain cannot honour."""
+    f = _Leaves(tree)
+    out: dict[str, Any] = {}
+    for section, why in SWITCHED.items():
+        if f.get(f"{section}.enabled") is True:
+            raise ConfigError(f"{section}.enabled=true ({origin}): {why}")
+        f.under(section)
+    for nemo, ours in RENAMES.items():
+        if f.has(nemo):
+            out[ours] = f.get(nemo)
+    _grpo(f, out, origin)
+    _loss(f, out, origin)
+    _policy(f, out, origin)
+    _checkpointing_and_logger(f, out, origin)
+    _data(f, out, origin)
+    _env(f, out, origin)
+    for key, value in f.left().items():
+        allowed = next((v for pattern, v in OFF.items() if fnmatch.fnmatchcase(key, pattern)), None)
+        if allowed is not None and value in allowed:
+            continue
+        if allowed is not None:
+            raise ConfigError(f"{key}={clipped(value)} ({origin}) is not supported by posttrain; set it to "
+                              f"{' or '.join('null' if a is None else str(a).lower() for a in allowed)}")
+        if any(fnmatch.fnmatchcase(key, pattern) or key == pattern.removesuffix(".*") for pattern in TUNING):
+            continue
+        raise ConfigError(f"NeMo-RL key {key!r} ({origin}) is not supported by posttrain{_nearest(key)} "
+                          "(the guide docs/coming-from-nemo-rl.md lists the keys)")
+    return {k: v for k, v in out.items() if v is not _ABSENT}
+
+
+def _grpo(f: _Leaves, out: dict, origin: str) -> None:
+    name = f.get("grpo.adv_estimator.name", "grpo")
+    normalize = f.get("grpo.adv_estimator.normalize_rewards", f.get("grpo.normalize_rewards", True))
+    loo = f.get("grpo.adv_estimator.use_leave_one_out_baseline", f.get("grpo.use_leave_one_out_baseline", False))
+    if f.has("grpo.adv_estimator.name") or f.has("grpo.use_leave_one_out_baseline") or f.has("grpo.normalize_rewards"):
+        if name == "grpo":
+            out["algorithm.adv_estimator"] = "grpo_loo" if loo else "grpo"
+            out["algorithm.norm_adv_by_std_in_grpo"] = bool(normalize)
+        elif name == "reinforce_plus_plus":
+            baseline = f.get("grpo.adv_estimator.minus_baseline", True)
+            out["algorithm.adv_estimator"] = "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus"
+        else:
+            raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo or "
+                              "reinforce_plus_plus (posttrain's algorithm.adv_estimator lists more)")
+    f.get("grpo.adv_estimator.minus_baseline")
+    if f.has("grpo.reward_shaping.enabled"):
+        out["reward.overlong_buffer.enable"] = bool(f.get("grpo.reward_shaping.enabled"))
+        if not out["reward.overlong_buffer.enable"]:  # its other settings then do nothing
+            for key in ("len", "penalty_factor", "max_resp_len"):
+                out.pop(f"reward.overlong_buffer.{key}", None)
+
+
+def _loss(f: _Leaves, out: dict, origin: str) -> None:
+    if f.has("loss_fn.reference_policy_kl_penalty"):
+        coef = f.get("loss_fn.reference_policy_kl_penalty") or 0.0
+        kind = f.get("loss_fn.reference_policy_kl_type", "k3")
+        if kind not in KL_TYPES:
+            raise ConfigError(f"loss_fn.reference_policy_kl_type={kind} ({origin}) is not one of: k1, k2, k3")
+        if f.get("loss_fn.use_kl_in_reward", False):  # Reinforce++'s KL in the reward instead of the loss
+            out.update({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": coef,
+                        "algorithm.kl_penalty": KL_IN_REWARD[kind], "actor.use_kl_loss": False})
+        else:
+            out.update({"actor.use_kl_loss": coef > 0, "actor.kl_loss_coef": coef, "actor.kl_loss_type": kind,
+                        "algorithm.use_kl_in_reward": False})
+    elif f.has("loss_fn.use_kl_in_reward"):
+        out["algorithm.use_kl_in_reward"] = bool(f.get("loss_fn.use_kl_in_reward"))
+    f.get("loss_fn.reference_policy_kl_type")
+    seq_ratio = f.get("loss_fn.sequence_level_importance_ratios", False)
+    if f.has("loss_fn.token_level_loss"):
+        token = f.get("loss_fn.token_level_loss")
+        out["actor.loss_agg_mode"] = "token-mean" if token else "seq-mean-token-mean"
+    if seq_ratio:
+        out["actor.policy_loss.loss_mode"] = "gspo"  # one importance ratio per sequence: GSPO
+
+
+def _policy(f: _Leaves, out: dict, origin: str) -> None:
+    if f.get("policy.megatron_cfg.enabled") is not True and f.get("policy.dtensor_cfg.enabled") is False:
+        raise ConfigError(f"policy.dtensor_cfg.enabled=false ({origin}) with Megatron off: posttrain trains with "
+                          "FSDP2 (DTensor); set policy.dtensor_cfg.enabled=true")
+    model = f.get("policy.model_name", _ABSENT)
+    tokenizer = f.get("policy.tokenizer.name", _ABSENT)
+    if tokenizer not in (_ABSENT, None, model):
+        raise ConfigError(f"policy.tokenizer.name={tokenizer} ({origin}): posttrain uses the model directory's own "
+                          "tokenizer; put the tokenizer files there and drop this key")
+    if f.has("policy.tokenizer.chat_template_kwargs"):
+        out["data.apply_chat_template_kwargs"] = f.get("policy.tokenizer.chat_template_kwargs") or {}
+    if f.has("policy.train_global_batch_size"):
+        samples = f.get("policy.train_global_batch_size")
+        n = f.get("grpo.num_generations_per_prompt")
+        if n is None:
+            raise ConfigError(f"policy.train_global_batch_size ({origin}) counts samples: give "
+                              "grpo.num_generations_per_prompt too, so it can be turned into prompts")
+        if samples % n:
+            raise ConfigError(f"policy.train_global_batch_size={samples} ({origin}) counts samples and must be a "
+                              f"multiple of grpo.num_generations_per_prompt={n} (whole groups per update)")
+        out["actor.ppo_mini_batch_size"] = samples // n  # posttrain's (verl's) mini-batch counts prompts
+    if f.has("policy.logprob_batch_size"):
+        out["rollout.log_prob_micro_batch_size"] = out["ref.log_prob_micro_batch_size"] = f.get(
+            "policy.logprob_batch_size")
+    if f.has("policy.max_grad_norm"):
+        norm = f.get("policy.max_grad_norm")
+        out["actor.grad_clip"] = float("inf") if norm is None else norm  # null: no clipping
+    if f.has("policy.optimizer"):  # `optimizer: null`: a Megatron file's (its optimizer is megatron_cfg's)
+        raise ConfigError(f"policy.optimizer is null ({origin}): this file configures Megatron's optimizer; with "
+                          "FSDP2 give ++policy.optimizer.kwargs.lr=LR (AdamW)")
+    name = f.get("policy.optimizer.name", "torch.optim.AdamW")
+    if name.rsplit(".", 1)[-1] != "AdamW":
+        raise ConfigError(f"policy.optimizer.name={name} ({origin}) is not supported; posttrain trains with "
+                          "torch.optim.AdamW")
+    if f.has("policy.scheduler"):
+        out.update(_scheduler(f.get("policy.scheduler"), origin))
+    if f.get("policy.dtensor_cfg.cpu_offload", False):
+        out["actor.param_offload"] = out["actor.optimizer_offload"] = True
+    _generation(f, out, origin)
+    _lora(f, out)
+    packing = f.get("policy.sequence_packing.enabled", False)
+    dynamic = f.get("policy.dynamic_batching.enabled", False)
+    if packing or dynamic:  # micro-batches by a token budget instead of a row count
+        kind = "sequence_packing" if packing else "dynamic_batching"
+        out["actor.use_dynamic_bsz"] = True
+        out["actor.ppo_max_token_len_per_gpu"] = f.get(f"policy.{kind}.train_mb_tokens")
+        out["rollout.log_prob_use_dynamic_bsz"] = True
+        out["rollout.log_prob_max_token_len_per_gpu"] = f.get(f"policy.{kind}.logprob_mb_tokens")
+    f.under("policy.sequence_packing"), f.under("policy.dynamic_batching")
+    if f.has("policy.max_total_sequence_length") and out.get("rollout.name") == "vllm":
+        out.setdefault("rollout.max_model_len", f.get("policy.max_total_sequence_length"))
+    f.get("policy.max_total_sequence_length"), f.get("policy.dtensor_cfg.enabled")
+
+
+def _generation(f: _Leaves, out: dict, origin: str) -> None:
+    g = "policy.generation."
+    if f.has(g + "backend"):
+        backend = f.get(g + "backend")
+        if backend not in BACKENDS:
+            raise ConfigError(f"policy.generation.backend={backend} ({origin}) is not supported; posttrain "
+                              "generates with vllm (GPUs) or hf")
+        out["rollout.name"] = BACKENDS[backend]
+    if f.has(g + "top_k"):
+        out["rollout.top_k"] = -1 if f.get(g + "top_k") is None else f.get(g + "top_k")
+    if f.has(g + "val_temperature"):  # NeMo-RL validates by sampling (its default: the training temperature)
+        t = f.get(g + "val_temperature")
+        out["rollout.val_kwargs.temperature"] = t
+        out["rollout.val_kwargs.do_sample"] = t > 0
+    if f.has(g + "val_top_k"):
+        out["rollout.val_kwargs.top_k"] = -1 if f.get(g + "val_top_k") is None else f.get(g + "val_top_k")
+    vllm = out.get("rollout.name") == "vllm"
+    for key, ours in (("max_model_len", "rollout.max_model_len"), ("enforce_eager", "rollout.enforce_eager")):
+        if f.has(g + "vllm_cfg." + key) and vllm:  # vLLM's engine settings: on hf they would be named unused
+            out[ours] = f.get(g + "vllm_cfg." + key)
+        f.get(g + "vllm_cfg." + key)
+    if not vllm:
+        for key in ("rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"):
+            out.pop(key, None)
+    kwargs = f.get(g + "vllm_kwargs", {})
+    if kwargs:
+        out["rollout.engine_kwargs"] = {"vllm": dict(kwargs)}
+
+
+def _lora(f: _Leaves, out: dict) -> None:
+    p = "policy.dtensor_cfg.lora_cfg."
+    if not f.get(p + "enabled", False):
+        f.under(p.rstrip("."))
+        return
+    out["model.lora_rank"] = f.get(p + "dim", 8)
+    out["model.lora_alpha"] = f.get(p + "alpha", 32)
+    out["model.lora_dropout"] = f.get(p + "dropout", 0.0)
+    targets = f.get(p + "target_modules") or []
+    out["model.target_modules"] = "all-linear" if f.get(p + "match_all_linear", True) or not targets else targets
+    out["model.exclude_modules"] = f.get(p + "exclude_modules") or None
+
+
+def _scheduler(value, origin: str) -> dict:
+    """NeMo-RL's list of torch schedulers -> posttrain's linear warm-up (LinearLR, then a constant LR)."""
+    items = value if isinstance(value, list) else [value] if value else []
+    named = [s for s in items if isinstance(s, dict) and s.get("name")]
+    kinds = [str(s["name"]).rsplit(".", 1)[-1] for s in named]
+    kw = [s.get("kwargs") or {} for s in named]
+    constant_ok = all(k.get("factor", 1 / 3) == 1.0 for n, k in zip(kinds, kw) if n == "ConstantLR")
+    refuse = ConfigError(f"policy.scheduler {kinds} ({origin}) is not supported; posttrain's schedule is a linear "
+                         "warm-up (torch LinearLR ending at factor 1.0) then a constant LR")
+    if not kinds:
+        return {}
+    if kinds[0] == "LinearLR" and set(kinds[1:]) <= {"ConstantLR"} and constant_ok:
+        if kw[0].get("end_factor", 1.0) != 1.0:
+            raise refuse
+        return {"actor.lr_warmup_steps": int(kw[0].get("total_iters", 5)),
+                "actor.lr_warmup_start_factor": float(kw[0].get("start_factor", 1 / 3))}
+    if set(kinds) == {"ConstantLR"} and constant_ok:
+        return {"actor.lr_warmup_steps": 0}
+    raise refuse
+
+
+def _checkpointing_and_logger(f: _Leaves, out: dict, origin: str) -> None:
+    enabled = f.get("checkpointing.enabled", True)
+    if not enabled:
+        out["trainer.save_freq"] = -1
+    if f.has("checkpointing.checkpoint_dir") and enabled:
+        out["trainer.run_dir"] = f.get("checkpointing.checkpoint_dir")  # checkpoints and metrics in one place
+    elif f.has("logger.log_dir"):
+        out["trainer.run_dir"] = f.get("logger.log_dir")
+    f.get("checkpointing.checkpoint_dir"), f.get("logger.log_dir")
+    k = f.get("checkpointing.keep_top_k")
+    metric = f.get("checkpointing.metric_name")
+    higher = f.get("checkpointing.higher_is_better", True)
+    if k is not None and enabled:
+        if metric is None:  # NeMo-RL: no metric ranks by recency, so the newest k stay
+            out["trainer.max_ckpt_to_keep"] = k
+        else:
+            out["trainer.keep_top_k"] = k
+            out["trainer.keep_top_k_metric"] = _metric(metric, origin)
+            out["trainer.keep_top_k_mode"] = "max" if higher else "min"
+    loggers = ["console"]
+    for name in ("wandb", "tensorboard", "mlflow", "swanlab"):
+        if f.get(f"logger.{name}_enabled", False):
+            if name == "swanlab":
+                raise ConfigError(f"logger.swanlab_enabled=true ({origin}): posttrain has no SwanLab logger; use "
+                                  "wandb, tensorboard or mlflow")
+            loggers.append(name)
+    if any(f.has(f"logger.{n}_enabled") for n in ("wandb", "tensorboard", "mlflow", "swanlab")):
+        out["trainer.logger"] = loggers
+    for key, ours in (("logger.wandb.project", "trainer.project_name"), ("logger.wandb.name", "trainer.experiment_name")):
+        if f.has(key) and "wandb" in loggers:
+            out[ours] = f.get(key)
+
+
+def _metric(name, origin: str) -> str:
+    if name in METRICS:
+        return METRICS[name]
+    if isinstance(name, str) and ":" in name and "/" in name.split(":", 1)[1]:
+        return name.split(":", 1)[1]  # a posttrain metric name after NeMo-RL's val:/train: prefix
+    raise ConfigError(f"checkpointing.metric_name={name} ({origin}) is not one posttrain records; use one of "
+                      f"{', '.join(METRICS)}, null (the newest), or val:/train: followed by a posttrain metric "
+                      "(val:val/score/mean)")
+
+
+def _data(f: _Leaves, out: dict, origin: str) -> None:
+    for split in ("train", "validation"):
+        if isinstance(f.flat.get(f"data.{split}"), list):
+            raise ConfigError(f"data.{split} is a list of datasets ({origin}): give posttrain their parquet files, "
+                              f"data.{'train' if split == 'train' else 'val'}_files=[a.parquet,b.parquet] (`posttrain "
+                              "preprocess` writes them), instead of NeMo-RL's per-dataset entries")
+    repeat = f.get("data.validation.repeat")
+    if repeat:  # each validation prompt k times: k samples per prompt
+        out["rollout.val_kwargs.n"] = repeat * out.get("rollout.val_kwargs.n", 1)
+    size = f.get("data.train.split_validation_size")
+    if size:  # NeMo-RL holds out this share of the training rows for validation when no validation set is named
+        out["data.val_split_size"] = size
+    for split, ours in (("train", "data.dataset_name"), ("validation", "data.val_dataset_name")):
+        name = f.get(f"data.{split}.dataset_name")
+        if split == "train" and name is None:
+            name = f.get("data.dataset_name")  # the older flat layout
+        path = f.get(f"data.{split}.data_path")
+        if path is not None:
+            if not str(path).endswith(".parquet"):
+                raise ConfigError(f"data.{split}.data_path={path} ({origin}): posttrain reads parquet rows in its "
+                                  "(verl's) layout; convert it with `posttrain preprocess` and give the .parquet")
+            out["data.train_files" if split == "train" else "data.val_files"] = [path]
+        elif name is not None:
+            out[ours] = name
+        if f.get(f"data.{split}.seed") is not None:
+            out["data.seed"] = f.get(f"data.{split}.seed")
+    for key in ("prompt_file", "system_prompt_file"):  # a split's own first (validation's), then the defaults
+        for where in ("validation", "train", "default", None):
+            spelled = f"data.{where}.{key}" if where else f"data.{key}"
+            if f.has(spelled):
+                out.setdefault(f"data.{key}", f.get(spelled))
+    f.get("data.validation")
+
+
+def _env(f: _Leaves, out: dict, origin: str) -> None:
+    envs = {k.split(".")[1] for k in f.flat if k.startswith("env.")}
+    used = {f.flat.get(f"data.{s}.env_name") for s in ("default", "train", "validation")} - {None}
+    if "reward_model" in envs and "reward_model" in used:  # a reward model scores every response
+        rm = f.under("env.reward_model")
+        out["reward.model.enable"] = True
+        out["reward.model.path"] = rm.get("env.reward_model.model_name")
+        if rm.get("env.reward_model.batch_size"):
+            out["reward.model.micro_batch_size"] = rm["env.reward_model.batch_size"]
+        if rm.get("env.reward_model.max_model_len"):
+            out["reward.model.max_length"] = rm["env.reward_model.max_model_len"]
+        if rm.get("env.reward_model.tokenizer.name") not in (None, out["reward.model.path"]):
+            raise ConfigError(f"env.reward_model.tokenizer.name ({origin}): posttrain uses the reward model "
+                              "directory's own tokenizer; drop the key")
+        for key in ("data.default.env_name", "data.train.env_name", "data.validation.env_name"):
+            f.get(key)
+        envs.discard("reward_model")
+    other = sorted(envs - {"math"})
+    if other:
+        raise ConfigError(f"env.{other[0]} ({origin}): posttrain scores with reward functions by data_source (math, "
+                          "gsm8k, ...); NeMo-RL environments other than math are not supported")
+
+
+def _nearest(key: str) -> str:
+    known = [*RENAMES, *OFF, *(f"{s}.enabled" for s in SWITCHED)]
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
