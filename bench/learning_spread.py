@@ -52,7 +52,7 @@ def run_loop(seed, tmp):
 def run_algorithms(seed, tmp):
     from test_algorithms_learn import short_run
 
-    from posttrain.algorithm_presets import ALGORITHMS
+    from posttrain.config.presets import ALGORITHMS
 
     out = {}
     for name in ALGORITHMS:

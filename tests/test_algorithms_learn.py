@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from posttrain.algorithm_presets import ALGORITHMS
+from posttrain.config.presets import ALGORITHMS
 from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.loop import train

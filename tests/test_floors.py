@@ -26,7 +26,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "batch"),
     ("rollout", "report", "deploy", "sinks"),
-    ("config", "config_aliases", "config_nemo_rl", "algorithm_presets", "configs", "tools", "arguments"),
+    ("config", "configs", "tools", "arguments"),
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor
     ("algorithms", "errors", "text", "redact", "quiet", "files", "yamlfile", "nonfinite", "profiling", "samples",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain import config_nemo_rl as nemo_rl
+from posttrain.config import nemo_rl
 from posttrain.arguments import split_train_args
 from posttrain.config import load_config
 from posttrain.errors import ConfigError

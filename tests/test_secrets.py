@@ -13,7 +13,7 @@ import yaml
 from posttrain.checkpoint import check_compatible
 from posttrain.cli import main, redact_warnings
 from posttrain.config import SCHEMA
-from posttrain.config_aliases import alias_table
+from posttrain.config.verl import alias_table
 from posttrain.distributed import jobs
 from posttrain.errors import ConfigError
 from posttrain.redact import (

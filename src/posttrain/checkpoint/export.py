@@ -53,11 +53,11 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool 
 
 def trained_adapters(ckpt: Path) -> bool:
     """Whether the run that wrote `ckpt` trained LoRA adapters (its saved config says)."""
-    import yaml
+    from posttrain.yamlfile import UnreadableYaml, load_yaml
 
     try:
-        model = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model") or {}
-    except (OSError, yaml.YAMLError):
+        model = (load_yaml(ckpt / "config.yaml") or {}).get("model") or {}
+    except UnreadableYaml:
         return False
     return bool(model.get("lora_rank")) or bool(model.get("lora_adapter_path"))
 
@@ -84,15 +84,15 @@ def gather_adapters(ckpt: Path, out: Path, merge: bool) -> None:
     """A sharded LoRA checkpoint (its actor_dcp/ holds the whole adapted model's shards) -> in `out`, the
     peft adapter files, or with `merge` the base with the adapters merged in (model.safetensors): the
     run's base model is built with the run's adapters, filled from the shards in this one process."""
-    import yaml
     from safetensors.torch import save_file
 
     from posttrain.checkpoint.sharded import load_full_model
     from posttrain.checkpoint.state import model_tensors
     from posttrain.models.loader import load_model
     from posttrain.models.lora import LoraSettings, adapter_config_json, add_adapters, adapter_tensors
+    from posttrain.yamlfile import load_yaml
 
-    m = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model") or {}
+    m = (load_yaml(ckpt / "config.yaml") or {}).get("model") or {}
     settings = LoraSettings(rank=m.get("lora_rank") or 8, alpha=m.get("lora_alpha", 16),
                             target_modules=m.get("target_modules", "all-linear"),
                             exclude_modules=m.get("exclude_modules"),

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import restore_rng
@@ -15,6 +14,7 @@ from posttrain.config import SCHEMA, flatten
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.redact import matches_redacted, redact_mapping
 from posttrain.text import one_line
+from posttrain.yamlfile import UnreadableYaml, load_yaml
 
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.
@@ -143,9 +143,9 @@ def read_json(path: Path) -> dict:
 
 def read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())  # safe_load: a `!!python/...` tag is an error, not a call
-    except (OSError, yaml.YAMLError) as e:
-        raise CheckpointError(f"cannot read {path} ({one_line(e)}){_UNREADABLE}") from e
+        data = load_yaml(path)  # a safe loader: a `!!python/...` tag is an error, not a call
+    except UnreadableYaml as e:
+        raise CheckpointError(f"cannot read {path} ({one_line(e.__cause__)}){_UNREADABLE}") from e.__cause__
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a mapping{_UNREADABLE}")
     return data

@@ -46,8 +46,6 @@ import functools
 import warnings
 from pathlib import Path
 
-import yaml
-
 from posttrain.errors import ConfigError
 from posttrain.redact import redact_url
 from posttrain.tools import answer, calculator, python_tool
@@ -55,6 +53,7 @@ from posttrain.tools.functions import FORMS, canonical_spec, import_function
 from posttrain.tools.schema import NAME_RULE, schema_of
 from posttrain.tools.toolset import Tool, ToolSet
 from posttrain.tools.workers import FunctionWorkers, InProcessFunctions
+from posttrain.yamlfile import read_yaml
 
 GSM8K_TOOL = "verl.tools.gsm8k_tool.Gsm8kTool"
 SANDBOX_TOOL = "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
@@ -175,16 +174,7 @@ def _read_config(path: Path) -> list[tuple]:
     fix = f"write it as verl's tool config: {CONFIG_FORMAT}"
     if not path.is_file():
         raise ConfigError(f"tool config '{path}' does not exist; give the path of a YAML file ({CONFIG_FORMAT})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ConfigError(f"tool config '{path}' is not valid YAML ({first}); fix the file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"tool config '{path}' is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8"
-                          ) from None
-    except OSError as e:
-        raise ConfigError(f"tool config '{path}' cannot be read ({e.strerror or e}); check its permissions") from None
+    data = read_yaml(path, "tool config")
     if not isinstance(data, dict):
         raise ConfigError(f"tool config '{path}' holds {_kind(data)}, not a mapping; {fix}")
     tools = data.get("tools")

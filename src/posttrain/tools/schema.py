@@ -125,7 +125,7 @@ def _check_value(value, schema: dict):
             return value, f"must be {' or '.join(_article(t) for t in wanted)}, got {_describe(value)}"
     enum = schema.get("enum")
     if isinstance(enum, list) and value not in enum:
-        return value, f"must be one of {', '.join(map(_short, enum))}, got {_short(value)}"
+        return value, f"must be one of {', '.join(map(_json_cut, enum))}, got {_json_cut(value)}"
     return value, None
 
 
@@ -157,10 +157,11 @@ def _article(json_type: str) -> str:
 def _describe(value) -> str:
     name = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}.get(type(value), type(value).__name__)
-    return f"{name} {_short(value)}"
+    return f"{name} {_json_cut(value)}"
 
 
-def _short(value) -> str:
+def _json_cut(value) -> str:
+    """A value as a tool call would spell it (JSON; repr when it is not JSON), cut at 40 characters."""
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):

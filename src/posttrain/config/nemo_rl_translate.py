@@ -1,9 +1,7 @@
-"""NeMo-RL's GRPO config layout (grpo.*, loss_fn.*, policy.*, checkpointing.*,
-cluster.*, logger.*, data.*, env.*) read and mapped onto posttrain's keys.
+"""A resolved NeMo-RL tree (nemo_rl.py reads the files and applies the overrides)
+-> posttrain's keys, with the tables of nemo_rl_keys.py.
 
-    tree = load_tree("grpo_math_8B.yaml")           # `defaults:` inheritance, as NeMo-RL composes files
-    tree = apply_overrides(tree, ["grpo.max_num_steps=20", "++policy.optimizer.kwargs.lr=1e-6"])
-    layer = translate(resolve(tree), "in grpo_math_8B.yaml")   # {"trainer.total_training_steps": 20, ...}
+    translate({"grpo": {"max_num_steps": 20}}, "in run.yaml")   # {"trainer.total_training_steps": 20}
 
 Where NeMo-RL's meaning differs from verl's, NeMo-RL's keys keep NeMo-RL's:
 `policy.train_global_batch_size` counts samples (verl's mini-batch counts
@@ -22,289 +20,19 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import re
-from pathlib import Path
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
+from posttrain.config.nemo_rl_keys import BACKENDS, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES, SWITCHED, TUNING
 from posttrain.errors import ConfigError
 
-# top-level sections only NeMo-RL has (posttrain and verl have `data` too)
-SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "env", "reward_penalties",
-            "data_plane", "on_policy_distillation")
-# data.* keys only NeMo-RL has (its newer per-split layout and loader settings)
-DATA_KEYS = ("data.max_input_seq_length", "data.num_workers", "data.use_multiple_dataloader", "data.train.",
-             "data.validation.", "data.default.")
-
-# NeMo-RL key -> posttrain key, the value as it is
-RENAMES = {
-    "grpo.num_prompts_per_step": "data.train_batch_size",
-    "grpo.num_generations_per_prompt": "rollout.n",
-    "grpo.max_num_steps": "trainer.total_training_steps",
-    "grpo.max_num_epochs": "trainer.max_epochs",
-    "grpo.val_period": "trainer.test_freq",
-    "grpo.val_at_start": "trainer.val_before_train",
-    "grpo.val_at_end": "trainer.val_at_end",
-    "grpo.max_val_samples": "data.val_max_samples",
-    "grpo.val_batch_size": "data.val_batch_size",
-    "grpo.val_num_generations_per_prompt": "rollout.val_kwargs.n",
-    "grpo.seed": "trainer.seed",
-    "grpo.use_dynamic_sampling": "algorithm.filter_groups.enable",
-    "grpo.dynamic_sampling_max_gen_batches": "algorithm.filter_groups.max_num_gen_batches",
-    "grpo.overlong_filtering": "algorithm.overlong_filtering",
-    "grpo.reward_shaping.overlong_buffer_length": "reward.overlong_buffer.len",
-    "grpo.reward_shaping.overlong_buffer_penalty": "reward.overlong_buffer.penalty_factor",
-    "grpo.reward_shaping.max_response_length": "reward.overlong_buffer.max_resp_len",
-    "loss_fn.ratio_clip_min": "actor.clip_ratio_low",
-    "loss_fn.ratio_clip_max": "actor.clip_ratio_high",
-    "loss_fn.ratio_clip_c": "actor.clip_ratio_c",
-    "policy.model_name": "model.path",
-    "policy.train_micro_batch_size": "actor.ppo_micro_batch_size",
-    "policy.precision": "model.dtype",
-    "policy.generation.temperature": "rollout.temperature",
-    "policy.generation.top_p": "rollout.top_p",
-    "policy.generation.max_new_tokens": "data.max_response_length",
-    "policy.generation.val_top_p": "rollout.val_kwargs.top_p",
-    "policy.generation.vllm_cfg.tensor_parallel_size": "rollout.tensor_model_parallel_size",
-    "policy.generation.vllm_cfg.gpu_memory_utilization": "rollout.gpu_memory_utilization",
-    "policy.dtensor_cfg.activation_checkpointing": "model.enable_gradient_checkpointing",
-    "policy.dtensor_cfg.context_parallel_size": "actor.ulysses_sequence_parallel_size",
-    "policy.optimizer.kwargs.lr": "actor.lr",
-    "policy.optimizer.kwargs.weight_decay": "actor.weight_decay",
-    "policy.optimizer.kwargs.betas": "actor.betas",
-    "checkpointing.save_period": "trainer.save_freq",
-    "cluster.gpus_per_node": "trainer.n_gpus_per_node",
-    "cluster.num_nodes": "trainer.nnodes",
-    "logger.num_val_samples_to_print": "trainer.log_val_generations",
-    "data.shuffle": "data.shuffle",
-    "data.max_input_seq_length": "data.max_prompt_length",
-    "env.math.num_workers": "reward.num_workers",
-}
-
-# accepted only with the value(s) that mean "off" (what posttrain does); any other is refused
-OFF = {
-    "grpo.max_rollout_turns": (1,),
-    "grpo.val_start_at": (-1, 0, None),
-    "grpo.advantage_clip_low": (None,), "grpo.advantage_clip_high": (None,),
-    "grpo.stop_at_validation_metric": (None,), "grpo.stop_at_validation_threshold": (None,),
-    "grpo.seq_logprob_error_threshold": (None,),
-    "grpo.invalid_tool_call_advantage": (None,), "grpo.malformed_thinking_advantage": (None,),
-    "grpo.reward_shaping.stop_properly_penalty_coef": (None,),
-    "loss_fn.kl_input_clamp_value": (20, None), "loss_fn.kl_output_clamp_value": (10, None),  # posttrain's k3 clamps
-    "loss_fn.use_on_policy_kl_approximation": (False,),
-    "loss_fn.use_importance_sampling_correction": (False,),
-    "loss_fn.truncated_importance_sampling_type": (None,), "loss_fn.truncated_importance_sampling_ratio": (None,),
-    "loss_fn.truncated_importance_sampling_ratio_min": (None,),
-    "loss_fn.force_on_policy_ratio": (False,), "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),
-    "loss_fn.positive_example_nll_weight": (0,),
-    "checkpointing.checkpoint_must_save_by": (None,),
-    "checkpointing.save_optimizer": (True,),  # posttrain always saves it: resume is exact
-    "policy.hf_config_overrides": ({}, None),
-    "policy.tokenizer.chat_template": (None, "default"),
-    "policy.dtensor_cfg.sequence_parallel": (False,),
-    "policy.dtensor_cfg.tensor_parallel_size": (1,), "policy.dtensor_cfg.expert_parallel_size": (1,),
-    "policy.dtensor_cfg.custom_parallel_plan": (None,),
-    "policy.generation.stop_token_ids": (None, []), "policy.generation.stop_strings": (None, []),
-    "policy.generation.vllm_cfg.pipeline_parallel_size": (1,),
-    "policy.generation.vllm_cfg.expert_parallel_size": (1,),
-    "policy.generation.vllm_cfg.kv_cache_dtype": ("auto",),
-    "policy.generation.colocated.enabled": (True,),
-    "policy.optimizer.kwargs.eps": (1e-8,),  # torch's AdamW default, posttrain's
-    "data.use_multiple_dataloader": (False,),
-    "data.default.env_name": ("math", "reward_model", None), "data.train.env_name": ("math", "reward_model", None),
-    "data.validation.env_name": ("math", "reward_model", None),
-    "data.default.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.train.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.validation.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "reward_penalties.*": (False, None),
-    "on_policy_distillation": (None,),
-}
-
-# sections a file switches off with `enabled: false`: then nothing below them matters; on, refused (the why)
-SWITCHED = {
-    "policy.megatron_cfg": "posttrain trains with FSDP2, not Megatron; set policy.megatron_cfg.enabled=false "
-                           "policy.dtensor_cfg.enabled=true (FSDP2 shards every weight over all workers: Megatron's "
-                           "tensor/pipeline sizes have no counterpart)",
-    "grpo.async_grpo": "asynchronous GRPO is not supported; set grpo.async_grpo.enabled=false",
-    "grpo.reward_scaling": "reward scaling is not supported; set grpo.reward_scaling.enabled=false and scale in "
-                           "the reward function (reward.custom_fn)",
-    "policy.draft": "draft-model training is not supported; set policy.draft.enabled=false",
-    "policy.router_replay": "MoE router replay is not supported; set policy.router_replay.enabled=false",
-}
-
-# engine, launcher and monitoring knobs: no effect on what is trained (the guide lists them)
-TUNING = (
-    "policy.generation.port_range_*", "policy.generation.refit_*", "policy.generation.real_quant_export_cpu_offload",
-    "policy.generation.mcore_generation_config.*", "policy.generation.colocated.resources.*",
-    "policy.generation.vllm_cfg.use_tqdm", "policy.generation.vllm_cfg.enable_vllm_metrics_logger",
-    "policy.generation.vllm_cfg.vllm_metrics_logger_interval", "policy.generation.vllm_cfg.http_refit_*",
-    "policy.generation.vllm_cfg.zmq_refit_*", "policy.generation.vllm_cfg.reset_encoder_cache_after_weight_update",
-    "policy.generation.vllm_cfg.use_deep_gemm", "policy.generation.vllm_cfg.num_last_layers_in_bf16",
-    "policy.generation.vllm_cfg.num_first_layers_in_bf16", "policy.generation.vllm_cfg.logprobs_mode",
-    "policy.generation.vllm_cfg.precision", "policy.generation.vllm_cfg.skip_tokenizer_init",
-    "policy.generation.vllm_cfg.load_format", "policy.generation_batch_size", "policy.logprob_chunk_size",
-    "policy.offload_optimizer_for_logprob", "policy.make_sequence_length_divisible_by",
-    "policy.tokenizer.use_fastokens", "policy.dtensor_cfg._v2", "policy.dtensor_cfg.automodel_kwargs.*",
-    "policy.dtensor_cfg.clear_cache_every_n_steps", "policy.dtensor_cfg.env_vars.*",
-    "policy.dtensor_cfg.lora_cfg.use_triton", "policy.dtensor_cfg.lora_cfg.dropout_position",
-    "policy.dtensor_cfg.lora_cfg.lora_A_init",
-    "policy.sequence_packing.algorithm", "policy.sequence_packing.microbatch_order",
-    "policy.sequence_packing.sequence_length_round", "policy.dynamic_batching.sequence_length_round",
-    "policy.optimizer.kwargs.foreach", "policy.optimizer.kwargs.fused",
-    "cluster.master_port_range_*", "cluster.segment_size", "grpo.calculate_advantages_on_gpu",
-    "logger.monitor_gpus", "logger.gpu_monitoring.*", "logger.wandb.log_nemo_gym_full_result_tables",
-    "logger.swanlab.*", "logger.tensorboard.*", "logger.mlflow.*", "logger.wandb.*",
-    "data.num_workers", "env.math.math_verify_impl", "checkpointing.save_consolidated",
-    "checkpointing.model_save_format", "policy.generation.vllm_cfg.async_engine",
-    "data_plane.*",  # how batches move between NeMo-RL's workers (TransferQueue): posttrain moves its own
-    "policy.generation.vllm_cfg.enable_prefix_caching", "policy.generation.vllm_cfg.env_vars.*",
-    "grpo.skip_reference_policy_logprobs_calculation",  # posttrain runs the reference only when a KL term needs it
-    "grpo.batch_multiplier",  # prompts per round of dynamic sampling: posttrain draws rounds until the batch fills
-)
-
-# checkpointing.metric_name -> posttrain's metric of the same meaning
-METRICS = {"val:accuracy": "val/score/mean", "val:avg_length": "val/response_length/mean",
-           "train:reward": "critic/score/mean", "train:loss": "actor/pg_loss", "train:grad_norm": "actor/grad_norm",
-           "train:kl_penalty": "actor/kl_loss", "train:mean_gen_tokens_per_sample": "response_length/mean"}
-BACKENDS = {"vllm": "vllm", "hf": "hf"}
-KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "k3"}
-KL_IN_REWARD = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 _ABSENT = object()
 
 
-# ---------------------------------------------------------------- reading the files
-
-def is_layout(data: dict) -> bool:
-    """Whether a YAML mapping is in NeMo-RL's layout (its sections, or `defaults:` naming files)."""
-    defaults = data.get("defaults")
-    names_files = isinstance(defaults, str) or (isinstance(defaults, list) and all(isinstance(d, str) for d in defaults))
-    return any(s in data for s in SECTIONS) or (names_files and bool(defaults))
-
-
-def is_key(key: str, tree: dict | None = None) -> bool:
-    """Whether a `key=value` override is NeMo-RL's (its sections, its data keys, or a key of the file's tree)."""
-    key = key.lstrip("+~")
-    if key.split(".", 1)[0] in SECTIONS or key.startswith(DATA_KEYS) or key in DATA_KEYS:
-        return True
-    return tree is not None and _lookup(tree, key) is not _ABSENT
-
-
-def load_tree(path: str | Path, _seen: tuple = ()) -> dict:
-    """A NeMo-RL YAML file with its `defaults:` files merged under it (depth first, later wins; a
-    section marked `_override_: true` replaces the inherited one), interpolations left unresolved."""
-    path = Path(path)
-    if path.resolve() in _seen:
-        raise ConfigError(f"config file '{path}' inherits from itself through `defaults:`; fix the chain "
-                          f"{' -> '.join(p.name for p in (*_seen, path))}")
-    if not path.is_file():
-        where = f" (named by `defaults:` in {_seen[-1]})" if _seen else ""
-        raise ConfigError(f"config file '{path}'{where} does not exist; pass an existing YAML file")
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ConfigError(f"config file '{path}' cannot be read as YAML ({first}); fix the file") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
-    defaults = data.pop("defaults", None) or []
-    merged: dict = {}
-    for parent in [defaults] if isinstance(defaults, str) else defaults:
-        if not isinstance(parent, str):
-            raise ConfigError(f"config file '{path}': `defaults:` must name YAML files, got {parent!r}")
-        parent_path = Path(parent) if Path(parent).is_absolute() else path.parent / parent
-        merged = _merge(merged, load_tree(parent_path, (*_seen, path.resolve())))
-    return _merge(merged, data)
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML as NeMo-RL (OmegaConf) reads it: `1e-8` is a number (plain YAML 1.1 needs `1.0e-8`)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+$|^[-+]?(?:\d[\d_]*\.\d*|\.\d+)$"
-               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."))
-
-
-def value_of(raw: str):
-    """An override's text as NeMo-RL reads it (`1e-6` a number, `null` None, `[a, b]` a list)."""
-    try:
-        return yaml.load(raw, Loader=_Loader) if raw.strip() else None
-    except yaml.YAMLError:
-        return raw
-
-
-def _merge(base: dict, child: dict) -> dict:
-    out = dict(base)
-    for key, value in child.items():
-        if isinstance(value, dict) and value.get("_override_"):
-            out[key] = {k: v for k, v in value.items() if k != "_override_"}
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def apply_overrides(tree: dict, overrides: list[tuple[str, str, Any]]) -> dict:
-    """Hydra-style overrides (op, key, value): '' or '+'/'++' set (creating the path), '~' deletes."""
-    cfg = OmegaConf.create(tree)
-    for op, key, value in overrides:
-        try:
-            if op == "~":
-                *parents, leaf = key.split(".")
-                node = OmegaConf.select(cfg, ".".join(parents)) if parents else cfg
-                if isinstance(node, DictConfig) and leaf in node:
-                    node.pop(leaf)
-            else:
-                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
-        except (OmegaConfBaseException, ValueError, TypeError) as e:
-            raise ConfigError(f"override {key}={_short(value)} does not fit the NeMo-RL config ({_first(e)}); "
-                              "fix the key or value") from None
-    return OmegaConf.to_container(cfg, resolve=False)
-
-
-def resolve(tree: dict) -> dict:
-    """Resolve NeMo-RL's interpolations (`${policy.model_name}`, `${mul:a,b}`, `${.temperature}`)."""
-    _register_resolvers()
-    try:
-        return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"NeMo-RL config key '{getattr(e, 'full_key', '')}' cannot be resolved ({_first(e)}); "
-                          "fix the interpolation") from None
-
-
-def _register_resolvers() -> None:
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
-    for name, fn in {"mul": lambda a, b: a * b, "add": lambda a, b: a + b, "div": lambda a, b: a / b,
-                     "max": lambda a, b: max(a, b)}.items():
-        if not OmegaConf.has_resolver(name):
-            register(name, fn)
-
-
-def _lookup(tree: dict, key: str):
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node
-
-
-def _first(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-
-
-def _short(value, limit: int = 60) -> str:
+def clipped(value, limit: int = 60) -> str:
+    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
     text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[:limit] + "..."
 
-
-# ---------------------------------------------------------------- mapping onto posttrain's keys
 
 class _Leaves:
     """The file's leaves by dotted key; `get` marks a key as read, so what is left was not understood."""
@@ -362,7 +90,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
         if allowed is not None and value in allowed:
             continue
         if allowed is not None:
-            raise ConfigError(f"{key}={_short(value)} ({origin}) is not supported by posttrain; set it to "
+            raise ConfigError(f"{key}={clipped(value)} ({origin}) is not supported by posttrain; set it to "
                               f"{' or '.join('null' if a is None else str(a).lower() for a in allowed)}")
         if any(fnmatch.fnmatchcase(key, pattern) or key == pattern.removesuffix(".*") for pattern in TUNING):
             continue

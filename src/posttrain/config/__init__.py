@@ -1,0 +1,23 @@
+"""posttrain's configuration: typed dataclasses, YAML files and `key=value`
+overrides (posttrain's keys, verl's, NeMo-RL's layout), validated where loaded.
+
+    cfg = load_config("run.yaml", ["actor.lr=1e-5"])
+
+One job per module, imports going down this list:
+    schema.py          the dataclasses: every key, its type and default (SCHEMA)
+    verl.py            verl's keys -> posttrain's
+    presets.py         algorithm.name=dapo|gspo|... -> the keys each sets
+    nemo_rl_keys.py    NeMo-RL's keys -> posttrain's (tables)
+    nemo_rl_translate.py  a NeMo-RL tree -> posttrain's keys
+    nemo_rl.py         NeMo-RL's files (`defaults:`) and Hydra-style overrides
+    keys.py            what `posttrain train --help-config` prints
+    validate.py        ranges, choices and cross-field rules, section by section
+    load.py            YAML + overrides merged onto the dataclasses, then validated: load_config
+"""
+
+from posttrain.config.keys import describe_keys
+from posttrain.config.load import canonicalize, config_to_dict, config_to_yaml, flatten, load_config, parse_override
+from posttrain.config.schema import LOGGERS, SCHEMA, VLLM_SETTINGS, Config, uses_lora
+
+__all__ = ["LOGGERS", "SCHEMA", "VLLM_SETTINGS", "Config", "canonicalize", "config_to_dict", "config_to_yaml",
+           "describe_keys", "flatten", "load_config", "parse_override", "uses_lora"]

@@ -1,0 +1,66 @@
+"""What `posttrain train --help-config` prints: every key with its type and
+default, what happens to the keys posttrain takes but does not simply honour,
+and the verl and NeMo-RL spellings accepted.
+
+    print(describe_keys())
+
+LORA_ONLY_KEYS and VERL_ONLY_KEYS are also what validation names as "set, but
+unused" (validate.py): one list, so the help and the warning agree.
+"""
+
+from __future__ import annotations
+
+from posttrain.config.nemo_rl_keys import RENAMES as NEMO_RL_RENAMES
+from posttrain.config.schema import SCHEMA, VLLM_SETTINGS
+from posttrain.config.verl import alias_table
+
+# set to anything but their default, these are named in one warning line as unused
+LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
+                  "rollout.lora_sync")
+VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
+                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "rollout.trace",
+                  "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
+
+# What happens to a key, as --help-config shows it; every key not named here is honoured.
+ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
+KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
+              "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
+              **{k: ONLY_OFF for k in ("actor.fsdp_size", "ref.fsdp_size", "critic.model.fsdp_size")},
+              **{f"{k}.ulysses_sequence_parallel_size": "only the actor's value" for k in ("ref", "critic")},
+              "model.fused_kernel_options.impl_backend": "triton: named unused (the fused pass is torch code)",
+              "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
+              "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
+              **{k: UNUSED for k in VERL_ONLY_KEYS},
+              "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
+              "reward.reward_manager": "posttrain scores in worker processes whichever",
+              **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
+              "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
+              "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
+              **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"
+                 for r in ("actor", "ref", "rollout", "critic") for k in ("ranks", "all_ranks")},
+              **{f"profiler.{r}.tool_config": "<tool>.discrete, <torch|npu>.contents read; the rest named unused"
+                 for r in ("actor", "ref", "rollout", "critic")}}
+
+
+def describe_keys() -> str:
+    lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
+    for key, (typ, default) in SCHEMA.items():
+        name = getattr(typ, "__name__", str(typ)).replace("typing.", "")
+        status = f"  [{KEY_STATUS[key]}]" if key in KEY_STATUS else ""
+        lines.append(f"  {key}: {name} = {default!r}{status}")
+    lines.append("")
+    lines.append("verl keys accepted (verl key -> posttrain key [what happens to it]):")
+    for verl, ours in sorted(alias_table(SCHEMA).items()):
+        lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours, 'honoured')}]")
+    lines.append(f"  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  [{ENGINE}]")
+    lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  [named unused]")
+    lines.append("")
+    lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
+    lines.append("")
+    lines.append("NeMo-RL's layout (a --config file with grpo:, loss_fn:, policy:, ... and `defaults:`; its keys as "
+                 "overrides, ++key=value, ~key):")
+    for nemo, ours in NEMO_RL_RENAMES.items():
+        lines.append(f"  {nemo} -> {ours}")
+    lines.append("  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
+                 "keep_top_k, the loggers): docs/coming-from-nemo-rl.md")
+    return "\n".join(lines)

@@ -1,0 +1,483 @@
+"""posttrain's config as typed dataclasses: every key, its type and its default.
+
+    SCHEMA["actor.lr"]        # (float, 1e-06): every leaf key -> (type, default)
+    cfg.actor.lr              # a loaded Config (load.load_config) is these dataclasses
+
+Keys are posttrain's own; verl's spellings map onto them (verl.py), NeMo-RL's
+layout too (nemo_rl.py). A comment beside a field says what it does where the
+name does not; `posttrain train --help-config` lists them all (keys.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # metrics.jsonl is always written; sinks.py: the rest
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
+@dataclass
+class CustomDatasetClass:
+    path: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[List[str]] = None  # None: data.dataset_name's file, else the embedded arith task
+    val_files: Optional[List[str]] = None
+    # a dataset known by name (NeMo-RL's: DeepScaler, GSM8K, AIME2024, ...; data/named.py), when no train_files:
+    # its parquet under $POSTTRAIN_DATA (default <cache>/data), made by the commands a missing file's error gives
+    dataset_name: Optional[str] = None
+    val_dataset_name: Optional[str] = None  # the same for validation, when no val_files
+    prompt_file: Optional[str] = None  # NeMo-RL's prompt file: str.format template, its one {} the problem
+    system_prompt_file: Optional[str] = None  # a file whose text is a system message placed first
+    # with no validation set: hold out this share of the training prompts (seeded by data.seed) for validation
+    val_split_size: float = 0.0
+    train_batch_size: int = 64  # prompts per step
+    val_batch_size: Optional[int] = None  # prompts per validation generation chunk; None: all
+    val_max_samples: Optional[int] = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    shuffle: bool = True
+    seed: Optional[int] = None  # None: trainer.seed
+    prompt_key: str = "prompt"
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"  # error | left | right, when not filtering
+    image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
+    return_raw_chat: bool = False  # verl's input for its async rollout server; posttrain tokenizes the chat itself
+    # verl's own dataset class (its RLHFDataset API): not supported, posttrain reads the parquet rows itself
+    custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
+    # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FusedKernelOptions:
+    impl_backend: Optional[str] = None  # verl's torch | triton: posttrain's chunked pass is torch either way
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # None: the embedded tiny model
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+    # log-prob, value and training passes: micro-batches of alike lengths, all-padding columns dropped
+    use_remove_padding: bool = True
+    # log-prob and training passes: a prompt's tokens run once per micro-batch, its KV shared by its samples
+    share_prompt: bool = True
+    # small attentions on the CPU as grouped matmuls instead of torch's fused SDPA kernel (models/attention.py)
+    small_attention: bool = True
+    # log-probs and entropy from the last hidden states a chunk of tokens at a time, the [N, R, V] logits never
+    # whole (training/fused.py): verl's fused kernels' memory saving, in torch
+    use_fused_kernels: bool = False
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    # LoRA (models/lora.py, peft): with lora_rank > 0 (or an adapter to start from) only low-rank adapters on
+    # target_modules train, the base is frozen and is the reference model; the checkpoint holds the adapters
+    lora_rank: int = 0
+    lora_alpha: float = 16  # the adapters' scale is lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # all-linear (every linear layer but the output) or names: [q_proj, v_proj]
+    exclude_modules: Any = None
+    lora_dropout: float = 0.0
+    lora_adapter_path: Optional[str] = None  # a peft adapter directory to start from (its rank and targets)
+    use_shm: bool = False  # verl copies the model to /dev/shm first: posttrain reads it where it is
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (verl's keys; rollout/multiturn.py): the model calls a tool in hermes
+    format, reads its answer and goes on. Its other keys, set while it is off, are named unused."""
+
+    enable: bool = False
+    format: str = "hermes"  # the tool-call markup: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    max_assistant_turns: Optional[int] = None  # null: 5
+    max_user_turns: Optional[int] = None  # verl's turns of a simulated user (interactions): not supported
+    tool_config_path: Optional[str] = None  # verl's tool config YAML: tools: [{class_name, config, tool_schema}]
+    tools: Optional[List[str]] = None  # Python functions as tools: [pkg.module:function, ...]
+    interaction_config_path: Optional[str] = None  # verl's simulated-user interactions: not supported
+    max_tool_response_length: int = 256  # tokens of one tool message (longer: cut)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"  # hf | vllm
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    do_sample: bool = True
+    ignore_eos: bool = False
+    micro_batch_size: Optional[int] = None  # sequences per generation pass; None: all
+    shared_prefill: bool = True  # hf: a prompt is prefilled once, its KV cache shared by its n samples
+    remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
+    early_stop: bool = True  # hf: stop decoding once every sequence has ended
+    log_prob_micro_batch_size: int = 64
+    # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    # vLLM's engine (rollout.name=vllm), handed to vllm.LLM; null: vLLM's own default (VLLM_SETTINGS)
+    enable_chunked_prefill: Optional[bool] = None
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_model_len: Optional[int] = None  # null: data.max_prompt_length + data.max_response_length
+    enforce_eager: Optional[bool] = None
+    load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
+    # how a LoRA policy reaches the engine: adapter (the engine applies the adapters: hf samples from the policy
+    # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second
+    # copy on hf, full weights into vLLM); null: adapter on hf (no second copy), merged on vLLM
+    lora_sync: Optional[str] = None
+    trace: Dict[str, Any] = field(default_factory=dict)  # verl's rollout tracing (backend, token2text): named unused
+    free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
+    layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
+    mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
+    # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
+    engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla (PPO-clip, token ratios) | gspo (sequence ratio) | gpg (no ratio)
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """FSDP2's mixed precision of the policy (verl's fsdp_config.mixed_precision.*)."""
+
+    param_dtype: Optional[str] = None  # compute dtype over the stored weights; null: bfloat16 on GPUs, none on CPUs
+    reduce_dtype: str = "float32"  # gradients are reduced across workers in this dtype
+    buffer_dtype: str = "float32"  # FSDP1's: FSDP2 keeps buffers as stored (another value is named unused)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1  # -1: lr_warmup_steps_ratio x total steps
+    lr_warmup_steps_ratio: float = 0.0
+    # null: warm-up factor (step + 1) / W; s in (0, 1]: torch LinearLR's s + (1 - s) * min(step, W) / W (NeMo-RL)
+    lr_warmup_start_factor: Optional[float] = None
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
+    ppo_micro_batch_size: int = 8  # sequences
+    # micro-batches filled up to a token budget (prompt + response tokens per worker) instead of
+    # ppo_micro_batch_size sequences: the same loss and gradient, fewer and fuller passes on mixed lengths
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # None: clip_ratio
+    clip_ratio_high: Optional[float] = None  # None: clip_ratio
+    clip_ratio_c: Optional[float] = 3.0  # dual-clip bound for A < 0 (> 1); null: no dual clip (NeMo-RL's ratio_clip_c)
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null: data.max_response_length
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    # an update that is exactly on-policy (ppo_epochs=1, one mini-batch, no KL in the reward) takes its old
+    # log-probs from its own forward instead of a separate pass: the same loss and gradient, one pass fewer
+    reuse_on_policy_log_probs: bool = True
+    strategy: str = "fsdp2"
+    fsdp_size: int = -1  # -1: shard over every worker (verl's fsdp_config.fsdp_size; hybrid sharding is refused)
+    # Ulysses sequence parallelism: groups of this many workers take the same rows and split each sequence's
+    # positions (training/ulysses.py); it must divide the workers and the model's attention heads
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False  # the log-prob and entropy functions torch.compile'd (the model is not)
+    entropy_from_logits_with_chunking: bool = False  # the entropy 2048 tokens at a time: smaller temporaries
+    entropy_checkpointing: bool = False  # the entropy's temporaries recomputed in the backward instead of kept
+    # FSDP2's CPUOffloadPolicy: sharded parameters and gradients live in CPU memory, copied to the GPU layer by
+    # layer for each pass, and the optimizer steps on the CPU (needs FSDP2 workers: trainer.use_ray or > 1 GPU)
+    param_offload: bool = False
+    optimizer_offload: bool = False  # the optimizer's state moves to the CPU between updates
+    forward_prefetch: bool = False  # FSDP2: each layer gathers the next one's parameters as it starts
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    use_orig_params: bool = False  # FSDP1's flag: FSDP2 always keeps the original parameters (named unused)
+    freeze_vision_tower: bool = False  # a vision-language model's image encoder keeps its weights
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size: int = 64
+    strategy: str = "fsdp2"
+    fsdp_size: int = -1
+    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's (one size for all of a worker's models)
+    use_torch_compile: bool = False  # the reference pass's log-prob function torch.compile'd
+    entropy_from_logits_with_chunking: bool = False  # verl's: the reference pass computes no entropy (unused)
+    # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
+    param_offload: bool = False
+    forward_prefetch: bool = False  # as actor.forward_prefetch, for the reference's FSDP2 shards
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: drop groups whose metric is the same for every sample."""
+
+    enable: bool = False
+    metric: str = "acc"  # acc | score (the reward before shaping) | seq_reward | seq_final_reward (after)
+    max_num_gen_batches: int = 10  # most generation rounds per step (<= 0: no cap)
+
+
+@dataclass
+class PFPPOConfig:
+    """PF-PPO's policy filtration (algorithm.use_pf_ppo): the update's rows redrawn, favouring reliable rewards."""
+
+    reweight_method: str = "pow"  # pow | max_min | max_random (algorithms.pf_ppo_weights)
+    weight_pow: float = 2.0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Optional[str] = None  # a preset: one of ALGORITHMS (presets.py); your keys win
+    adv_estimator: str = "grpo"  # grpo | grpo_loo | gae | rloo | ...: algorithms.ADV_ESTIMATORS
+    norm_adv_by_std_in_grpo: bool = True  # grpo, grpo_loo, grpo_passk: divide by the (group's) std
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gamma: float = 1.0
+    lam: float = 1.0
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    use_pf_ppo: bool = False  # after GAE, as verl: needs adv_estimator=gae
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    # truncated responses (no EOS within data.max_response_length) count in their group's advantages, but add
+    # nothing to the policy loss, KL loss or token counts (NeMo-RL's grpo.overlong_filtering)
+    overlong_filtering: bool = False
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment: a penalty growing linearly from 0 to
+    -penalty_factor over the last `len` tokens before data.max_response_length."""
+
+    enable: bool = False
+    len: Optional[int] = None  # tokens; null: a fifth of max_resp_len
+    penalty_factor: float = 1.0
+    log: bool = True
+    # the length the penalty is counted back from (verl's reward_model.reward_kwargs.max_resp_len);
+    # null: data.max_response_length
+    max_resp_len: Optional[int] = None
+
+
+@dataclass
+class RewardModelConfig:
+    """A sequence-classification model that scores each (prompt, response): verl's reward_model.*."""
+
+    enable: bool = False  # its score is the reward (with reward.custom_fn: that function's extra_info["rm_score"])
+    path: Optional[str] = None
+    micro_batch_size: int = 64  # chats per scoring pass (verl's reward_model.micro_batch_size_per_gpu)
+    max_length: Optional[int] = None  # chats cut to this many of the reward model's tokens; null: not cut
+    trust_remote_code: bool = False
+    use_remove_padding: bool = True  # chats of alike length share a scoring pass
+    param_offload: bool = False  # its weights wait in CPU memory between scoring calls (verl's fsdp_config.*)
+    input_tokenizer: Optional[str] = None  # verl's: responses are decoded by the policy's tokenizer either way
+    use_reward_loop: bool = False  # verl's choice of its reward workers; named unused
+    rollout: Dict[str, Any] = field(default_factory=dict)  # verl's vLLM server for the model; named unused
+
+
+@dataclass
+class SandboxFusionConfig:
+    """A SandboxFusion service that runs code sources' responses against their tests (rewards.sandbox)."""
+
+    url: Optional[str] = None  # its /run_code endpoint; null: code sources (apps, taco, ...) score 0 as errors
+    max_concurrent: int = 64  # requests in flight, shared equally by the reward processes (each at least 1)
+    memory_limit_mb: int = 1024  # per program run
+
+
+@dataclass
+class RewardConfig:
+    custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward_manager: str = "naive"  # verl's naive | prime | dapo | batch: posttrain scores in worker processes
+    timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
+    num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+
+
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None  # null: the actor's model.path (or the embedded tiny model)
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: Optional[bool] = None  # null: model.use_remove_padding
+    # FSDP2's CPU offload of the critic's parameters (and gradients), its optimizer state on the CPU between
+    # updates (see actor.param_offload); verl's critic.model.fsdp_config.*
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    fsdp_size: int = -1
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO with GAE (algorithm.adv_estimator=gae): the
+    critic model's LM with a scalar value head."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_start_factor: Optional[float] = None  # as actor.lr_warmup_start_factor, for the critic's warm-up
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
+    ppo_micro_batch_size: Optional[int] = None  # sequences; null: actor.ppo_micro_batch_size
+    forward_micro_batch_size: Optional[int] = None  # sequences per value pass; null: rollout.log_prob_micro_batch_size
+    use_dynamic_bsz: Optional[bool] = None  # token-budget micro-batches (see actor.use_dynamic_bsz); null: the actor's
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: Optional[int] = None  # value passes' budget; null: ppo_max_token_len_per_gpu
+    ppo_epochs: Optional[int] = None  # null: actor.ppo_epochs
+    cliprange_value: float = 0.5
+    loss_agg_mode: Optional[str] = None  # null: actor.loss_agg_mode
+
+
+@dataclass
+class TrainerConfig:
+    use_legacy_worker_impl: str = "auto"  # verl's choice of its own worker classes: posttrain has one kind
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
+    max_epochs: Optional[int] = None  # stop after this many passes over the data even if total_training_steps is more
+    save_freq: int = -1  # -1: never
+    test_freq: int = -1  # -1: only before (val_before_train) and after training
+    val_before_train: bool = True
+    val_at_end: bool = True  # validate after the last step (false: only if it is a test_freq multiple)
+    logger: List[str] = field(default_factory=lambda: ["console"])
+    project_name: str = "posttrain"
+    experiment_name: Optional[str] = "default"  # null: a timestamp (a new run directory each time)
+    run_dir: Optional[str] = None  # None: runs/<project_name>/<experiment_name>
+    resume_mode: str = "auto"  # auto | disable | resume_path | a global_step_N directory
+    resume_from_path: Optional[str] = None  # with resume_mode=resume_path (verl's spelling)
+    async_save: bool = True  # write checkpoints in a background thread
+    max_ckpt_to_keep: Optional[int] = None  # keep the newest K checkpoints; None: all
+    # verl keeps the critic's apart; a posttrain checkpoint holds both, so it may only equal max_ckpt_to_keep
+    max_critic_ckpt_to_keep: Optional[int] = None
+    keep_top_k: Optional[int] = None  # also keep the best K by keep_top_k_metric
+    keep_top_k_metric: str = "val/score/mean"
+    keep_top_k_mode: str = "max"  # max | min
+    n_gpus_per_node: int = 1  # workers per node (devices; CPU workers with device=cpu)
+    nnodes: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    use_ray: Optional[bool] = None  # null: on Ray when nnodes x n_gpus_per_node > 1 or a Ray address is set
+    ray_address: Optional[str] = None  # a running cluster (HEAD:6379); null: $RAY_ADDRESS, else a local cluster
+    cpus_per_worker: int = 1
+    collective_timeout_s: float = 600.0  # a collective (all-gather, reduce-scatter) slower than this is an error
+    seed: int = 0
+    critic_warmup: int = 0  # the first N steps update only the critic (PPO with gae)
+    max_nonfinite_steps: int = 10  # stop (saving the last good state) after N steps in a row skipped for NaN/inf; <= 0: never
+    log_val_generations: int = 0  # validation completions written to samples.jsonl at each validation
+    log_samples_freq: int = 10  # every N steps a few prompts' best and worst completions go to samples.jsonl; <= 0: never
+    log_samples_prompts: int = 4  # prompts per sample log (their best and worst completion each)
+    peak_flops: Optional[float] = None  # FLOP/s of one device for MFU; null: GPU by name, CPU measured once
+    debug: bool = False  # rewards, tools and the policy in this process: breakpoint() stops there (docs/debugging.md)
+
+
+@dataclass
+class ProfilerRoleConfig:
+    """verl's <role>.profiler: whether the role's phases (profiling.ROLE_PHASES) are profiled, on which ranks.
+    Null: off / rank 0 (rollout's: the actor's, as in verl, whose actor worker also generates)."""
+
+    enable: Optional[bool] = None
+    all_ranks: Optional[bool] = None
+    ranks: Optional[List[int]] = None  # [] or null: rank 0
+    tool_config: Dict[str, Any] = field(default_factory=dict)  # <tool>.discrete, <torch|npu>.contents read
+
+
+@dataclass
+class TorchMemoryConfig:
+    """profiler.tool=torch_memory: torch.cuda.memory._record_memory_history's settings."""
+
+    trace_alloc_max_entries: int = 100_000
+    stack_depth: int = 32  # verl's; torch records whole stacks (named unused)
+    context: Optional[str] = "all"  # alloc | state | all | null
+    stacks: str = "all"  # python | all
+
+
+@dataclass
+class ProfilerConfig:
+    """Step profiling (profiling.py): verl's global_profiler.* and per-role profiler.*."""
+
+    tool: Optional[str] = None  # torch | nsys | torch_memory | npu (torch's profiler); null: off
+    steps: Optional[List[int]] = None  # RL steps, counted from 1; null: none (torch_memory: every step)
+    continuous_steps: bool = False  # consecutive listed steps in one capture
+    discrete: bool = False  # a capture per enabled role's phase instead of per step (default of tool_config.*.discrete)
+    save_path: Optional[str] = None  # null: RUN_DIR/profile
+    torch_memory: TorchMemoryConfig = field(default_factory=TorchMemoryConfig)
+    global_tool_config: Dict[str, Any] = field(default_factory=dict)  # verl's nsys launch options, ...: unused
+    actor: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    ref: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    rollout: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+    critic: ProfilerRoleConfig = field(default_factory=ProfilerRoleConfig)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+
+
+def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every leaf key -> (type, default), e.g. 'actor.lr' -> (float, 1e-6)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None) or (
+            f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+        ):
+            out.update(schema(f.default_factory, key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[key] = (f.type, default)
+    return out
+
+
+SCHEMA = schema()
+LIST_KEYS = {k for k, (t, _) in SCHEMA.items() if "List" in str(t)}
+DICT_KEYS = {k for k, (t, _) in SCHEMA.items() if "Dict" in str(t)}  # free-form: any key below them
+# rollout keys that configure vLLM's engine: other engines name them as unused (unused_engine_settings)
+VLLM_SETTINGS = ("enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                 "enforce_eager", "load_format")
+
+
+def uses_lora(cfg: Config) -> bool:
+    return cfg.model.lora_rank > 0 or bool(cfg.model.lora_adapter_path)
+
+
+def data_parallel_groups(cfg: Config) -> int:
+    """Workers that take rows of their own: all of them, or their Ulysses groups."""
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
