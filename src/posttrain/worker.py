@@ -151,6 +151,8 @@ class Worker:
         from posttrain.quiet import quiet_libraries
         from posttrain.training.parallelize import parallelize
 
+        # One piece on purpose (a few lines over 60): its order is the contract (environment, process group,
+        # models, sharding, optimizer, engine), read top to bottom.
         s = self.spec
         os.environ.update(s.env)
         quiet_libraries()

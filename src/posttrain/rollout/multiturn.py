@@ -69,6 +69,8 @@ def rollout_with_tools(generate: Callable, tokenizer, prompts: list[list[int]], 
     data_source). -> the rows' RolloutOutput (prompt-major, params.n per prompt) and their trajectories."""
     from posttrain.tools import parse_tool_calls
 
+    # One piece on purpose (a few lines over 60): the turn loop (generate, parse calls, run the tools, append
+    # their messages, stop) reads as the conversation it builds.
     n, limit = params.n, settings.max_response_length
     first = generate(prompts, dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limit)))
     rows = first.response_ids.shape[0]

@@ -205,6 +205,8 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     whole loss, NaN when one was not finite), <prefix>/grad_norm (over the
     steps taken), <prefix>/nonfinite_updates (the steps skipped), <prefix>/lr.
     """
+    # One piece on purpose: the epochs / mini-batches / micro-batches nesting and the loss weights that make
+    # a cut-up mini-batch sum to its whole loss are easiest to check read together.
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     sums: dict[str, float] = {}
