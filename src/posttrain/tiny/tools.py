@@ -13,7 +13,7 @@ between turns are laid out by rollout.multiturn.continuation_ids, exactly as a r
 out). It stops once greedy conversations on a dev slice of the training pairs answer right
 `target_accuracy` of the time: the model then writes the call's format, but copies the numbers
 into it (and the tool's answer out of it) unreliably; GRPO with the calculator then raises both
-(README "Multi-turn rollouts with tools"). A 3-digit product is out of its reach without the tool.
+(docs/multi-turn-tools.md). A 3-digit product is out of its reach without the tool.
 The copying appears suddenly (none right until ~step 600, most calls right by ~step 720); a model
 stopped at 0.3, just after, was too fragile for RL (one seed of three gained), hence 0.5.
 
