@@ -105,7 +105,25 @@ def test_gpu_peaks_by_name():
     assert F.gpu_peak_flops("Some Future Accelerator") is None
 
 
-def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+def test_cpu_peak_is_the_best_of_the_first_measurements_then_cached(tmp_path, monkeypatch):
+    """One run start measures once; the first CPU_PEAK_MEASUREMENTS keep the best (a busy machine's low
+    measurement is replaced by a quieter one), later starts read the cache."""
+    measured = iter([0.5e11, 1.5e11, 1.4e11, 9e11])  # the first while the machine was busy
+    calls = []
+
+    def fake_measure(threads, dtype):
+        calls.append(threads)
+        return next(measured)
+
+    monkeypatch.setattr(F, "measure_cpu_peak_flops", fake_measure)
+    cache = tmp_path / "peak_flops.json"
+    assert F.CPU_PEAK_MEASUREMENTS == 3
+    assert [F.cpu_peak_flops(2, cache_file=cache) for _ in range(4)] == [0.5e11, 1.5e11, 1.5e11, 1.5e11]
+    assert calls == [2, 2, 2]  # the fourth start trusts the cache
+    assert json.loads(cache.read_text()) == {F.cpu_peak_key(2, torch.float32): {"peak": 1.5e11, "measurements": 3}}
+
+
+def test_cpu_peak_cache_per_thread_count_old_entries_and_damage(tmp_path, monkeypatch):
     calls = []
 
     def fake_measure(threads, dtype):
@@ -114,13 +132,33 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(F, "measure_cpu_peak_flops", fake_measure)
     cache = tmp_path / "peak_flops.json"
-    assert F.cpu_peak_flops(2, cache_file=cache) == 1.5e11
-    assert F.cpu_peak_flops(2, cache_file=cache) == 1.5e11
-    assert calls == [2]
-    assert F.cpu_peak_flops(1, cache_file=cache) == 1.5e11 and calls == [2, 1]  # another thread count: measured
+    assert F.cpu_peak_flops(1, cache_file=cache) == 1.5e11 and calls == [1]
+    cached = json.loads(cache.read_text())
+    cached[F.cpu_peak_key(2, torch.float32)] = 0.6e11  # an older posttrain's entry: one measurement, a bare number
+    cache.write_text(json.dumps(cached))
+    assert F.cpu_peak_flops(2, cache_file=cache) == 1.5e11 and calls == [1, 2]  # measured again, the best kept
     assert len(json.loads(cache.read_text())) == 2
     cache.write_text("{not json")  # a damaged cache is measured again, not an error
-    assert F.cpu_peak_flops(2, cache_file=cache) == 1.5e11 and calls == [2, 1, 2]
+    assert F.cpu_peak_flops(2, cache_file=cache) == 1.5e11 and calls == [1, 2, 2]
+
+
+def test_a_step_faster_than_the_measured_peak_raises_it_and_asks_for_a_new_measurement(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A peak measured on a busy machine (0.5e11) against a step that computed 0.8e11 FLOP/s per device: MFU
+    1.6 is impossible, so the step's rate becomes the peak (MFU 1 for it), cached, and the next run start
+    measures again (keeping the best)."""
+    from posttrain.metrics import raise_measured_peak
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
+    key = F.cpu_peak_key(2, torch.float32)
+    cache = tmp_path / "peak_flops.json"
+    cache.write_text(json.dumps({key: {"peak": 0.5e11, "measurements": 3}}))
+    assert raise_measured_peak({"perf/mfu/actor": 0.9, "perf/mfu/rollout": 0.4}, 0.5e11, [key]) is None
+    assert raise_measured_peak({"perf/mfu/actor": 1.6, "perf/mfu/rollout": 0.4}, 0.5e11, [key]) == pytest.approx(0.8e11)
+    assert "more than the CPU's measured peak" in capsys.readouterr().err
+    assert json.loads(cache.read_text()) == {key: {"peak": pytest.approx(0.8e11), "measurements": 0}}
+    monkeypatch.setattr(F, "measure_cpu_peak_flops", lambda threads, dtype: 1.5e11)
+    assert F.cpu_peak_flops(2) == 1.5e11
 
 
 def test_a_real_cpu_measurement_is_plausible():
@@ -143,3 +181,12 @@ def test_frozen_weights_count_one_backward_pass():
     g = torch.tensor([0, 0])
     assert lora.training_shared(torch.tensor([3, 3]), torch.tensor([2, 4]), g) == pytest.approx(
         2 / 3 * full.training_shared(torch.tensor([3, 3]), torch.tensor([2, 4]), g))
+
+
+def test_only_a_measured_cpu_peak_is_raised_by_a_faster_step():
+    from posttrain.build import measured_peaks
+
+    cpu = [{"peak_key": "cpu|threads=2|float32"}, {"peak_key": "cpu|threads=2|float32"}]
+    assert measured_peaks(None, cpu) == ["cpu|threads=2|float32"]
+    assert measured_peaks(2e11, cpu) == []  # trainer.peak_flops: the user's number stands
+    assert measured_peaks(None, [{"peak_key": None}, *cpu]) == []  # a GPU's peak comes from its table

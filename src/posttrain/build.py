@@ -319,7 +319,7 @@ def build_run(cfg) -> Run:
         cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, rewards=rewards,
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
-        resumed_from=resume_from, flops=flops, peak_flops=peak,
+        resumed_from=resume_from, flops=flops, peak_flops=peak, peak_keys=measured_peaks(tr.peak_flops, workers),
         profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -400,6 +400,13 @@ def peak_flops_of(configured: float | None, workers: list[dict]) -> float | None
               file=sys.stderr)
         return None
     return min(peaks)
+
+
+def measured_peaks(configured: float | None, workers: list[dict]) -> list[str]:
+    """The CPU peaks (flops.cpu_peak_key) the run's MFU is measured against, which a step that beats them
+    raises (metrics.raise_measured_peak); none when trainer.peak_flops is set or a device is no CPU."""
+    keys = [w.get("peak_key") for w in workers]
+    return [] if configured or not all(keys) else sorted(set(keys))
 
 
 def worker_device(name: str, distributed: bool) -> str:

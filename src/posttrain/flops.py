@@ -177,21 +177,66 @@ def measure_cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, n: 
         torch.set_num_threads(before)
 
 
+CPU_PEAK_MEASUREMENTS = 3  # run starts that measure the CPU's peak before the cached best is trusted
+
+
 def cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, cache_file: Path | None = None) -> float:
-    """Measured once per (CPU model, threads, dtype) and cached as JSON."""
+    """The CPU's peak FLOP/s per (CPU model, threads, dtype): the best of the first CPU_PEAK_MEASUREMENTS
+    calls' measurements (one per run start), cached as JSON. A machine busy during one measurement gives a
+    low peak, which inflates MFU (past 100%): a later, quieter measurement replaces it, and
+    `raise_cpu_peak` records a step that went faster than the peak."""
     if cache_file is None:
         from posttrain.files import cache_root
 
         cache_file = cache_root() / "peak_flops.json"
-    key = f"{cpu_name()}|threads={threads}|{str(dtype).removeprefix('torch.')}"
+    key = cpu_peak_key(threads, dtype)
+    cached = _read_peaks(cache_file)
+    best, count = _peak_entry(cached.get(key))
+    if best > 0 and count >= CPU_PEAK_MEASUREMENTS:
+        return best
+    best = max(best, measure_cpu_peak_flops(threads, dtype))
+    cached[key] = {"peak": best, "measurements": count + 1}
+    _write_peaks(cache_file, cached)
+    return best
+
+
+def raise_cpu_peak(key: str, achieved: float, cache_file: Path | None = None) -> None:
+    """A step computed `achieved` FLOP/s on the CPU of `key` (cpu_peak_key), more than its cached peak: that
+    is the peak at least, and the next run starts by measuring again."""
+    if cache_file is None:
+        from posttrain.files import cache_root
+
+        cache_file = cache_root() / "peak_flops.json"
+    cached = _read_peaks(cache_file)
+    best, _ = _peak_entry(cached.get(key))
+    cached[key] = {"peak": max(best, achieved), "measurements": 0}
+    _write_peaks(cache_file, cached)
+
+
+def cpu_peak_key(threads: int, dtype: torch.dtype) -> str:
+    return f"{cpu_name()}|threads={threads}|{str(dtype).removeprefix('torch.')}"
+
+
+def _peak_entry(entry) -> tuple[float, int]:
+    """A cache entry -> (its best peak, how many measurements it holds); an older cache's bare number
+    counts as one measurement."""
+    if isinstance(entry, (int, float)) and not isinstance(entry, bool) and entry > 0:
+        return float(entry), 1
+    if isinstance(entry, dict) and isinstance(entry.get("peak"), (int, float)) and entry["peak"] > 0:
+        count = entry.get("measurements")
+        return float(entry["peak"]), count if isinstance(count, int) and count >= 0 else 0
+    return 0.0, 0
+
+
+def _read_peaks(cache_file: Path) -> dict:
     try:
         cached = json.loads(cache_file.read_text())
     except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
-        return float(cached[key])
-    peak = measure_cpu_peak_flops(threads, dtype)
-    cached[key] = peak
+        return {}  # a damaged cache is measured again, not an error
+    return cached if isinstance(cached, dict) else {}
+
+
+def _write_peaks(cache_file: Path, cached: dict) -> None:
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
@@ -199,7 +244,6 @@ def cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, cache_file:
         os.replace(tmp, cache_file)
     except OSError as e:  # a read-only cache costs a measurement per run, nothing more
         print(f"posttrain: warning: could not cache the CPU's peak FLOP/s in {cache_file}: {e}", file=sys.stderr)
-    return peak
 
 
 def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[str, float | None]:

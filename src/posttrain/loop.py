@@ -26,7 +26,7 @@ from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
 from posttrain.generation import rollout_and_score
-from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, timed
+from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler
 from posttrain.rewards.model import ModelRewards
@@ -70,6 +70,7 @@ class Run:
     stop_signal: int | None = None
     flops: ModelFlops | None = None  # the policy's FLOPs per token (None: its config lacks a field MFU needs)
     peak_flops: float | None = None  # per device (None: unknown, no MFU)
+    peak_keys: list[str] = field(default_factory=list)  # measured CPU peaks a faster step raises
     guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
     tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
@@ -136,10 +137,9 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             m["critic/reward_baseline/mean"] = float(batch.reward_baselines.mean())
         if cfg.algorithm.use_pf_ppo:  # PF-PPO: the update trains on rows redrawn by how reliable their reward is
             batch = pf_ppo_batch(batch, cfg.algorithm.pf_ppo, seed=cfg.trainer.seed * 1_000_003 + run.global_step)
-    # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps)
-    #    takes PPO-clip steps over mini-batches with micro-batch accumulation (+ LR schedule), without the
-    #    truncated responses with algorithm.overlong_filtering. A NaN or inf in their inputs skips both (the
-    #    weights stay as they are)
+    # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps) takes PPO-clip
+    #    steps over mini-batches with micro-batch accumulation (+ LR schedule), without the truncated responses
+    #    with algorithm.overlong_filtering. A NaN or inf in their inputs skips both (the weights stay as they are)
     policy_batch = overlong_filtered(batch, cfg.data.max_response_length, m) if cfg.algorithm.overlong_filtering \
         else batch
     fault = first_nonfinite_input(batch)
@@ -159,12 +159,9 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
 
 
 def overlong_filtered(batch: RolloutBatch, max_response_length: int, m: dict) -> RolloutBatch:
-    """algorithm.overlong_filtering (NeMo-RL's grpo.overlong_filtering): the batch the policy update sees,
-    the truncated responses' response_mask zeroed after their advantages were computed with them in their
-    groups. So they add nothing to the policy loss, the KL loss, the entropy bonus or the counts that
-    token-mean divides by (NeMo-RL's loss_multiplier 0), and the other rows' loss is what it would be without
-    them. `batch` keeps its mask: response_length/*, the clip ratio and the advantages' statistics still count
-    every row. Adds actor/overlong_filtered_ratio (the share of rows filtered) to `m`."""
+    """algorithm.overlong_filtering (NeMo-RL's): the batch the policy update sees, truncated rows' mask zeroed
+    after their group's advantages used them: they add nothing to any loss or token count (NeMo-RL's
+    loss_multiplier 0). `batch` keeps its mask for the metrics. Adds actor/overlong_filtered_ratio to `m`."""
     cut = truncated_rows(batch.truncated, batch.response_mask, max_response_length)  # [N]
     m["actor/overlong_filtered_ratio"] = float(cut.float().mean()) if len(cut) else 0.0
     if not bool(cut.any()):
@@ -245,8 +242,12 @@ def log_step(run: Run, logger: MetricsLogger, metrics: dict, batch: RolloutBatch
     steps (and the first) some of its samples."""
     tr = run.cfg.trainer
     share = run.cfg.model.share_prompt and not run.cfg.model.enable_gradient_checkpointing
-    metrics.update(perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs,
-                                getattr(run.actor, "world_size", 1), share))
+    world = getattr(run.actor, "world_size", 1)
+    perf = perf_metrics(metrics, batch, run.flops, run.peak_flops, run.cfg.actor.ppo_epochs, world, share)
+    if run.peak_keys and (peak := raise_measured_peak(perf, run.peak_flops, run.peak_keys)):
+        run.peak_flops = peak  # the step beat the measured peak (measured on a busy machine): MFU against this
+        perf = perf_metrics(metrics, batch, run.flops, peak, run.cfg.actor.ppo_epochs, world, share)
+    metrics.update(perf)
     metrics.update(run.actor.memory())
     if tr.log_samples_freq > 0 and (run.global_step % tr.log_samples_freq == 0 or run.global_step == 1):
         logger.log_samples(sample_rows(batch, run.tokenizer, tr.log_samples_prompts), run.global_step)

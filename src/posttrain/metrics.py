@@ -89,6 +89,24 @@ def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: in
     return {k: v for k, v in out.items() if v is not None}
 
 
+def raise_measured_peak(perf: dict, peak: float, keys: list[str]) -> float | None:
+    """A step's perf metrics with an MFU over 1 against a measured CPU peak: the peak was measured too low
+    (on a busy machine). -> the FLOP/s per device the step achieved, now the cached peak of `keys` (with a
+    warning); None when no MFU is over 1."""
+    from posttrain.flops import raise_cpu_peak
+
+    top = max((v for k, v in perf.items() if k.startswith("perf/mfu/")), default=0.0)
+    if top <= 1.0:
+        return None
+    achieved = top * peak
+    for key in keys:
+        raise_cpu_peak(key, achieved)
+    print(f"posttrain: warning: a step computed {achieved / 1e9:.1f} GFLOP/s per device, more than the CPU's "
+          f"measured peak ({peak / 1e9:.1f}, measured while the machine was busy?): MFU is measured against "
+          "that from now on, and the next run measures the peak again", file=sys.stderr)
+    return achieved
+
+
 # The console line: fixed-width fields, so the columns line up from step to step.
 # (label, metric, format, width)
 CONSOLE_FIELDS = [

@@ -202,13 +202,14 @@ class Worker:
         self.engine = self._make_engine(rollout_model, eos)
         if s.rollout.weights_from_policy:
             self.sync_weights()
-        from posttrain.flops import device_peak_flops
+        from posttrain.flops import cpu_peak_key, device_peak_flops
 
         # MFU's denominator, measured here: a CPU's peak depends on this process's threads
         dtype = getattr(torch, s.mixed_precision or s.dtype)
         device_name, peak = device_peak_flops(device, dtype)
         return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id,
-                "device_name": device_name, "peak_flops": peak, "sequence_parallel": self.sp.size if self.sp else 1}
+                "device_name": device_name, "peak_flops": peak, "sequence_parallel": self.sp.size if self.sp else 1,
+                "peak_key": cpu_peak_key(torch.get_num_threads(), dtype) if device.type == "cpu" else None}
 
     def _setup_critic(self, c: CriticSpec, kwargs: dict) -> None:
         from posttrain.models import load_value_model
