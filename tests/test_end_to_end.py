@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import posttrain, read_metrics
+from helpers import NO_SHARED_GSM8K, SHARED_GSM8K, posttrain, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 STEP_KEYS = ["critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
              "actor/grad_norm", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen",
              "timing_s/update_actor", "timing_s/step", "perf/throughput", "val/score/mean"]
@@ -85,7 +84,7 @@ def test_verl_command_on_a_gsm8k_sample(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-@pytest.mark.skipif(not SHARED_GSM8K.exists(), reason="../shared/data/gsm8k is not present")
+@pytest.mark.skipif(not SHARED_GSM8K.exists(), reason=NO_SHARED_GSM8K)
 def test_verl_command_on_gsm8k(tmp_path, trained_tiny_model_dir):
     """Exactly the tutorial's command (paths aside) on the whole GSM8K, with the embedded tiny model."""
     posttrain(["preprocess", "gsm8k", "--input", str(SHARED_GSM8K), "--output-dir", "gsm8k"], tmp_path)

@@ -14,8 +14,9 @@ from posttrain.rewards import REWARD_FNS, arith, compute_score, countdown, gsm8k
 from posttrain.rewards.custom import load_reward_fn
 from posttrain.rewards.scoring import ScoreResult, score_batch
 
+from helpers import NO_SHARED_GSM8K, SHARED_GSM8K
+
 HERE = Path(__file__).parent
-SHARED_GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"  # <repo>/../shared
 
 
 # --- gsm8k ------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def test_gsm8k_reference_solutions_score_one(tmp_path):
 
 
 @pytest.mark.shared_data
-@pytest.mark.skipif(not SHARED_GSM8K.exists(), reason="../shared/data/gsm8k is not present")
+@pytest.mark.skipif(not SHARED_GSM8K.exists(), reason=NO_SHARED_GSM8K)
 def test_gsm8k_reference_solutions_score_one_on_the_whole_dataset(tmp_path):
     train, test = (read_rows(p) for p in gsm8k_pre.run(SHARED_GSM8K, tmp_path))
     assert (len(train), len(test)) == (7473, 1319)
