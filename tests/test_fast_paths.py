@@ -234,6 +234,23 @@ def test_a_step_reusing_its_log_probs_equals_one_with_a_separate_pass(tmp_path, 
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # how transformers says an argument's name goes away
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(random_qwen2):
+    """transformers renamed a model's `past_key_values` (argument and output) to `cache`, and the old
+    name goes in 5.40: decoding and the shared-prompt log-prob pass use the installed version's name,
+    so neither warns (nor, past 5.40, decodes without its cache)."""
+    import inspect
+
+    from transformers import Qwen2ForCausalLM
+
+    from posttrain.rollout.kv import CACHE
+
+    assert CACHE in inspect.signature(Qwen2ForCausalLM.forward).parameters
+    batch = make_batch(random_qwen2)  # a prefill, then decoding steps that pass the cache back in
+    options = PassOptions(remove_padding=False, share_prompt=True)  # the prompt's cache, reused by its samples
+    compute_log_probs(random_qwen2, batch, 64, temperature=1.0, options=options)
+
+
 def test_reserved_cache_layer_writes_in_place_and_grows_when_full():
     from posttrain.rollout.kv import ReservedLayer
 

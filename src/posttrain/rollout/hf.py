@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
-from posttrain.rollout.kv import reserve
+from posttrain.rollout.kv import CACHE, cache_of, reserve
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -173,7 +173,7 @@ class HFRolloutEngine:
                          logits_to_keep=1)
         logits = out.logits[:, -1, :]
         repeats = n if self.shared_prefill else 1  # [p, ...] -> [p*n, ...]: the prompt ran once for its n samples
-        cache = reserve(out.past_key_values, params.max_new_tokens, repeats)  # decoding writes in place
+        cache = reserve(cache_of(out), params.max_new_tokens, repeats)  # decoding writes in place
         if repeats > 1:
             logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
         next_pos = position_ids[:, -1:] + 1  # [rows, 1]
@@ -207,8 +207,8 @@ class HFRolloutEngine:
                     continue
             mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=device)], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1, :]
+                             use_cache=True, **{CACHE: cache})
+            cache, logits = cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         return (tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None),
                 ~finished)

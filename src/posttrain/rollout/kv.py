@@ -13,6 +13,17 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# The name of a model's KV-cache argument and output field. transformers renamed it from
+# `past_key_values` to `cache` (5.24 has the new name, and the old one warns that it goes in
+# 5.40); the 5.17 of the GPU image has only the old one.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_of(out):
+    """The KV cache a forward with use_cache=True returned (out.cache; out.past_key_values before the rename)."""
+    return getattr(out, CACHE)
 
 
 class ReservedLayer(DynamicLayer):

@@ -26,6 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
+from posttrain.rollout.kv import CACHE, cache_of
 from posttrain.training.fused import stats_head
 
 FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R]
@@ -160,7 +161,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
         head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
                      position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
+    cache = cache_of(head)  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
     if blocks:
         cache.batch_repeat_interleave(rows // unique.shape[0])
     else:
@@ -172,7 +173,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     # response position t predicts token t+1; the last response token predicts nothing we score: left out
     with _head(model, targets[:, 1:] if fused else None, temperature):
         tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
-                     position_ids=position_ids[:, prompt_width:-1], past_key_values=cache, use_cache=True,
+                     position_ids=position_ids[:, prompt_width:-1], use_cache=True, **{CACHE: cache},
                      logits_to_keep=response_length - 1)
     return torch.cat([first_token, tail.logits], dim=1)
 
