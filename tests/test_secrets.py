@@ -160,7 +160,6 @@ def test_cli_errors_are_redacted(tmp_path, capfd, monkeypatch):
 
 def test_report_redacts_an_old_run_directory(tmp_path, monkeypatch):
     """A run directory written before redaction (or edited by hand) still shows no secret."""
-    pytest.importorskip("plotly")
     monkeypatch.setenv("WANDB_API_KEY", "wandbOLDkey0123456789")
     run_dir = tmp_path / "old"
     run_dir.mkdir()
@@ -232,7 +231,7 @@ def leaks(root: Path, text: str, secrets) -> list[str]:
 
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
 def test_a_run_and_its_report_leak_no_secret(tmp_path, monkeypatch, capfd, trained_tiny_model_dir):
-    for package in ("tensorboard", "wandb", "mlflow", "sqlalchemy", "plotly"):
+    for package in ("tensorboard", "wandb", "mlflow", "sqlalchemy"):  # the loggers' extras (plotly is a dependency)
         pytest.importorskip(package)
     import wandb
 
