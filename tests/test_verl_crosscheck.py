@@ -9,9 +9,10 @@ interpreter already finds it. Without verl the test skips, and under CI=true fai
 
 The inputs are small hand-made tensors in float64: groups of 1 to 4 rows given in no order, right-padded
 rows of every length (0 included), rows with masked tokens inside them (tool output), rewards and
-advantages of both signs, zero scores, ratios far outside every clip range. Everything is compared to
-within verl's own 1e-8 epsilons (see TOL), everywhere in the tensors except where posttrain documents that it differs from verl
-(GAE and ReMax in masked positions, which no loss reads)."""
+advantages of both signs, zero scores, ratios far outside every clip range and past every clamp. Values
+and gradients are compared to within verl's own 1e-8 epsilons (see TOL), everywhere in the tensors except
+where posttrain documents that it differs from verl (GAE and ReMax in masked positions, which no loss
+reads)."""
 
 import importlib.util
 import os
