@@ -142,15 +142,62 @@ def test_tiny_model_copies_the_shipped_model(tmp_path, capsys):
     assert "is not empty" in capsys.readouterr().err
 
 
+def weights_sha(model_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def rebuild_says(said: str, out: Path) -> str:
+    """The rebuild's verdict, checked to be the one its weights call for: "same" or "other"."""
+    assert said.rstrip().endswith(f"Its digest: {directory_digest(out)}")
+    same = "; the same weights as the shipped model (seed 0" in said
+    other = "; other weights than the shipped model (seed 0" in said
+    assert same != other, said
+    return "same" if same else "other"
+
+
+@pytest.mark.parametrize("task", ["arith", "tools"])
+@pytest.mark.parametrize("weights", ["same", "other"])
+def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys, monkeypatch, task, weights):
+    """`posttrain tiny-model --rebuild`'s last line, with the build replaced by a copy of the shipped model,
+    its weights as shipped or with one number changed: the verdict follows the weights."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from posttrain.cli import main
+    from posttrain.tiny import tools as tiny_tools
+
+    shipped_dir = shipped.EMBEDDED_DIR if task == "arith" else shipped.TOOLS_DIR
+
+    def build(out, seed=0, **_):
+        shutil.copytree(shipped_dir, out, dirs_exist_ok=True)
+        if weights == "other":
+            state = load_file(Path(out) / "model.safetensors")
+            name = sorted(state)[0]
+            state[name] = state[name].clone()
+            state[name].view(-1)[0] += 1.0
+            save_file(state, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
+        return {"seconds": 1.0, "sft_steps": 3, "dev_accuracy": 0.5, "test_accuracy": 0.4}
+
+    monkeypatch.setattr(arith, "build_tiny_model", build)
+    monkeypatch.setattr(tiny_tools, "build_tools_model", build)
+    out = tmp_path / "m"
+    assert main(["tiny-model", "--task", task, "--rebuild", "--output", str(out)]) == 0
+    assert (weights_sha(out) == weights_sha(shipped_dir)) == (weights == "same")
+    assert rebuild_says(capsys.readouterr().out, out) == weights
+
+
 @pytest.mark.slow
 def test_rebuild_makes_a_competent_but_imperfect_model(tmp_path, capsys):
     """`posttrain tiny-model --rebuild`: the build code still makes what was shipped, up to
-    this CPU's rounding (about 100 s)."""
+    this CPU's rounding (about 100 s); its verdict is the one its weights call for."""
     from posttrain.cli import main
 
     assert main(["tiny-model", "--rebuild", "--output", str(tmp_path / "m")]) == 0
-    said = capsys.readouterr().out
-    assert "the shipped model" in said and "Its digest: " in said
+    verdict = rebuild_says(capsys.readouterr().out, tmp_path / "m")
+    assert verdict == ("same" if weights_sha(tmp_path / "m") == weights_sha(shipped.EMBEDDED_DIR) else "other")
     meta = json.loads((tmp_path / "m" / "posttrain_tiny.json").read_text())
     assert 0.3 <= meta["dev_accuracy"] <= 0.75
     assert 0.15 <= meta["test_accuracy"] <= 0.75

@@ -1,14 +1,16 @@
 """ReMax and GPG: the estimators against values worked out by hand (the
-arithmetic is in the comments), against verl's own functions where verl is
-installed, and in the loop (ReMax's greedy baseline, dynamic sampling)."""
+arithmetic is in the comments) and in the loop (ReMax's greedy baseline,
+dynamic sampling, GPG's loss in the update). tests/test_verl_crosscheck.py
+compares them (and every other estimator and loss verl has) with verl's own."""
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from posttrain.algorithms import compute_advantages, gpg_advantages, remax_advantages
+from posttrain.algorithms import compute_advantages, gpg_advantages, grpo_advantages, remax_advantages
 from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.generation import greedy_baselines, rollout_and_score
@@ -16,6 +18,7 @@ from posttrain.loop import Run, rl_step, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.training.logprobs import compute_log_probs
 
 from helpers import pad, read_metrics, run_overrides, write_prompts
 
@@ -91,35 +94,6 @@ def test_gpg_counts_nonzero_scores_as_verl_does():
     assert torch.equal(a2, adv)
     adv, _ = gpg_advantages(torch.zeros(3, 0), torch.zeros(3, 0), [0, 0, 1])
     assert adv.shape == (3, 0)
-
-
-# ---------------------------------------------------------------- against verl's own functions
-
-def test_against_verl():
-    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
-    gen = torch.Generator().manual_seed(0)
-    B, R = 12, 7
-    lengths = torch.randint(0, R + 1, (B,), generator=gen)  # a 0: a fully masked row
-    lengths[0] = 0
-    mask = (torch.arange(R) < lengths.unsqueeze(-1)).float()  # right-padded, as the loop's
-    rewards = torch.randn(B, R, generator=gen).round(decimals=1) * mask
-    rewards[1] = 0  # a zero score (GPG counts the non-zero ones)
-    index = [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4, 4]  # group 3 is a group of one
-    baselines = torch.randn(B, generator=gen)
-
-    ours = remax_advantages(rewards, mask, baselines)
-    theirs = core_algos.compute_remax_outcome_advantage(token_level_rewards=rewards, reward_baselines=baselines,
-                                                        response_mask=mask)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b)  # right-padded rows: equal everywhere, padding included
-
-    ours = gpg_advantages(rewards, mask, index)
-    theirs = core_algos.compute_gpg_outcome_advantage(token_level_rewards=rewards, response_mask=mask,
-                                                      index=np.array(index, dtype=object))
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b)
-    assert core_algos.get_adv_estimator_fn("remax") is core_algos.compute_remax_outcome_advantage
-    assert core_algos.get_adv_estimator_fn("gpg") is core_algos.compute_gpg_outcome_advantage
 
 
 # ---------------------------------------------------------------- ReMax's baseline in the loop, scripted
@@ -219,15 +193,28 @@ def test_remax_step_advantage_is_score_minus_the_greedy_score(tmp_path, trained_
     assert len(steps) == 2 and all("critic/reward_baseline/mean" in s and "timing_s/gen_max" in s for s in steps)
 
 
-def test_gpg_two_steps_move_the_weights(tmp_path, trained_tiny_model_dir):
-    run = build_run(tiny_config(tmp_path / "gpg", trained_tiny_model_dir, "algorithm.adv_estimator=gpg"))
-    before = {n: p.detach().clone() for n, p in run.actor.policy.named_parameters()}
-    assert train(run)["steps"] == 2
-    moved = [n for n, p in run.actor.policy.named_parameters() if not torch.equal(before[n], p.detach())]
+def test_gpg_step_takes_gpg_advantages_and_the_plain_policy_gradient(tmp_path, trained_tiny_model_dir):
+    """algorithm.name=gpg: the step's advantages are GPG's (alpha-scaled, not divided by the std) and its
+    loss is GPG's -A log p, with no ratio: on-policy, PPO's loss would be mean(-A) whatever the log-probs."""
+    run = build_run(tiny_config(tmp_path / "gpg", trained_tiny_model_dir, "algorithm.name=gpg"))
+    start = copy.deepcopy(run.actor.policy)
+    _, indices = run.sampler.next_batch()
+    m, batch = rl_step(run, [run.train_data[i] for i in indices])
+    mask = batch.response_mask.float()
+    adv, _ = gpg_advantages(batch.token_level_rewards, mask, batch.group)
+    assert torch.equal(batch.advantages, adv)
+    assert adv.abs().max() > 0 and not torch.allclose(adv, grpo_advantages(batch.token_level_rewards, mask,
+                                                                           batch.group)[0])
+    log_prob, _ = compute_log_probs(start, batch, 16)  # [16, R] what the update's own forward saw
+    gpg_loss = float((-adv * log_prob * mask).sum() / mask.sum())
+    ppo_loss = float((-adv * mask).sum() / mask.sum())  # PPO-clip at ratio 1
+    assert m["actor/pg_loss"] == pytest.approx(gpg_loss, rel=1e-4, abs=1e-6)
+    assert abs(gpg_loss - ppo_loss) > 0.1
+    assert m["actor/pg_clipfrac"] == 0 and m["actor/ppo_kl"] == 0
+    moved = [n for n, p in run.actor.policy.named_parameters()
+             if not torch.equal(dict(start.named_parameters())[n], p.detach())]
     assert moved  # weight decay 0: only the gradient of non-zero advantages moves them
-    steps = step_metrics(tmp_path / "gpg")
-    assert len(steps) == 2
-    for s in steps:
-        assert all(np.isfinite(v) for v in s.values() if isinstance(v, float))
-    assert any(s["critic/advantages/max"] > 0 for s in steps)
-    assert "critic/reward_baseline/mean" not in steps[0] and "timing_s/gen_max" not in steps[0]
+    assert all(np.isfinite(v) for v in m.values() if isinstance(v, float))
+    assert "critic/reward_baseline/mean" not in m and "timing_s/gen_max" not in m
+    run.actor.shutdown()
+    run.rewards.close()
