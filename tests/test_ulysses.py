@@ -59,7 +59,9 @@ out["log_probs"] = float((stats[0][0] - stats[1][0]).abs().max())
 out["entropy"] = float((stats[0][1] - stats[1][1]).abs().max())
 out["grad"] = float((grads[0] - grads[1]).abs().max())
 out["grad_size"] = float(grads[0].abs().max())
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+# without it, a rank can exit while gloo's threads still run: "terminate called without an active exception"
+dist.destroy_process_group()
 """
 
 
