@@ -30,8 +30,9 @@ h*E per layer for the MLP: only the experts a token goes through.
 
 Peaks (FLOP/s per device): `trainer.peak_flops` when set; on a GPU the dense
 bf16 tensor-core peak from `GPU_PEAK_FLOPS` by device name (MFU is relative
-to that even for float32 weights, as verl does); on a CPU a float32 matmul
-measured once and cached in the posttrain cache directory.
+to that even for float32 weights, as verl does); on a CPU a float32 matmul,
+the best of the first CPU_PEAK_MEASUREMENTS runs' measurements, cached in the
+posttrain cache directory (a faster step raises it: raise_cpu_peak).
 """
 
 from __future__ import annotations
