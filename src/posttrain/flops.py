@@ -47,6 +47,8 @@ from pathlib import Path
 
 import torch
 
+from posttrain.files import cache_root
+
 # Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from the vendors' data
 # sheets; the first name that occurs in torch.cuda.get_device_name() wins, so
 # longer names come before their prefixes.
@@ -186,10 +188,7 @@ def cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, cache_file:
     calls' measurements (one per run start), cached as JSON. A machine busy during one measurement gives a
     low peak, which inflates MFU (past 100%): a later, quieter measurement replaces it, and
     `raise_cpu_peak` records a step that went faster than the peak."""
-    if cache_file is None:
-        from posttrain.files import cache_root
-
-        cache_file = cache_root() / "peak_flops.json"
+    cache_file = cache_file or peaks_file()
     key = cpu_peak_key(threads, dtype)
     cached = _read_peaks(cache_file)
     best, count = _peak_entry(cached.get(key))
@@ -204,14 +203,16 @@ def cpu_peak_flops(threads: int, dtype: torch.dtype = torch.float32, cache_file:
 def raise_cpu_peak(key: str, achieved: float, cache_file: Path | None = None) -> None:
     """A step computed `achieved` FLOP/s on the CPU of `key` (cpu_peak_key), more than its cached peak: that
     is the peak at least, and the next run starts by measuring again."""
-    if cache_file is None:
-        from posttrain.files import cache_root
-
-        cache_file = cache_root() / "peak_flops.json"
+    cache_file = cache_file or peaks_file()
     cached = _read_peaks(cache_file)
     best, _ = _peak_entry(cached.get(key))
     cached[key] = {"peak": max(best, achieved), "measurements": 0}
     _write_peaks(cache_file, cached)
+
+
+def peaks_file() -> Path:
+    """Where the measured CPU peaks are cached."""
+    return cache_root() / "peak_flops.json"
 
 
 def cpu_peak_key(threads: int, dtype: torch.dtype) -> str:
