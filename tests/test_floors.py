@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from helpers import runtime_nodes
+
 SRC = Path(__file__).resolve().parent.parent / "src" / "posttrain"
 
 # Top to bottom; keys are module names under posttrain ("models.lora") or package prefixes
@@ -77,22 +79,10 @@ def _ours(name: str) -> str | None:
     return ".".join(parts) or "__init__"
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imports(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
     """(line, imported posttrain module) for every import in `module`'s source, nested ones too."""
     found = []
-    tree = ast.parse(source)
-    # names imported only for annotations (`if TYPE_CHECKING:`) are never imported when the code runs:
-    # generation.py may name loop.Run in a signature without depending on the loop
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for stmt in block.body for n in ast.walk(stmt)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in runtime_nodes(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, _ours(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

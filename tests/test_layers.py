@@ -7,6 +7,8 @@ from pathlib import Path
 
 import posttrain
 
+from helpers import runtime_nodes
+
 PACKAGE = Path(posttrain.__file__).parent
 
 
@@ -31,14 +33,7 @@ def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps = set()
-        tree = ast.parse(path.read_text(), str(path))
-        # `if TYPE_CHECKING:` imports are for annotations and never run (generation.py names loop.Run)
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-                       for stmt in block.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in runtime_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 deps |= {known(a.name) for a in node.names if a.name.split(".")[0] == "posttrain"}
             elif isinstance(node, ast.ImportFrom):
