@@ -95,54 +95,56 @@ def test_the_hf_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(trained_tiny_
     assert torch.allclose(a.log_probs, b.log_probs.cpu(), atol=1e-4)
 
 
-# ------------------------------------------------------------------ FSDP2 over NCCL
+# ------------------------------------------------------------------ FSDP2 over NCCL (gloo on the CPU)
 
-def _fsdp_rank(rank: int, world: int, init: str, model_dir: str, batch_file: str, out: str,
-               offload: bool = False) -> None:
-    """One process of the FSDP2 group: the Worker's own sharded path (world > 1)
-    or `parallelize` by hand (world 1), then one update of its share."""
-    import torch.distributed as dist
-
-    from posttrain.distributed.balance import minibatch_shards
-    from posttrain.distributed.group import tensors_only
-    from posttrain.training.actor import loss_units, make_lr_scheduler, make_optimizer
-
+def _update_process(rank: int, world: int, init: str | None, model_dir: str, device: str, batch_file: str, out: str,
+                    offload: bool = False) -> None:
+    """One process, deterministic algorithms on: the Worker's own sharded setup (process group,
+    FSDP2, optimizer; `init` given, any world size) or a plain unsharded Worker (`init` None);
+    then one update of its share of the batch."""
+    torch.use_deterministic_algorithms(True)  # CUDA's atomics (scatter-add, ...) otherwise vary run to run
     try:
-        batch = torch.load(batch_file, weights_only=False)
-        w = Worker(spec(model_dir, "cuda"), rank=rank, world_size=world)
-        if world > 1:
-            w.setup(init_method=init)
-        else:
-            from posttrain.training.parallelize import parallelize
+        import torch.distributed as dist
 
-            torch.cuda.set_device(0)
-            dist.init_process_group("nccl", init_method=init, rank=0, world_size=1)
-            w.setup()
-            parallelize(w.policy, offload_params=offload)
-            w.optimizer = make_optimizer(w.policy, w.spec.lr, w.spec.weight_decay, w.spec.betas)
-            w.scheduler = make_lr_scheduler(w.optimizer, 0)
-        lengths = batch.attention_mask.sum(-1).tolist()
-        shards = minibatch_shards(lengths, w.spec.update.mini_batch_size, world)
-        totals = [loss_units(m.response_mask, "token-mean") for m in batch.split(w.spec.update.mini_batch_size)]
-        metrics = w.train_step(tensors_only(batch.select(shards[rank])), totals if world > 1 else None)
+        from posttrain.distributed.balance import minibatch_shards
+        from posttrain.distributed.group import tensors_only
+        from posttrain.training.actor import loss_units
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        batch = torch.load(batch_file, weights_only=False)
+        w = Worker(spec(model_dir, device, param_offload=offload), rank=rank, world_size=world, sharded=init is not None)
+        w.setup(init_method=init)
+        if init is None:
+            metrics = w.train_step(batch)
+        else:
+            lengths = batch.attention_mask.sum(-1).tolist()
+            shards = minibatch_shards(lengths, w.spec.update.mini_batch_size, world)
+            totals = [loss_units(m.response_mask, "token-mean") for m in batch.split(w.spec.update.mini_batch_size)]
+            metrics = w.train_step(tensors_only(batch.select(shards[rank])), totals)
         full = w.full_state_dict()
+        backend = dist.get_backend() if dist.is_initialized() else None
         if rank == 0:
-            torch.save({"metrics": metrics, "weights": full, "backend": dist.get_backend()}, out)
-        dist.destroy_process_group()
+            torch.save({"metrics": metrics, "weights": full, "backend": backend,
+                        "fsdp": type(w.policy).__name__.startswith("FSDP")}, out)
+        w.shutdown()
     except Exception as e:  # the parent reads why
         Path(f"{out}.rank{rank}.err").write_text(f"{type(e).__name__}: {e}")
         raise
 
 
-def fsdp_update(model_dir, batch, world: int, tmp: Path, offload: bool = False) -> dict:
+def spawned_update(model_dir, batch, world: int, tmp: Path, device: str = "cuda", offload: bool = False,
+                   sharded: bool = True) -> dict:
+    """One update in `world` fresh processes (sharded) or one (unsharded), deterministic."""
     import torch.multiprocessing as mp
 
+    name = f"{'sharded' if sharded else 'plain'}{world}"
     torch.save(batch, tmp / "batch.pt")
-    out = tmp / f"world{world}.pt"
-    init = f"file://{tmp}/rdzv{world}"
+    out = tmp / f"{name}.pt"
+    init = f"file://{tmp}/rdzv-{name}" if sharded else None
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS's deterministic mode; the children inherit it
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_fsdp_rank, args=(r, world, init, str(model_dir), str(tmp / "batch.pt"), str(out),
-                                                  offload)) for r in range(world)]
+    procs = [ctx.Process(target=_update_process, args=(r, world, init, str(model_dir), device, str(tmp / "batch.pt"),
+                                                       str(out), offload)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -153,22 +155,18 @@ def fsdp_update(model_dir, batch, world: int, tmp: Path, offload: bool = False) 
     return torch.load(out, weights_only=False)
 
 
-def one_process_update(model_dir, batch) -> dict:
-    w = Worker(spec(model_dir, "cuda"))
-    w.setup()
-    return {"metrics": w.train_step(batch), "weights": weights(w.policy)}
-
-
 def assert_same_update(sharded: dict, single: dict) -> None:
+    """Deterministic on both sides; FSDP2 reduces gradients in another order than one
+    process sums them, so the two agree to float32 rounding, not bit for bit."""
     assert sharded["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-4)
     a, b = sharded["weights"], single["weights"]
     assert set(a) == set(b)
-    worst = max((a[k].float().cpu() - b[k]).abs().max().item() for k in a)
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst < 1e-5, worst
 
 
-def cuda_batch(model_dir) -> RolloutBatch:
-    w = Worker(spec(model_dir, "cuda"))
+def update_batch(model_dir, device: str = "cuda") -> RolloutBatch:
+    w = Worker(spec(model_dir, device))
     w.setup()
     batch = rollout_batch(w)
     batch.old_log_probs = w.compute_log_probs(batch).cpu()
@@ -181,34 +179,38 @@ def test_fsdp2_over_nccl_in_two_processes_on_one_gpu_matches_one_process(trained
     """Two ranks share the one GPU. NCCL may refuse two ranks on one device
     ("Duplicate GPU"); then this skips saying so, and the world-size-1 test
     below is what ran."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    batch = cuda_batch(trained_tiny_model_dir)
+    batch = update_batch(trained_tiny_model_dir)
     try:
-        sharded = fsdp_update(trained_tiny_model_dir, batch, 2, tmp_path)
+        sharded = spawned_update(trained_tiny_model_dir, batch, 2, tmp_path)
     except RuntimeError as e:
         if "duplicate gpu" in str(e).lower() or "invalid usage" in str(e).lower():
             pytest.skip(f"NCCL refuses two ranks on one GPU: {str(e)[:300]}")
         raise
-    assert sharded["backend"] == "nccl"
-    assert_same_update(sharded, one_process_update(trained_tiny_model_dir, batch))
+    assert "nccl" in sharded["backend"] and sharded["fsdp"]
+    assert_same_update(sharded, spawned_update(trained_tiny_model_dir, batch, 1, tmp_path, sharded=False))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
-@pytest.mark.parametrize("offload", [False, True])  # True: FSDP2's CPUOffloadPolicy (actor.param_offload)
-def test_fsdp2_over_nccl_with_world_size_1_matches_one_process(trained_tiny_model_dir, tmp_path, offload):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    batch = cuda_batch(trained_tiny_model_dir)
-    sharded = fsdp_update(trained_tiny_model_dir, batch, 1, tmp_path, offload)
-    assert sharded["backend"] == "nccl"
-    assert_same_update(sharded, one_process_update(trained_tiny_model_dir, batch))
+@pytest.mark.parametrize("device, offload", [
+    ("cpu", False),  # gloo
+    pytest.param("cuda", False, marks=needs_cuda),
+    pytest.param("cuda", True, marks=needs_cuda),  # FSDP2's CPUOffloadPolicy (actor.param_offload)
+])
+def test_the_workers_own_sharded_setup_at_world_size_1_matches_an_unsharded_worker(trained_tiny_model_dir, tmp_path,
+                                                                                    device, offload):
+    """What a WorkerGroup of one runs (trainer.use_ray=true on one GPU): the Worker joins a
+    process group of one and shards its models with FSDP2 itself; one update equals an
+    unsharded Worker's."""
+    batch = update_batch(trained_tiny_model_dir, device)
+    sharded = spawned_update(trained_tiny_model_dir, batch, 1, tmp_path, device, offload)
+    assert ("nccl" if device == "cuda" else "gloo") in sharded["backend"] and sharded["fsdp"]
+    assert_same_update(sharded, spawned_update(trained_tiny_model_dir, batch, 1, tmp_path, device, sharded=False))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_optimizer_offload_on_cuda_keeps_the_state_on_the_cpu_and_the_same_updates(trained_tiny_model_dir):
     torch.backends.cuda.matmul.allow_tf32 = False
-    batch = cuda_batch(trained_tiny_model_dir)
+    batch = update_batch(trained_tiny_model_dir)
     plain, offloaded = Worker(spec(trained_tiny_model_dir, "cuda")), Worker(
         spec(trained_tiny_model_dir, "cuda", optimizer_offload=True))
     plain.setup(), offloaded.setup()

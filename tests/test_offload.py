@@ -144,3 +144,21 @@ def test_verls_mixed_precision_and_model_dtype_reach_the_worker():
         load_config(None, ["model.path=/m", "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16"])
     with pytest.raises(ConfigError, match="actor.mixed_precision.param_dtype=int8 is not one of: float32"):
         load_config(None, ["model.path=/m", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=int8"])
+
+
+def test_an_offloaded_fsdp2_model_computes_on_its_meshs_device(monkeypatch):
+    """FSDP2's CPU offload leaves the parameters on the CPU while the passes run on
+    the mesh's GPU: the batch must go there, not where the parameters are (the real
+    thing runs in tests/test_gpu.py's world-size-1 offload case)."""
+    from posttrain.training.logprobs import compute_device
+
+    class Mesh:
+        device_type = "cuda"
+
+    model = torch.nn.Linear(2, 2)
+    assert compute_device(model) == torch.device("cpu")  # a plain module: where its parameters are
+    model.weight.device_mesh = Mesh()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert compute_device(model) == torch.device("cuda", 3)
+    Mesh.device_type = "cpu"  # gloo: computes where its parameters are
+    assert compute_device(model) == torch.device("cpu")

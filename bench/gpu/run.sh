@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# posttrain on a GPU machine, in one command from the repository root:
+# posttrain on a GPU machine, from the repository root (about 14 minutes on an H200; where one call
+# is limited to 10, split it: --parts tests,default, then --parts throughput,trl --shapes qwen2.5-0.5b,
+# then --parts throughput,trl --shapes qwen2.5-1.5b):
 #
 #   bash bench/gpu/run.sh [--parts tests,default,throughput,trl] [--shapes ...] [--steps N]
 #   bash bench/gpu/run.sh --dry-run          # the same on the CPU at tiny sizes

@@ -133,10 +133,13 @@ def optimizer_state_on_device(optimizer, offload: bool):
 
 
 class Worker:
-    """The verbs of one device. `rank`/`world_size` > 1 only inside a worker group."""
+    """The verbs of one device. `rank`/`world_size` > 1 only inside a worker group.
+    `sharded` (default: world_size > 1) joins a process group and shards with FSDP2;
+    a `WorkerGroup` always shards, at a world size of 1 too (parameter offload is FSDP2's)."""
 
-    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
+    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, sharded: bool | None = None):
         self.spec, self.rank, self.world_size = spec, rank, world_size
+        self.sharded = world_size > 1 if sharded is None else sharded
         self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
@@ -144,7 +147,7 @@ class Worker:
     # ------------------------------------------------------------ building
 
     def setup(self, init_method: str | None = None) -> dict:
-        """Join the process group (world_size > 1), load and shard the models,
+        """Join the process group (when sharded), load and shard the models,
         make the optimizer and the rollout engine. -> where this worker runs."""
         from posttrain.models import load_model, load_tokenizer
         from posttrain.models.loader import eos_token_ids, freeze_vision_tower
@@ -159,7 +162,7 @@ class Worker:
         if s.threads:
             torch.set_num_threads(s.threads)
         device = torch.device(s.device)
-        if self.world_size > 1:
+        if self.sharded:
             self._init_process_group(init_method, device)
         torch.manual_seed(s.seed)
         kwargs = dict(dtype=s.dtype, trust_remote_code=s.trust_remote_code, device=device,
@@ -249,12 +252,14 @@ class Worker:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """In a process group, sharded with FSDP2."""
+        return self.sharded
 
     def _init_process_group(self, init_method: str, device: torch.device) -> None:
         import torch.distributed as dist
 
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # CUDA: NCCL for the GPU's tensors, gloo for the CPU's (FSDP2's CPU offload gathers and saves them)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(0)  # Ray gives each worker one GPU, visible as cuda:0
         dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size,

@@ -62,7 +62,7 @@ class WorkerGroup:
                 num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0, max_restarts=0, name=None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
                 runtime_env={"env_vars": env} if env else None,
-            ).remote(spec, rank=i, world_size=self.world_size)
+            ).remote(spec, rank=i, world_size=self.world_size, sharded=True)
             for i in range(self.world_size)
         ]
         self._rdzv_dir = None

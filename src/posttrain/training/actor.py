@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, get_policy_loss
-from posttrain.training.logprobs import PassOptions, log_probs_and_entropy, micro_batches
+from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     `mini_totals[k]` the `loss_units` of the whole mini-batch k, so the
     gradients, averaged over workers by FSDP, equal the single-process ones.
     """
-    device = next(model.parameters()).device
+    device = compute_device(model)
     s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device, sp), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,

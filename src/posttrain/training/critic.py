@@ -9,7 +9,7 @@ import torch
 from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
 from posttrain.training.actor import pinned_loss_scale, run_updates
-from posttrain.training.logprobs import micro_batches
+from posttrain.training.logprobs import compute_device, micro_batches
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = T
     `max_tokens` tokens), no grad, zero outside the response mask."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = compute_device(model)
     values = torch.zeros(batch.responses.shape, dtype=torch.float32)
     try:
         for rows, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
@@ -82,7 +82,7 @@ def update_critic(model, optimizer, batch, s: CriticSettings, mini_totals: list[
                   world_size: int = 1, sp=None) -> dict[str, float]:
     """`ppo_epochs` passes of the clipped value loss over `batch` in
     mini-batches (see `actor.run_updates`); -> critic/* metrics."""
-    device = next(model.parameters()).device
+    device = compute_device(model)
     s = pinned_loss_scale(s, batch)
     return run_updates(model, optimizer, batch, lambda mb: critic_micro_loss(model, mb, s, device, sp),
                        s.mini_batch_size, s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip,

@@ -45,6 +45,17 @@ class PassOptions:
     sp: object = None  # training.ulysses.SequenceParallel: this worker's positions of each sequence only
 
 
+def compute_device(model: torch.nn.Module) -> torch.device:
+    """The device `model`'s passes run on: its parameters', except that FSDP2 with
+    CPU offload keeps them on the CPU and computes on its mesh's device."""
+    p = next(model.parameters())
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None or mesh.device_type == "cpu":
+        return p.device
+    module = getattr(torch, mesh.device_type)
+    return torch.device(mesh.device_type, module.current_device())
+
+
 def trim_padding(mb):
     """The micro-batch without the columns that are padding in every row: left
     of its longest prompt and right of its longest response. Every [N, P+R]
@@ -287,7 +298,7 @@ def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 
     """
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = compute_device(model)
     log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
     entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
     try:
