@@ -123,6 +123,11 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
         "++policy.scheduler=[{name: CosineAnnealingLR}]": "scheduler",
         "policy.optimizer.name=torch.optim.SGD": "AdamW",
+        # a mapping refused as a whole, not leaf by leaf ("did you mean 'policy.hf_config_overrides'?")
+        "++policy.hf_config_overrides={rope_scaling: {rope_type: yarn}}": r"hf_config_overrides=\{'rope_scaling'.* set "
+                                                                          r"it to \{\} or null",
+        "++env.reward_model.model_name=rm": "no data.*.env_name names it",  # set, but scoring nothing
+        "++env.sliding_puzzle_game.cfg.size=3": "other than math and reward_model",
     }
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=message) as e:
@@ -135,6 +140,10 @@ def test_engine_knobs_are_accepted_and_nemo_keys_alone_work_on_posttrains_defaul
     vllm = layer(BASE, "policy.generation.backend=vllm", "++policy.generation.vllm_cfg.use_tqdm=false",
                  "++cluster.master_port_range_low=1400")
     assert vllm["rollout.max_model_len"] == 64 and vllm["rollout.gpu_memory_utilization"] == 0.6
+    # sequence parallelism without tensor parallelism: no effect (NeMo-RL warns so); with it, refused
+    assert layer(BASE, "++policy.dtensor_cfg.sequence_parallel=true") == layer(BASE)
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2|sequence_parallel=True"):
+        layer(BASE, "++policy.dtensor_cfg.sequence_parallel=true", "policy.dtensor_cfg.tensor_parallel_size=2")
     cfg = load_config(None, ["grpo.max_num_steps=3", "grpo.num_generations_per_prompt=2", "trainer.device=cpu",
                              "model.path=m"])
     assert cfg.trainer.total_training_steps == 3 and cfg.rollout.n == 2 and cfg.trainer.device == "cpu"

@@ -97,6 +97,9 @@ OFF = {
     "on_policy_distillation": (None,),
 }
 
+# mappings read as one value (not leaf by leaf): handed on as they are, or refused as a whole by OFF
+WHOLE = ("policy.generation.vllm_kwargs", "policy.hf_config_overrides", "on_policy_distillation")
+
 # sections a file switches off with `enabled: false`: then nothing below them matters; on, refused (the why)
 SWITCHED = {
     "policy.megatron_cfg": "posttrain trains with FSDP2, not Megatron; set policy.megatron_cfg.enabled=false "

@@ -22,7 +22,8 @@ import difflib
 import fnmatch
 from typing import Any
 
-from posttrain.config.nemo_rl_keys import BACKENDS, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES, SWITCHED, TUNING
+from posttrain.config.nemo_rl_keys import (BACKENDS, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES, SWITCHED,
+                                            TUNING, WHOLE)
 from posttrain.errors import ConfigError
 
 _ABSENT = object()
@@ -45,7 +46,7 @@ class _Leaves:
     def _walk(self, node, prefix: str) -> None:
         for k, v in node.items():
             key = f"{prefix}{k}"
-            if isinstance(v, dict) and v and key != "policy.generation.vllm_kwargs":
+            if isinstance(v, dict) and v and key not in WHOLE:
                 self._walk(v, key + ".")
             else:
                 self.flat[key] = v
@@ -180,6 +181,8 @@ def _policy(f: _Leaves, out: dict, origin: str) -> None:
                           "torch.optim.AdamW")
     if f.has("policy.scheduler"):
         out.update(_scheduler(f.get("policy.scheduler"), origin))
+    if f.flat.get("policy.dtensor_cfg.tensor_parallel_size", 1) == 1:  # peeked: a size above 1 is refused below
+        f.get("policy.dtensor_cfg.sequence_parallel")  # without tensor parallelism no effect (NeMo-RL warns so)
     if f.get("policy.dtensor_cfg.cpu_offload", False):
         out["actor.param_offload"] = out["actor.optimizer_offload"] = True
     _generation(f, out, origin)
@@ -356,9 +359,12 @@ def _env(f: _Leaves, out: dict, origin: str) -> None:
             f.get(key)
         envs.discard("reward_model")
     other = sorted(envs - {"math"})
+    if other == ["reward_model"]:  # set, but no data split scores with it
+        raise ConfigError(f"env.reward_model ({origin}) is set but no data.*.env_name names it; set "
+                          "data.default.env_name=reward_model to score with it, or drop env.reward_model")
     if other:
         raise ConfigError(f"env.{other[0]} ({origin}): posttrain scores with reward functions by data_source (math, "
-                          "gsm8k, ...); NeMo-RL environments other than math are not supported")
+                          "gsm8k, ...); NeMo-RL environments other than math and reward_model are not supported")
 
 
 def _nearest(key: str) -> str:
