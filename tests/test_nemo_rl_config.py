@@ -1,7 +1,11 @@
 """NeMo-RL's config layout: its files (with `defaults:`), its Hydra-style overrides, and the places
 where its keys mean something else than verl's (train_global_batch_size counts samples,
-use_leave_one_out_baseline, keep_top_k without a metric)."""
+use_leave_one_out_baseline, keep_top_k without a metric), and NeMo-RL's own example configs
+(tests/data/nemo_rl/examples_*.json, from bench/nemo_rl_configs.py) loading as the guide's section 6 says."""
 
+import functools
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,27 @@ from posttrain.errors import ConfigError
 HERE = Path(__file__).parent / "data" / "nemo_rl"
 BASE, SEED = str(HERE / "grpo_base.yaml"), str(HERE / "grpo_seed.yaml")
 FSDP2 = ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true", "++policy.optimizer.kwargs.lr=2e-6"]
+GUIDE = Path(__file__).parents[1] / "docs" / "coming-from-nemo-rl.md"
+
+# NeMo-RL's own examples/configs/grpo_*.yaml, each as the loader reads it (its `defaults:` merged in), written by
+# `python bench/nemo_rl_configs.py --nemo-rl DIR --generate tests/data/nemo_rl` from a checkout at the named commit
+EXAMPLES = HERE / "examples_7ea279a.json"
+LOADS, SWITCHED = "loads", "loads with the FSDP2 switch"
+# What `posttrain train --config FILE` makes of each, as the guide's section 6 lists them: it loads, it loads with
+# section 2's FSDP2 switch, or it is refused (a Megatron file with the switch) in one line naming this NeMo-RL key
+EXAMPLE_OUTCOMES = {
+    "grpo_math_1B": LOADS, "grpo_math_8B": LOADS, "grpo_smoke": LOADS, "grpo_rm_1B": LOADS,
+    "grpo_math_1B_megatron": SWITCHED, "grpo_math_8B_megatron": SWITCHED, "grpo_math_70B_megatron": SWITCHED,
+    "grpo_math_qwen30ba3b_megatron": SWITCHED,
+    "grpo_math_1B_dynamo": "grpo.async_grpo.enabled",
+    "grpo_math_1B_sglang": "policy.generation.backend", "grpo_math_1B_trtllm": "policy.generation.backend",
+    "grpo_math_1B_megatron_single_controller": "policy.generation.colocated.enabled",
+    "grpo_math_8B_megatron_nixl": "policy.generation.colocated.enabled",
+    "grpo_math_70B_megatron_fp8": "loss_fn.use_importance_sampling_correction",
+    "grpo_math_8B_megatron_fp8": "loss_fn.use_importance_sampling_correction",
+    "grpo_multiple_datasets": "data.train",
+    "grpo_sliding_puzzle": "env.sliding_puzzle_game",
+}
 
 
 def layer(path=None, *overrides):
@@ -198,3 +223,77 @@ def test_the_guide_commands_parse_and_its_tables_name_real_keys():
         first = re.search(r"`([a-z_]+\.[a-z_.]+)", ours)
         key = first and first.group(1)
         assert key and (key in SCHEMA or any(key.startswith(k + ".") for k in SCHEMA)), row
+
+
+@functools.cache
+def examples() -> dict:
+    return json.loads(EXAMPLES.read_text())
+
+
+def train_config(path, overrides=()):
+    """What `posttrain train --config PATH OVERRIDES` loads and checks before it builds the run."""
+    from posttrain.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--config", str(path), *overrides])
+    return load_config(*split_train_args(args.args, args.config))
+
+
+def test_the_example_configs_are_nemo_rls_named_with_their_source():
+    about, configs = examples()["about"], examples()["configs"]
+    assert about["source"] == "https://github.com/NVIDIA-NeMo/RL" and EXAMPLES.stem == f"examples_{about['commit'][:7]}"
+    assert "Apache License, Version 2.0" in about["attribution"] and "NVIDIA" in about["attribution"]
+    assert about["generated_by"].startswith("python bench/nemo_rl_configs.py --nemo-rl DIR --generate ")
+    assert sorted(configs) == sorted(f"{name}.yaml" for name in EXAMPLE_OUTCOMES)
+    assert not any("defaults" in tree for tree in configs.values())  # each one self-contained
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_OUTCOMES))
+def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tmp_path):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(examples()["configs"][path.name]))  # JSON is YAML (its strings stay strings)
+    expected = EXAMPLE_OUTCOMES[name]
+    try:
+        cfg, got = train_config(path), LOADS
+    except ConfigError as e:
+        if expected == LOADS or not str(e).startswith("policy.megatron_cfg.enabled=true"):
+            assert expected not in (LOADS, SWITCHED), f"{name} is refused: {e}"
+            assert "\n" not in str(e) and re.match(rf"{re.escape(expected)}\b", str(e)), str(e)
+            return
+        assert "policy.megatron_cfg.enabled=false policy.dtensor_cfg.enabled=true" in str(e)  # the switch, named
+        try:
+            cfg, got = train_config(path, FSDP2), SWITCHED
+        except ConfigError as e:
+            assert expected not in (LOADS, SWITCHED), f"{name} is refused with the FSDP2 switch: {e}"
+            assert "\n" not in str(e) and re.match(rf"{re.escape(expected)}\b", str(e)), str(e)
+            return
+    assert got == expected, f"{name} {got}, the guide says: {expected}"
+    if name == "grpo_rm_1B":  # the guide: its reward-model environment becomes reward.model.*
+        assert cfg.reward.model.enable and cfg.reward.model.path == "Skywork/Skywork-Reward-V2-Qwen3-0.6B"
+
+
+def test_the_guides_section_6_lists_each_example_config_as_it_loads():
+    section = GUIDE.read_text().split("\n## 6. ", 1)[1].split("\n## ", 1)[0]
+    commit = re.search(r"commit ([0-9a-f]{7})\b", section).group(1)
+    assert examples()["about"]["commit"].startswith(commit)
+    assert "`python bench/nemo_rl_configs.py --nemo-rl DIR`" in section  # the script, and what it wrote
+    assert f"`tests/data/nemo_rl/{EXAMPLES.name}`" in section
+    bullets = [" ".join(b.split()) for b in re.findall(r"^- (.*?)(?=\n- |\n\n|\Z)", section, flags=re.S | re.M)]
+    assert len(bullets) == 3
+    listed: dict[str, str] = {}
+    for bullet in bullets:
+        head, count, body = re.match(r"(.*?) \((\d+)\): (.*)", bullet).groups()
+        kind = next(k for start, k in (("load as they are", LOADS), ("load with the FSDP2 switch", SWITCHED),
+                                       ("refused", "refused")) if head.startswith(start))
+        names: list[str] = []
+        for m in re.finditer(r"`(grpo_\w+)`|\(([^()]*)\)", body):
+            if m.group(1):
+                names.append(m.group(1))
+                assert m.group(1) not in listed, f"{m.group(1)} is listed twice"
+                listed[m.group(1)] = kind
+            elif kind == "refused":  # the reason of the names before it: it names the key the refusal names
+                keys = set(re.findall(r"`([\w.]+)`", m.group(2)))
+                for n in [n for n in names if listed[n] == "refused"]:
+                    listed[n] = EXAMPLE_OUTCOMES[n] if EXAMPLE_OUTCOMES.get(n) in keys else f"refused ({m.group(2)})"
+                names = []
+        assert int(count) == len(re.findall(r"`grpo_\w+`", body)), bullet
+    assert listed == EXAMPLE_OUTCOMES
