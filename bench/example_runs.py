@@ -6,6 +6,7 @@ doc's layout.
     python bench/example_runs.py smollm2 --seeds 0 1 2     # README "A real model on your laptop" (~8 min a run)
     python bench/example_runs.py smollm2-kl --seeds 0      # the same with actor.use_kl_loss=true: the reference's cost
     python bench/example_runs.py lora --seeds 0 1 2        # docs/lora.md: full fine-tuning vs LoRA r16 (lr 3e-4)
+    python bench/example_runs.py lora-1e-4 --seeds 0       # docs/lora.md: LoRA at lr 1e-4, the smaller gain
     python bench/example_runs.py lora-memory               # docs/lora.md "Memory where it shows": 3 steps, seed 0
     python bench/example_runs.py tools --seeds 0 1 2       # docs/multi-turn-tools.md (~2 min a run)
     python bench/example_runs.py tools --seeds 0 --steps 1 --num-test 20   # a quick check of the plumbing
@@ -69,6 +70,7 @@ GROUPS = {
     "smollm2": Group(SMOLLM2, "add15", {"full fine-tuning (lr 1e-5)": []}),
     "smollm2-kl": Group(SMOLLM2, "add15", {"actor.use_kl_loss=true": ["actor.use_kl_loss=true"]}, seeds=[0]),
     "lora": Group(SMOLLM2, "add15", {"full fine-tuning (lr 1e-5)": [], "LoRA r16 (lr 3e-4)": LORA}, save=True),
+    "lora-1e-4": Group(SMOLLM2, "add15", {"LoRA r16 (lr 1e-4)": LORA[:2] + ["actor.lr=1e-4"]}, seeds=[0]),
     "lora-memory": Group(SMOLLM2, "add15", {
         "full fine-tuning (lr 1e-5)": KL_SMALL_BATCHES,
         "LoRA r16, `rollout.lora_sync=adapter` (default)": KL_SMALL_BATCHES + LORA + ["rollout.lora_sync=adapter"],
@@ -124,7 +126,7 @@ def train_command(group: Group, overrides: list[str], seed: int, data: Path, mod
                      *overrides, f"trainer.seed={seed}", *extra, f"trainer.run_dir={run_dir}")
 
 
-def figures(run_dir: Path, stdout: str, steps: int) -> dict:
+def figures(run_dir: Path, output: str, steps: int) -> dict:
     """What the tables show, from the run's metrics.jsonl, its `done:` line and its last checkpoint."""
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     val = {m["step"]: m["val/score/mean"] for m in lines if "val/score/mean" in m}
@@ -132,10 +134,11 @@ def figures(run_dir: Path, stdout: str, steps: int) -> dict:
     step_lines = [m for m in lines if "timing_s/step" in m]
     out = {"val": val, "tool_correct": tool, "steps": len(step_lines),
            "train_score": [m["critic/score/mean"] for m in step_lines],
+           "train_tool_correct": [m["reward/tool_correct/mean"] for m in step_lines if "reward/tool_correct/mean" in m],
            "peak_rss_gb": max((m["perf/max_rss_gb"] for m in lines if "perf/max_rss_gb" in m), default=None)}
     for name, key in (("step_s", "step"), ("gen_s", "gen"), ("ref_s", "ref"), ("update_s", "update_actor")):
         out[name] = [m[f"timing_s/{key}"] for m in step_lines if f"timing_s/{key}" in m]
-    done = re.search(r"^done: .*? steps? in (\d+) s", stdout, re.M)
+    done = re.search(r"^done: .*? steps? in (\d+) s", output, re.M)
     out["seconds"] = int(done.group(1)) if done else None
     ckpt = run_dir / "checkpoints" / f"global_step_{steps}"
     if ckpt.is_dir():
@@ -152,13 +155,12 @@ def run_one(group: Group, label: str, overrides: list[str], seed: int, data: Pat
     run_dir.mkdir(parents=True)
     cmd = train_command(group, overrides, seed, data, model, run_dir, steps)
     log(f"{name}: $ {shlex.join(cmd)}")
-    with open(run_dir / "train.log", "w") as f:
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=f, text=True)
-        f.write(done.stdout)
+    with open(run_dir / "train.log", "w") as f:  # as it goes: `tail -f` it
+        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed (exit {done.returncode}); its output: {run_dir / 'train.log'}")
-    fig = figures(run_dir, done.stdout, total_steps(group, overrides, steps))
-    log(f"{name}: held-out {fmt_val(fig)}, {fig['steps']} steps in {fig['seconds']} s")
+    fig = figures(run_dir, (run_dir / "train.log").read_text(), total_steps(group, overrides, steps))
+    log(f"{name}: held-out {fmt_val(fig)}, {fig['steps']} step(s) in {fig['seconds']} s")
     return {"variant": label, "seed": seed, "command": shlex.join(cmd), **fig}
 
 
@@ -196,8 +198,8 @@ def fmt_val(r: dict) -> str:
 
 
 def per_run_table(runs: list[dict]) -> str:
-    rows = [[r["variant"], r["seed"], fmt_val(r), r["steps"], secs(r["seconds"], " s"), spread(r["step_s"]),
-             spread(r["gen_s"]), spread(r["ref_s"]), spread(r["update_s"]),
+    rows = [[r["variant"], r["seed"], fmt_val(r), r["steps"], "-" if r["seconds"] is None else f"{r['seconds']} s",
+             spread(r["step_s"]), spread(r["gen_s"]), spread(r["ref_s"]), spread(r["update_s"]),
              "-" if r["peak_rss_gb"] is None else gb(r["peak_rss_gb"]),
              size(r["checkpoint_bytes"]) if "checkpoint_bytes" in r else "-",
              ", ".join(f"{s:.3f}" for s in r["train_score"]) if r["steps"] <= 8 else "-"]
@@ -223,13 +225,19 @@ def doc_table(name: str, runs: list[dict]) -> str:
             rss = "-" if r["peak_rss_gb"] is None else f"{r['peak_rss_gb']:.1f} GB"
             rows.append([r["seed"], f"{cell(v)} ({v[-1] - v[0]:+.3f})", cell(t), f"{r['seconds']} s, {rss}"])
         at = " / ".join(map(str, steps))
-        return markdown_table(["seed", f"held-out score, steps {at}", f"held-out `tool_correct`, steps {at}",
-                               "time, peak RSS"], rows)
+        table = markdown_table(["seed", f"held-out score, steps {at}", f"held-out `tool_correct`, steps {at}",
+                                "time, peak RSS"], rows)
+        k = min(10, len(runs[0]["train_tool_correct"]))
+        rises = [f"seed {r['seed']} {mean(r['train_tool_correct'][:k]):.3f} -> {mean(r['train_tool_correct'][-k:]):.3f}"
+                 for r in runs]
+        return table + f"\n\nTraining `reward/tool_correct/mean`, the first {k} steps' mean -> the last {k} steps': " + (
+            ", ".join(rises) + ".")
     if name == "lora-memory":
         first = runs[0]["peak_rss_gb"]
-        rows = [[r["variant"], gb(r["peak_rss_gb"]) + ("" if r is runs[0] else f" ({r['peak_rss_gb'] / first - 1:+.0%})"),
+        change = [f" ({r['peak_rss_gb'] / first - 1:+.0%})" if i else "" for i, r in enumerate(runs)]  # vs full
+        rows = [[r["variant"], gb(r["peak_rss_gb"]) + change[i],
                  secs(mean(r["step_s"])), secs(mean(r["gen_s"]), " s"), secs(mean(r["ref_s"]), " s"),
-                 secs(mean(r["update_s"]), " s")] for r in runs]
+                 secs(mean(r["update_s"]), " s")] for i, r in enumerate(runs)]
         return markdown_table(["", "peak RSS", "s/step", "generation", "reference", "update"], rows)
     rows = []
     for label, rs in by_variant.items():  # lora, smollm2, smollm2-kl: a row per variant, the seeds' figures together
