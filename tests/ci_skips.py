@@ -23,9 +23,6 @@ ALLOWED: dict[str, re.Pattern[str]] = {
     "no CUDA device": re.compile(r"\bno CUDA device\b"),
     # Hardware: on a machine with one GPU, NCCL refuses two ranks on it (tests/test_gpu.py).
     "one GPU for two NCCL ranks": re.compile(r"^NCCL refuses two ranks on one GPU"),
-    # Not hardware, allowed for now: vLLM is not installed in CI (its `gpu` test needs vLLM on a
-    # GPU). The vLLM CPU build in make test removes this entry.
-    "vLLM is not installed": re.compile(r"\bvLLM is not installed\b"),
 }
 
 

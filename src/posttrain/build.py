@@ -215,6 +215,9 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path) -> tuple[Worker | WorkerGro
     check_offload(spec, sharded=uses_ray(cfg))
     if cfg.rollout.name == "vllm":
         check_vllm_available(spec.device, spec.rollout.engine_kwargs)
+        if spec.device == "cpu" and spec.rollout.free_cache_engine:
+            print("posttrain: vLLM's CPU build has no sleep mode: its engine keeps its weights and KV cache between "
+                  "generations (rollout.free_cache_engine has no effect on the CPU)", file=sys.stderr)
     if not uses_ray(cfg):
         worker = Worker(spec)
         return worker, [worker.setup()]

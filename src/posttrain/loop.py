@@ -20,6 +20,7 @@ from posttrain.algorithms import (
     NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
     pf_ppo_weights, truncated_rows,
 )
+from posttrain.algorithms.rollout_corr import mismatch_metrics
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptDataset, PromptSampler
@@ -96,7 +97,7 @@ class Run:
         (actor.reuse_on_policy_log_probs; see training.actor.micro_loss)."""
         a = self.cfg.actor
         return (a.reuse_on_policy_log_probs and a.ppo_epochs == 1 and not self.cfg.algorithm.use_kl_in_reward
-                and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size)
+                and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size and not self.sampling.logprobs)
 
     @property
     def has_critic(self) -> bool:
@@ -114,6 +115,8 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     if not run.on_policy_update:
         with timed(m, "old_log_prob"):
             batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
+    if batch.rollout_log_probs is not None:  # the engine's own: how far from the trainer's (rollout.calculate_log_probs)
+        m.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask))
     if run.has_ref:
         with timed(m, "ref"):
             batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")

