@@ -8,9 +8,11 @@ import os
 
 
 def quiet_libraries() -> None:
-    """Silence transformers' and the hub's progress bars and notices (a user's own setting wins)."""
+    """Silence transformers' and the hub's progress bars and notices, and vLLM's INFO lines (its warnings
+    stay); a user's own setting wins."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         from transformers.utils import logging as hf_logging
 
