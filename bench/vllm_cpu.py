@@ -10,7 +10,9 @@ two tables:
    included, vllm imported before) and its generated tokens per second over `--prompts` x `--n`
    samples of exactly `--max-tokens` tokens (EOS off, so every engine does the same work) at
    temperature 1, the median of `--repeats` runs after one warm-up, the engines taking turns;
-   the ratio is to the hf engine's tokens/s in the same run;
+   the ratio is to the hf engine's tokens/s in the same run. The hf engine runs on `--threads` torch
+   threads, by default as many as vLLM computes on: its automatic binding keeps one CPU for its
+   engine-core (scheduler) process and gives the model the others;
 2. mismatch: vLLM samples the same prompts (temperature 1, stopping at EOS, logprobs on) and the
    trainer's float32 forward (training.logprobs.compute_log_probs, what Worker.compute_log_probs
    runs) scores the same tokens; algorithms/rollout_corr.mismatch_metrics gives the gap, for
@@ -19,7 +21,7 @@ two tables:
 Both engines are seeded (0). vLLM runs in this environment only (its CPU build pins torch):
 
     PYTHONPATH=$PWD/src .venv-vllm/bin/python bench/vllm_cpu.py [--models tiny,smollm2] [--prompts 16] [--n 8] \\
-        [--max-tokens 64] [--repeats 3] [--dtypes float32,bfloat16] [--json FILE]
+        [--max-tokens 64] [--repeats 3] [--dtypes float32,bfloat16] [--threads N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -186,15 +189,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtypes", default="float32,bfloat16", help="vLLM's dtypes (training is float32)")
+    ap.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
+                    help="the hf engine's torch threads (default: vLLM's, all CPUs but one)")
     ap.add_argument("--json", help="also write the measurements to this file")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout: the tables alone there
     import vllm  # its import (seconds) is not an engine's load time
 
     dtypes = args.dtypes.split(",")
     results = [bench_model(name, args, dtypes) for name in args.models.split(",")]
     print(f"{args.prompts} prompts x {args.n} samples x {args.max_tokens} tokens (EOS off for speed, on for the "
           f"mismatch), temperature 1, median of {args.repeats} after a warm-up; {common.versions()}, "
-          f"vllm {vllm.__version__}")
+          f"vllm {vllm.__version__} (the threads are the hf engine's)")
     print()
     print(tables(results, dtypes))
     if args.json:
