@@ -153,10 +153,11 @@ def bench_model(name: str, args, dtypes: list[str]) -> dict:
     return result
 
 
-MISMATCH_KEYS = [("mean |Δ log p|", "rollout_corr/logp_abs_diff_mean"),
-                 ("max |Δ log p|", "rollout_corr/logp_abs_diff_max"),
+MISMATCH_KEYS = [("mean abs Δ log p", "rollout_corr/logp_abs_diff_mean"),
+                 ("max abs Δ log p", "rollout_corr/logp_abs_diff_max"),
                  ("kl", "rollout_corr/kl"), ("k3 kl", "rollout_corr/k3_kl"),
-                 ("mean |Δ p|", "training/rollout_probs_diff_mean"), ("max |Δ p|", "training/rollout_probs_diff_max")]
+                 ("mean abs Δ p", "training/rollout_probs_diff_mean"),
+                 ("max abs Δ p", "training/rollout_probs_diff_max")]
 
 
 def tables(results: list[dict], dtypes: list[str]) -> str:
@@ -200,7 +201,7 @@ def main() -> None:
     dtypes = args.dtypes.split(",")
     results = [bench_model(name, args, dtypes) for name in args.models.split(",")]
     print(f"{args.prompts} prompts x {args.n} samples x {args.max_tokens} tokens (EOS off for speed, on for the "
-          f"mismatch), temperature 1, median of {args.repeats} after a warm-up; {common.versions()}, "
+          f"mismatch with the float32 trainer), temperature 1, median of {args.repeats} after a warm-up; {common.versions()}, "
           f"vllm {vllm.__version__} (the threads are the hf engine's)")
     print()
     print(tables(results, dtypes))
