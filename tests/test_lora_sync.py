@@ -75,9 +75,12 @@ class StandInLLM:
         self.kwargs, self.calls, self.weights = kwargs, [], {}
         self.llm_engine = types.SimpleNamespace(remove_lora=lambda i: self.calls.append(("remove_lora", i)))
 
-    def collective_rpc(self, name, args):
+    def collective_rpc(self, name, args=()):
         self.calls.append((name,))
-        self.weights.update(dict(args[0]))
+        if name == "load_posttrain_weights":  # a bucket, as safetensors bytes (rollout.vllm.pack_bucket)
+            from safetensors.torch import load
+
+            self.weights.update(load(args[0]))
 
     def reset_prefix_cache(self):
         self.calls.append(("reset",))

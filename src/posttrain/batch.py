@@ -78,7 +78,7 @@ class RolloutBatch:
             extra_info=rep(extra_info),
             response_text=list(response_text),
             truncated=getattr(out, "truncated", None),  # an engine's output without it: not known
-            rollout_log_probs=out.log_probs,
+            rollout_log_probs=getattr(out, "log_probs", None),
         )
 
     def __len__(self) -> int:

@@ -115,7 +115,8 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     if not run.on_policy_update:
         with timed(m, "old_log_prob"):
             batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
-    if batch.rollout_log_probs is not None:  # the engine's own: how far from the trainer's (rollout.calculate_log_probs)
+    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+        # rollout.calculate_log_probs: how far the engine's log-probs are from the trainer's
         m.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask))
     if run.has_ref:
         with timed(m, "ref"):
