@@ -1,12 +1,13 @@
-"""The rollout/trainer log-prob gap: verl's diagnostics on hand-computed tensors, and a run
-that logs them (rollout.calculate_log_probs)."""
+"""The rollout/trainer log-prob gap: verl's diagnostics and corrections (IS weights, rejection
+sampling, veto) on hand-computed tensors, and a run that logs the diagnostics
+(rollout.calculate_log_probs)."""
 
 import math
 
 import pytest
 import torch
 
-from posttrain.algorithms.rollout_corr import mismatch_metrics
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.build import build_run
 from posttrain.config import load_config
 from posttrain.loop import train
@@ -61,3 +62,229 @@ def test_rollout_log_probs_are_off_by_default_on_the_hf_engine_and_on_with_vllm(
     assert rollout_log_probs(load_config(None, ["model.path=/m", "rollout.name=vllm"]))
     assert not rollout_log_probs(load_config(None, ["model.path=/m", "rollout.name=vllm",
                                                     "actor_rollout_ref.rollout.calculate_log_probs=False"]))
+
+
+def lp(rows):
+    """Log-probs of literal probabilities."""
+    return torch.log(torch.tensor(rows, dtype=torch.float32))
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32))
+
+
+def test_token_is_weights_are_ratios_truncated_from_above_and_detached():
+    # ratios pi_target / pi_behaviour: row 0: 0.5/0.25 = 2, 0.25/0.5 = 0.5, 1; row 1: 0.2/0.8 = 0.25,
+    # 0.8/0.1 = 8 -> truncated at 4, and a padding token (0.3/0.6) that weighs 0
+    target = lp([[0.5, 0.25, 0.9], [0.2, 0.8, 0.3]]).requires_grad_()  # pi_theta in bypass mode has a graph
+    behaviour = lp([[0.25, 0.5, 0.9], [0.8, 0.1, 0.6]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    weights, new_mask, _ = correct(target, behaviour, mask, RolloutCorrection(is_level="token", is_threshold=4.0))
+    close(weights, [[2.0, 0.5, 1.0], [0.25, 4.0, 0.0]])
+    assert not weights.requires_grad
+    assert torch.equal(new_mask, mask)
+    # a truncation floor too (OpenRLHF's and NeMo-RL's tis): 0.25 -> 0.5, the padding stays 0
+    weights, _, _ = correct(target, behaviour, mask, RolloutCorrection(is_level="token", is_threshold=4.0,
+                                                                       is_threshold_lower=0.5))
+    close(weights, [[2.0, 0.5, 1.0], [0.5, 4.0, 0.0]])
+
+
+def test_sequence_is_weight_is_the_product_of_the_sequences_ratios_truncated():
+    # row 0: 2 * 2 = 4 (< 5, kept; its padding token's ratio 9 would make it 36); row 1: 4 * 2 * 1 = 8 -> 5
+    target = lp([[0.5, 0.5, 0.9], [0.8, 0.5, 0.3]])
+    behaviour = lp([[0.25, 0.25, 0.1], [0.2, 0.25, 0.3]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    weights, _, m = correct(target, behaviour, mask, RolloutCorrection(is_level="sequence", is_threshold=5.0))
+    close(weights, [[4.0, 4.0, 0.0], [5.0, 5.0, 5.0]])
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(8.0)  # before truncation
+
+
+def test_batch_normalisation_divides_the_truncated_weights_by_their_mean():
+    # token level: ratios 2, 0.5, 1, 4 -> truncated at 2: 2, 0.5, 1, 2, mean 5.5 / 4 = 1.375 over the tokens
+    # (normalising before truncating would divide by 7.5 / 4 first)
+    target, behaviour = lp([[0.5, 0.25], [0.3, 0.8]]), lp([[0.25, 0.5], [0.3, 0.2]])
+    mask = torch.ones(2, 2, dtype=torch.long)
+    c = RolloutCorrection(is_level="token", is_threshold=2.0, is_batch_normalize=True)
+    weights, _, m = correct(target, behaviour, mask, c)
+    close(weights, [[2 / 1.375, 0.5 / 1.375], [1 / 1.375, 2 / 1.375]])
+    assert m["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.375)
+    # sequence level: one weight a sequence, 2 (one token) and 0.5 * 1 * 1 = 0.5 (three tokens): mean over
+    # the sequences (2 + 0.5) / 2 = 1.25 -> 1.6 and 0.4 (over the tokens it would be 3.5 / 4)
+    target, behaviour = lp([[0.5, 0.3, 0.3], [0.25, 0.4, 0.7]]), lp([[0.25, 0.9, 0.9], [0.5, 0.4, 0.7]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    c = RolloutCorrection(is_level="sequence", is_threshold=4.0, is_batch_normalize=True)
+    weights, _, m = correct(target, behaviour, mask, c)
+    close(weights, [[1.6, 0.0, 0.0], [0.4, 0.4, 0.4]])
+    assert m["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.25)
+
+
+def test_token_rejection_is_two_sided_icepop():
+    # ratios row 0: 2, 0.5, 4; row 1: 0.25, 1, 1.5; band [1/3, 3] (lower bound 1 / upper by default):
+    # 4 is above it, 0.25 below it
+    target, behaviour = lp([[0.5, 0.25, 0.8], [0.1, 0.3, 0.6]]), lp([[0.25, 0.5, 0.2], [0.4, 0.3, 0.4]])
+    mask = torch.ones(2, 3)
+    icepop = RolloutCorrection(is_level="token", is_threshold=3.0, rs_level="token", rs_threshold=3.0)
+    weights, new_mask, m = correct(target, behaviour, mask, icepop)
+    close(new_mask, [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    assert new_mask.dtype == mask.dtype
+    close(weights, [[2.0, 0.5, 3.0], [0.25, 1.0, 1.5]])  # raw in the band; the mask drops the rest
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 6)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(1.0)
+    # an explicit lower bound 0.2 keeps the 0.25
+    _, new_mask, m = correct(target, behaviour, mask, RolloutCorrection(rs_level="token", rs_threshold=3.0,
+                                                                         rs_threshold_lower=0.2))
+    close(new_mask, [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(0.5)
+
+
+def test_sequence_rejection_drops_whole_sequences_by_their_product():
+    # token ratios all inside [1/3, 3]; products: row 0: 2 * 2 = 4 (> 3), row 1: 2 * 0.5 * 1.5 = 1.5,
+    # row 2: 0.5 * 0.5 = 0.25 (< 1/3); the padding tokens do not count
+    target = lp([[0.5, 0.5, 0.7], [0.4, 0.25, 0.6], [0.25, 0.1, 0.3]])
+    behaviour = lp([[0.25, 0.25, 0.1], [0.2, 0.5, 0.4], [0.5, 0.2, 0.3]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0]])
+    weights, new_mask, m = correct(target, behaviour, mask, RolloutCorrection(rs_level="sequence", rs_threshold=3.0))
+    assert weights is None
+    assert new_mask.tolist() == [[0, 0, 0], [1, 1, 1], [0, 0, 0]]
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(4 / 7)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 3)
+    _, new_mask, _ = correct(target, behaviour, mask, RolloutCorrection(rs_level="token", rs_threshold=3.0))
+    assert torch.equal(new_mask, mask)
+
+
+def test_geometric_rejection_uses_the_mean_log_ratio_over_the_valid_tokens_seq_mask_tis():
+    # row 0: ratios 4 and 1 (and a padding token): geometric mean sqrt(4) = 2 > 1.8, rejected (dividing by
+    # the 3 columns would give 4^(1/3) = 1.59, kept); row 1: 1.5 three times: 1.5, kept (its product 3.375
+    # is above 1.8). seq-mask-tis: that mask and the raw, untruncated token ratios as weights.
+    target, behaviour = lp([[0.8, 0.5, 0.5], [0.6, 0.6, 0.6]]), lp([[0.2, 0.5, 0.5], [0.4, 0.4, 0.4]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    seq_mask_tis = RolloutCorrection(is_level="token", is_threshold=math.inf, rs_level="geometric", rs_threshold=1.8)
+    weights, new_mask, m = correct(target, behaviour, mask, seq_mask_tis)
+    assert new_mask.tolist() == [[0, 0, 0], [1, 1, 1]]
+    close(weights, [[4.0, 1.0, 0.0], [1.5, 1.5, 1.5]])
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 5)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(0.5)
+    assert m["rollout_corr/rollout_rs_max"] == pytest.approx(2.0)
+    _, new_mask, _ = correct(target, behaviour, mask, RolloutCorrection(rs_level="sequence", rs_threshold=1.8))
+    assert new_mask.tolist() == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_a_token_below_the_veto_threshold_rejects_its_whole_sequence():
+    # log-ratios: row 0 has a token at ratio 1e-4 (< 1e-3): vetoed; row 1's 1e-6 is on a padding token:
+    # kept; row 2's token at log-ratio -30, beyond the safety bound, is vetoed too
+    log_ratio = torch.tensor([[0.0, math.log(1e-4), 0.0], [0.0, 0.0, math.log(1e-6)], [-30.0, 0.0, 0.0]])
+    behaviour = torch.full((3, 3), -1.0)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    weights, new_mask, m = correct(behaviour + log_ratio, behaviour, mask,
+                                   RolloutCorrection(token_veto_threshold=1e-3))
+    assert weights is None
+    assert new_mask.tolist() == [[0, 0, 0], [1, 1, 0], [0, 0, 0]]
+    assert m["rollout_corr/rollout_is_veto_fraction"] == pytest.approx(2 / 3)
+    assert m["rollout_corr/rollout_is_catastrophic_token_fraction"] == pytest.approx(2 / 8)
+    # the veto reads the unbounded ratio: e^-30 < e^-25, though bounded to e^-20 it would pass
+    _, new_mask, _ = correct(behaviour + log_ratio, behaviour, mask,
+                             RolloutCorrection(token_veto_threshold=math.exp(-25)))
+    assert new_mask.tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]]
+
+
+def test_padding_weighs_zero_and_its_values_count_nowhere():
+    # padding (and a hole, a tool message between turns) holds nan and -inf; the valid ratios:
+    # row 0: 2 and 1, row 1: 0.5 and 1
+    nan, inf = math.nan, math.inf
+    target = torch.tensor([[math.log(0.5), nan, math.log(0.5), -inf], [math.log(0.25), math.log(0.5), 0.0, nan]])
+    behaviour = torch.tensor([[math.log(0.25), 0.0, math.log(0.5), 0.0], [math.log(0.5), math.log(0.5), -inf, nan]])
+    mask = torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]])
+    c = RolloutCorrection(is_level="token", is_threshold=4.0, rs_level="token", rs_threshold=4.0)
+    weights, new_mask, m = correct(target, behaviour, mask, c)
+    close(weights, [[2.0, 0.0, 1.0, 0.0], [0.5, 1.0, 0.0, 0.0]])
+    assert torch.equal(new_mask, mask)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(4.5 / 4)
+    assert all(math.isfinite(v) for v in m.values())
+    weights, _, m = correct(target, behaviour, mask, RolloutCorrection(is_level="sequence", is_threshold=4.0))
+    close(weights, [[2.0, 0.0, 2.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    assert all(math.isfinite(v) for v in m.values())
+    # no valid token: the mask as it was, zero weights, no metrics
+    weights, new_mask, m = correct(target, behaviour, torch.zeros_like(mask), c)
+    assert m == {} and not new_mask.any() and not weights.any()
+
+
+def test_the_safety_bound_caps_log_ratios_at_20():
+    # log-ratio 100 would be exp(100) = inf in float32, -50 would be 2e-22: bounded to e^20 and e^-20
+    behaviour = torch.full((2, 2), -1.0)
+    log_ratio = torch.tensor([[100.0, 0.0], [-50.0, 0.0]])
+    mask = torch.ones(2, 2)
+    untruncated = RolloutCorrection(is_level="token", is_threshold=math.inf)
+    weights, _, m = correct(behaviour + log_ratio, behaviour, mask, untruncated)
+    torch.testing.assert_close(weights, torch.tensor([[math.exp(20), 1.0], [math.exp(-20), 1.0]]))
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(20), rel=1e-5)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(math.exp(-20), rel=1e-5)
+    # sequence level: the bound applies to the sum; the max metric is capped, the min is not (verl)
+    weights, _, m = correct(behaviour + log_ratio, behaviour, mask,
+                            RolloutCorrection(is_level="sequence", is_threshold=math.inf))
+    torch.testing.assert_close(weights, torch.tensor([[math.exp(20)] * 2, [math.exp(-20)] * 2]))
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(20), rel=1e-5)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(math.exp(-50), rel=1e-5)
+
+
+def test_the_is_metrics_by_hand():
+    # token level, threshold 2 (band [0.5, 2]): ratios 1.5, 0.75, 4, 0.25, before truncation
+    target, behaviour = lp([[0.6, 0.3], [0.8, 0.1]]), lp([[0.4, 0.4], [0.2, 0.4]])
+    mask = torch.ones(2, 2)
+    _, _, m = correct(target, behaviour, mask, RolloutCorrection(is_level="token", is_threshold=2.0))
+    # std and ESS on the ratios clamped to the band: 1.5, 0.75, 2, 0.5: mean 1.1875, mean of squares
+    # 7.0625 / 4 = 1.765625; ESS = 1 / mean((w / mean w)^2) = 1.1875^2 / 1.765625
+    assert m == pytest.approx({
+        "rollout_corr/rollout_is_mean": 6.5 / 4,
+        "rollout_corr/rollout_is_max": 4.0,
+        "rollout_corr/rollout_is_min": 0.25,
+        "rollout_corr/rollout_is_ratio_fraction_high": 0.25,  # the 4
+        "rollout_corr/rollout_is_ratio_fraction_low": 0.25,  # the 0.25
+        "rollout_corr/rollout_is_std": math.sqrt(1.765625 - 1.1875 ** 2),
+        "rollout_corr/rollout_is_eff_sample_size": 1.1875 ** 2 / 1.765625,
+    }, rel=1e-5)
+    # sequence level: products 2 * 2 = 4, 0.25 * 1 = 0.25, and 1 (one token); mean over the 5 tokens
+    # (4 + 4 + 0.25 + 0.25 + 1) / 5, max / min / fractions over the 3 sequences; clamped: 2, 2, .5, .5, 1
+    target, behaviour = lp([[0.5, 0.5], [0.1, 0.5], [0.3, 0.3]]), lp([[0.25, 0.25], [0.4, 0.5], [0.3, 0.3]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0]])
+    _, _, m = correct(target, behaviour, mask, RolloutCorrection(is_level="sequence", is_threshold=2.0))
+    assert m == pytest.approx({
+        "rollout_corr/rollout_is_mean": 9.5 / 5,
+        "rollout_corr/rollout_is_max": 4.0,
+        "rollout_corr/rollout_is_min": 0.25,
+        "rollout_corr/rollout_is_ratio_fraction_high": 1 / 3,
+        "rollout_corr/rollout_is_ratio_fraction_low": 1 / 3,
+        "rollout_corr/rollout_is_std": math.sqrt(9.5 / 5 - 1.2 ** 2),
+        "rollout_corr/rollout_is_eff_sample_size": 1.2 ** 2 / (9.5 / 5),
+    }, rel=1e-5)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(is_level="tokens"), "is_level must be one of token, sequence or None"),
+    (dict(is_level="token", is_threshold=0.0), "is_threshold must be > 0"),
+    (dict(is_level="token", is_threshold=math.nan), "is_threshold must be > 0"),
+    (dict(is_threshold_lower=0.5), "set is_level too"),
+    (dict(is_batch_normalize=True), "set is_level too"),
+    (dict(is_level="token", is_threshold=2.0, is_threshold_lower=3.0), "is_threshold_lower must be >= 0 and below"),
+    (dict(rs_level="geo", rs_threshold=2.0), "rs_level must be one of token, sequence, geometric or None"),
+    (dict(rs_level="token"), "needs rs_threshold"),
+    (dict(rs_threshold=2.0), "set rs_level too"),
+    (dict(rs_level="token", rs_threshold=-1.0), "rs_threshold must be > 0"),
+    (dict(rs_level="token", rs_threshold=2.0, rs_threshold_lower=2.0), r"band \[2.0, 2.0\] is empty"),
+    (dict(rs_level="token", rs_threshold=2.0, rs_threshold_lower=-0.1), "is empty"),
+    (dict(rs_level="geometric", rs_threshold=0.999), "1 / rs_threshold by default"),
+    (dict(token_veto_threshold=0.0), "token_veto_threshold must be > 0"),
+])
+def test_bad_settings_are_refused_with_a_reason(settings, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutCorrection(**settings).validate()
+    with pytest.raises(ValueError, match=message):  # correct validates too
+        correct(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), RolloutCorrection(**settings))
+
+
+def test_good_settings_pass_and_shapes_must_agree():
+    assert RolloutCorrection().validate() == RolloutCorrection()
+    RolloutCorrection(rs_level="token", rs_threshold=5.0, rs_threshold_lower=0.0).validate()  # one-sided (TRL)
+    RolloutCorrection(rs_level="geometric", rs_threshold=1.002, rs_threshold_lower=0.999).validate()
+    with pytest.raises(ValueError, match="must have one shape"):
+        correct(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2, 3), RolloutCorrection())

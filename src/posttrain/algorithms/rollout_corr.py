@@ -1,9 +1,11 @@
-"""How far the rollout engine's log-probs are from the trainer's, on the same sampled tokens.
+"""How far the rollout engine's log-probs are from the trainer's, on the same sampled tokens,
+and verl's corrections for that gap.
 
-The engine that samples (vLLM, its own kernels, maybe bf16) and the trainer
-(its forward, float32 master weights) compute the same policy differently, so
-the rollout is slightly off-policy even when the weights are the same. These
-are verl's diagnostics of that gap (its `training/rollout_probs_diff_*` and
+The engine that samples (vLLM, its own kernels, maybe bf16, maybe stale weights) and the
+trainer (its forward, float32 master weights) compute the same policy differently, so the
+rollout is slightly off-policy even when the weights are the same.
+
+`mismatch_metrics` is verl's diagnostics of that gap (its `training/rollout_probs_diff_*` and
 `rollout_corr/*` names), over the response tokens:
 
 - `training/rollout_probs_diff_{mean,max,std}`: |p_rollout - p_train| per token;
@@ -14,11 +16,61 @@ are verl's diagnostics of that gap (its `training/rollout_probs_diff_*` and
 - `rollout_corr/{rollout,training}_ppl`: each sequence's perplexity (exp of its
   mean token negative log-prob) averaged over sequences, and
   `rollout_corr/log_ppl_diff`: the mean over sequences of rollout minus training log-perplexity.
+
+`correct` is verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py,
+docs/algo/rollout_corr.md), configured by a `RolloutCorrection`. It takes two log-prob
+tensors, the target policy's and the behaviour policy's (the engine's), so the ratio
+rho = pi_target / pi_behaviour is pi_old / pi_rollout in decoupled mode and
+pi_theta / pi_rollout in bypass or pure-IS mode. Log-ratios are bounded to [-20, 20]
+before any exp (the safety bound). Three independent mechanisms:
+
+- IS weights (`is_level`): "token", rho_t per token; "sequence", the product of the
+  sequence's rho_t (exp of the sum of its log-ratios) on each of its tokens. Truncated
+  from above at `is_threshold` (TIS), and from below at `is_threshold_lower` when set (not
+  in verl; OpenRLHF's and NeMo-RL's `tis` have it); then, with `is_batch_normalize`, divided
+  by their batch mean (token level: over the valid tokens; sequence level: over the
+  sequences). Zero at padding, detached. The returned mask is not applied to them.
+- Rejection sampling (`rs_level`): "token", "sequence" (product) or "geometric" (the
+  geometric mean, exp of the mean log-ratio over the sequence's tokens); a token, or the
+  whole sequence, whose safety-bounded ratio lies outside [`rs_threshold_lower`
+  (default 1 / rs_threshold), `rs_threshold`] leaves the response mask.
+- Veto (`token_veto_threshold`): a sequence with any token whose unbounded ratio is below
+  the threshold leaves the response mask entirely.
+
+Other frameworks' names, as combinations (C, m: their upper and lower bounds):
+
+- NeMo-RL `truncated_importance_sampling_type: tis` (`truncated_importance_sampling_ratio`
+  C, optional `..._ratio_min` m), TRL `vllm_importance_sampling_mode: token_truncate` (cap C),
+  OpenRLHF `--vllm_is_correction_type tis` ([m, C]): is_level="token", is_threshold=C,
+  is_threshold_lower=m (None where they have none). TRL `sequence_truncate`: is_level="sequence".
+- IcePop (NeMo-RL and OpenRLHF `icepop`, [m, C]): is_level="token", is_threshold=C,
+  rs_level="token", rs_threshold=C, rs_threshold_lower=m: raw ratios, two-sided token masking.
+- `seq-mask-tis` (NeMo-RL and OpenRLHF, [m, C]): rs_level="geometric", rs_threshold=C,
+  rs_threshold_lower=m, and token IS weights; both multiply by the raw, untruncated token
+  ratio, which is is_level="token", is_threshold=math.inf (a finite threshold gives the
+  truncated variant the name suggests).
+- TRL `token_mask` / `sequence_mask` (cap C, ratios above it zeroed): is_level "token" /
+  "sequence" with is_threshold=C, and rs_level the same with rs_threshold=C,
+  rs_threshold_lower=0.
+- verl's presets: decoupled_token_is / decoupled_seq_is: is_level "token" / "sequence";
+  decoupled_seq_is_rs: both at "sequence"; decoupled_geo_rs: rs_level="geometric" with a
+  token veto, no IS weights.
+
+One difference: those frameworks give a masked token a zero weight and keep it in the loss's
+denominator; here, as in verl, rejection removes it from the response mask, so a token-mean
+loss divides by the tokens kept.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
+
+SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
+IS_LEVELS = ("token", "sequence")
+RS_LEVELS = ("token", "sequence", "geometric")
 
 
 def mismatch_metrics(train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
@@ -47,3 +99,168 @@ def mismatch_metrics(train_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
         "rollout_corr/training_ppl": float(train_log_ppl.exp().mean()),
         "rollout_corr/log_ppl_diff": float((roll_log_ppl - train_log_ppl).mean()),
     }
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """verl's `rollout_correction` settings (rollout_is, rollout_is_threshold, ...); all off by default."""
+
+    is_level: str | None = None  # "token", "sequence", or None: no IS weights
+    is_threshold: float = 2.0  # IS weights truncated above (math.inf: not truncated)
+    is_threshold_lower: float | None = None  # and below, when set (OpenRLHF's and NeMo-RL's tis)
+    is_batch_normalize: bool = False  # IS weights divided by their batch mean, after truncation
+    rs_level: str | None = None  # "token", "sequence", "geometric", or None: no rejection
+    rs_threshold: float | None = None  # the band's upper bound, needed with rs_level
+    rs_threshold_lower: float | None = None  # its lower bound, 1 / rs_threshold when None (0: none)
+    token_veto_threshold: float | None = None  # a token ratio below it rejects its sequence
+
+    def is_bounds(self) -> tuple[float, float]:
+        """(lower, upper) of the IS metrics' band: the truncation floor, else 1 / is_threshold."""
+        lower = 1.0 / self.is_threshold if self.is_threshold_lower is None else self.is_threshold_lower
+        return lower, self.is_threshold
+
+    def rs_bounds(self) -> tuple[float, float]:
+        """(lower, upper) of the rejection band."""
+        upper = self.rs_threshold
+        lower = 1.0 / upper if self.rs_threshold_lower is None else self.rs_threshold_lower
+        return lower, upper
+
+    def validate(self) -> RolloutCorrection:
+        """Raises ValueError on an unknown level, a bound that is not positive, an empty band,
+        or a setting that does nothing (its level off); returns self."""
+        def fail(message: str):
+            raise ValueError(f"rollout correction: {message}")
+
+        if self.is_level not in (None, *IS_LEVELS):
+            fail(f"is_level must be one of {', '.join(IS_LEVELS)} or None (off), got {self.is_level!r}")
+        if self.is_threshold is None or not self.is_threshold > 0:
+            fail(f"is_threshold must be > 0 (the IS weights' upper truncation), got {self.is_threshold!r}")
+        if self.is_level is None and (self.is_threshold_lower is not None or self.is_batch_normalize):
+            fail("is_threshold_lower and is_batch_normalize act on IS weights: set is_level too")
+        if self.is_threshold_lower is not None and not 0 <= self.is_threshold_lower < self.is_threshold:
+            fail(f"is_threshold_lower must be >= 0 and below is_threshold ({self.is_threshold!r}), "
+                 f"got {self.is_threshold_lower!r}")
+        if self.rs_level not in (None, *RS_LEVELS):
+            fail(f"rs_level must be one of {', '.join(RS_LEVELS)} or None (off), got {self.rs_level!r}")
+        if self.rs_level is None:
+            if self.rs_threshold is not None or self.rs_threshold_lower is not None:
+                fail("rs_threshold and rs_threshold_lower bound rejection sampling: set rs_level too")
+        elif self.rs_threshold is None:
+            fail(f"rs_level={self.rs_level!r} needs rs_threshold (the accepted band's upper bound)")
+        elif not self.rs_threshold > 0:
+            fail(f"rs_threshold must be > 0, got {self.rs_threshold!r}")
+        else:
+            lower, upper = self.rs_bounds()
+            if not 0 <= lower < upper:
+                default = " (1 / rs_threshold by default: a threshold <= 1 needs its own rs_threshold_lower)" \
+                    if self.rs_threshold_lower is None else ""
+                fail(f"the rejection band [{lower!r}, {upper!r}] is empty: rs_threshold_lower must be >= 0 "
+                     f"and below rs_threshold{default}")
+        if self.token_veto_threshold is not None and not self.token_veto_threshold > 0:
+            fail(f"token_veto_threshold must be > 0, got {self.token_veto_threshold!r}")
+        return self
+
+
+def _ratios(log_ratio: torch.Tensor, valid: torch.Tensor, level: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_ratio [N, R] (0 at padding) -> (the safety-bounded ratio at `level`, on every token
+    [N, R]; the unbounded log-ratio of each sequence [N] at a sequence level, else None)."""
+    if level == "token":
+        return log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp(), None
+    per_sequence = log_ratio.sum(-1)
+    if level == "geometric":
+        per_sequence = per_sequence / valid.sum(-1).clamp(min=1)
+    bounded = per_sequence.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    return bounded.unsqueeze(-1).expand_as(log_ratio), per_sequence
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def _ratio_stats(prefix: str, ratio: torch.Tensor, per_sequence: torch.Tensor | None, valid: torch.Tensor,
+                 has: torch.Tensor, lower: float, upper: float) -> dict[str, float]:
+    """verl's statistics of a ratio before truncation or rejection: mean over the valid tokens;
+    max, min and the shares above `upper` / below `lower` over the valid tokens at token level,
+    over the sequences (unbounded, in log space; max capped at e^20) at a sequence level; std and
+    effective sample size (1 / mean((w / mean w)^2), a fraction of the tokens) of the ratios
+    clamped to [lower, upper], over the valid tokens."""
+    w = ratio[valid]
+    stats = {f"{prefix}_mean": float(w.mean())}
+    if per_sequence is None:
+        high, low = (w > upper).float().mean(), (w < lower).float().mean()
+        stats[f"{prefix}_max"], stats[f"{prefix}_min"] = float(w.max()), float(w.min())
+    else:
+        s = per_sequence[has]
+        high, low = (s > _log(upper)).float().mean(), (s < _log(lower)).float().mean()
+        stats[f"{prefix}_max"] = math.exp(min(float(s.max()), SAFETY_BOUND))
+        stats[f"{prefix}_min"] = math.exp(float(s.min()))
+    stats[f"{prefix}_ratio_fraction_high"], stats[f"{prefix}_ratio_fraction_low"] = float(high), float(low)
+    clamped = w.clamp(min=lower, max=upper)
+    mean = clamped.mean()
+    stats[f"{prefix}_std"] = float((clamped.square().mean() - mean.square()).clamp(min=0).sqrt()) \
+        if w.numel() > 1 else 0.0
+    stats[f"{prefix}_eff_sample_size"] = float(1.0 / (clamped / (mean + 1e-8)).square().mean())
+    return stats
+
+
+def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, response_mask: torch.Tensor,
+            c: RolloutCorrection) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """target_log_probs (pi_old, or pi_theta in bypass mode), behaviour_log_probs (the rollout
+    engine's), response_mask: [N, R] -> (IS weights [N, R] float32, or None without is_level;
+    the response mask less the rejected tokens and sequences, same dtype; `rollout_corr/*`
+    metrics, none when no token is valid). Sequence shares count the sequences with at least
+    one valid token (verl divides by every row: the same when none is empty).
+
+    Example: target probs [[0.5, 0.25]], behaviour [[0.25, 0.5]], mask [[1, 1]], is_level
+    "token", is_threshold 1.5 -> weights [[1.5, 0.5]] (ratios 2 and 0.5), mask unchanged.
+    """
+    c.validate()
+    if target_log_probs.shape != behaviour_log_probs.shape or target_log_probs.shape != response_mask.shape:
+        raise ValueError(f"rollout correction: target log-probs {tuple(target_log_probs.shape)}, behaviour "
+                         f"log-probs {tuple(behaviour_log_probs.shape)} and response mask "
+                         f"{tuple(response_mask.shape)} must have one shape")
+    valid = response_mask.bool()
+    diff = target_log_probs.detach().float() - behaviour_log_probs.detach().float()
+    log_ratio = torch.where(valid, diff, torch.zeros_like(diff))  # padding's values never count
+    weights = None if c.is_level is None else torch.zeros_like(log_ratio)
+    if not bool(valid.any()):
+        return weights, response_mask.clone(), {}
+    has = valid.any(-1)
+    metrics: dict[str, float] = {}
+    keep = torch.ones_like(valid)
+
+    if c.is_level is not None:
+        lower, upper = c.is_bounds()
+        ratio, per_sequence = _ratios(log_ratio, valid, c.is_level)
+        metrics.update(_ratio_stats("rollout_is", ratio, per_sequence, valid, has, lower, upper))
+        weights = torch.where(valid, ratio.clamp(min=c.is_threshold_lower, max=upper), weights)
+        if c.is_batch_normalize:
+            if c.is_level == "token":
+                mean = weights[valid].mean()
+            else:  # one weight a sequence
+                mean = (weights.sum(-1)[has] / valid.sum(-1)[has]).mean()
+            factor = float(mean)
+            if factor > 1e-8:
+                weights = weights / mean
+            else:
+                factor = 1.0
+            metrics["rollout_is_batch_norm_factor"] = factor
+
+    if c.rs_level is not None:
+        lower, upper = c.rs_bounds()
+        ratio, per_sequence = _ratios(log_ratio, valid, c.rs_level)
+        metrics.update(_ratio_stats("rollout_rs", ratio, per_sequence, valid, has, lower, upper))
+        rejected = valid & ~((ratio >= lower) & (ratio <= upper))
+        metrics["rollout_rs_masked_fraction"] = float(rejected[valid].float().mean())
+        metrics["rollout_rs_seq_masked_fraction"] = float(rejected.any(-1)[has].float().mean())
+        keep &= ~rejected
+
+    if c.token_veto_threshold is not None:
+        catastrophic = valid & (log_ratio < math.log(c.token_veto_threshold))  # the unbounded ratio
+        vetoed = catastrophic.any(-1)
+        metrics["rollout_is_veto_fraction"] = float(vetoed[has].float().mean())
+        metrics["rollout_is_catastrophic_token_fraction"] = float(catastrophic[valid].float().mean())
+        keep &= ~vetoed.unsqueeze(-1)
+
+    new_mask = torch.where(keep, response_mask, torch.zeros_like(response_mask))
+    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
