@@ -156,6 +156,34 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
         group.shutdown()
 
 
+@pytest.mark.ray
+def test_a_group_of_one_worker_shards_and_updates_as_one_process(cluster, tiny_model_dir, data, tmp_path):
+    """trainer.use_ray=true on one device: the worker still joins a process group and shards with FSDP2
+    (what makes actor.param_offload possible on one GPU), and its update is the one process's."""
+    from posttrain.distributed.group import WorkerGroup
+
+    cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 1, "trainer.use_ray=true"))
+    spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=1)
+    local = Worker(spec)
+    local.setup()
+    group = WorkerGroup(spec, nnodes=1, per_node=1)
+    try:
+        assert [w["sharded"] for w in group.info] == [True] and local.sharded is False
+        prompts = [[5 + i, 6, 7 + i % 3] for i in range(4)]
+        out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=2, temperature=1.0))
+        batch = RolloutBatch.from_rollout(out, 2, ["arith"] * 4, ["0"] * 4, [{}] * 4, [""] * 8)
+        batch.old_log_probs = local.compute_log_probs(batch, "policy")
+        batch.ref_log_probs = local.compute_log_probs(batch, "ref") if local.ref is not None else None
+        torch.manual_seed(0)
+        batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
+        m_local, m_group = local.train_step(batch), group.train_step(batch)
+        assert m_group["actor/grad_norm"] == pytest.approx(m_local["actor/grad_norm"], rel=1e-4)
+        full, own = group.full_state_dict(), dict(local.policy.state_dict())
+        assert max((own[k] - full[k]).abs().max().item() for k in own) < 1e-5
+    finally:
+        group.shutdown()
+
+
 def exported(ckpt: Path, out: Path) -> dict:
     from posttrain.checkpoint.export import export_checkpoint
 

@@ -213,6 +213,7 @@ class Worker:
         device_name, peak = device_peak_flops(device, dtype)
         return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id,
                 "device_name": device_name, "peak_flops": peak, "sequence_parallel": self.sp.size if self.sp else 1,
+                "sharded": self.sharded,
                 "peak_key": cpu_peak_key(torch.get_num_threads(), dtype) if device.type == "cpu" else None}
 
     def _setup_critic(self, c: CriticSpec, kwargs: dict) -> None:
