@@ -9,6 +9,7 @@ LOGP_ATOL (float32 on both sides; measured: at most 9e-6).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -87,7 +88,7 @@ def test_greedy_tokens_eos_stop_tokens_and_truncation_are_the_hf_engines(worker)
     assert a.response_ids.tolist() == b.response_ids.tolist()
     assert a.response_mask.tolist() == b.response_mask.tolist()
     assert a.truncated.tolist() == b.truncated.tolist()
-    short = dataclass_replace(GREEDY, max_new_tokens=2)  # cut before the answer ends: finish_reason "length"
+    short = dataclasses.replace(GREEDY, max_new_tokens=2)  # cut before the answer ends: finish_reason "length"
     c, d = worker.engine.generate(prompts, short), hf.generate(prompts, short)
     assert c.truncated.all() and c.truncated.tolist() == d.truncated.tolist()
     assert c.response_ids.tolist() == d.response_ids.tolist()
@@ -103,12 +104,6 @@ def test_greedy_tokens_eos_stop_tokens_and_truncation_are_the_hf_engines(worker)
     assert int(e.response_mask[0].sum()) == 1  # ended on the stop token, which is kept, as the hf engine keeps it
 
 
-def dataclass_replace(params, **kw):
-    import dataclasses
-
-    return dataclasses.replace(params, **kw)
-
-
 def test_n_samples_with_the_sampled_tokens_log_probs_equal_the_trainers(worker):
     prompts = prompts_of(worker, 4)
     batch = sampled_batch(worker, prompts, n=4)
@@ -121,18 +116,29 @@ def test_n_samples_with_the_sampled_tokens_log_probs_equal_the_trainers(worker):
 
 def test_after_an_update_vllm_samples_from_the_new_weights(worker, trained_tiny_model_dir):
     prompts = prompts_of(worker)
+    update_and_sync(worker, prompts)
+    assert_vllm_samples_from_the_updated_policy(worker, prompts, trained_tiny_model_dir)
+
+
+def update_and_sync(worker, prompts) -> None:
+    """One policy update on vLLM's samples (random advantages), then the engine takes the new weights."""
     batch = sampled_batch(worker, prompts)
     torch.manual_seed(0)
     batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
     batch.old_log_probs = worker.compute_log_probs(batch)
     worker.train_step(batch)
     worker.sync_weights()
+
+
+def assert_vllm_samples_from_the_updated_policy(worker, prompts, model_dir) -> None:
+    """Greedy tokens are the hf engine's from the policy module, sampled log-probs the trainer's, and
+    neither is the shipped model's."""
     hf = hf_engine(worker)
     assert worker.engine.generate(prompts, GREEDY).response_ids.tolist() == \
         hf.generate(prompts, GREEDY).response_ids.tolist()
     after = sampled_batch(worker, prompts)
     assert_logprobs_match_the_trainer(worker, after)
-    assert_not_the_shipped_models(after, trained_tiny_model_dir)
+    assert_not_the_shipped_models(after, model_dir)
 
 
 def assert_not_the_shipped_models(batch: RolloutBatch, model_dir) -> None:
@@ -176,20 +182,11 @@ def test_a_lora_policy_reaches_vllm_both_ways(trained_tiny_model_dir, sync):
     try:
         assert (w.engine.lora_request is None) and (w.engine.adapter_root is not None) == (sync == "adapter")
         prompts = prompts_of(w)
-        batch = sampled_batch(w, prompts)
-        torch.manual_seed(0)
-        batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
-        batch.old_log_probs = w.compute_log_probs(batch)
-        w.train_step(batch)
-        w.sync_weights()
+        update_and_sync(w, prompts)
         if sync == "adapter":
             assert w.engine.lora_request is not None and w.engine.lora_request.lora_int_id == 1
-        hf = hf_engine(w)
-        assert w.engine.generate(prompts, GREEDY).response_ids.tolist() == \
-            hf.generate(prompts, GREEDY).response_ids.tolist()
-        after = sampled_batch(w, prompts)
-        assert_logprobs_match_the_trainer(w, after)
-        assert_not_the_shipped_models(after, trained_tiny_model_dir)  # the adapters (or their merge) took part
+        # the adapters (or their merge) took part: not the shipped base's log-probs
+        assert_vllm_samples_from_the_updated_policy(w, prompts, trained_tiny_model_dir)
     finally:
         w.engine.shutdown()
 

@@ -184,9 +184,9 @@ class Worker:
         rollout_model = self.policy
         if self.merged_rollout and s.rollout.name == "hf":  # a plain base, its weights W + s B A at every sync
             rollout_model = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
-        elif self.distributed:
+        elif self.sharded:
             rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout.name == "hf" else None
-        if self.distributed:
+        if self.sharded:
             parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
                         offload_params=s.param_offload, forward_prefetch=s.forward_prefetch,
                         reduce_dtype=s.reduce_dtype)
@@ -194,14 +194,14 @@ class Worker:
             self.policy.gradient_checkpointing_enable()
         if s.ref.needed and s.lora is None:  # with LoRA the reference is the policy's base: its adapters switched off
             self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
-            if self.distributed:
+            if self.sharded:
                 parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor)
         if s.critic is not None:
             self._setup_critic(s.critic, kwargs)
-        if s.sequence_parallel > 1 and self.distributed:  # after the rollout's copy was made: it samples whole rows
+        if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self._setup_sequence_parallel(s.sequence_parallel)
         self.engine = self._make_engine(rollout_model, eos)
         if s.rollout.weights_from_policy:
@@ -228,7 +228,7 @@ class Worker:
                 f"the critic model in '{c.model_dir}' has a vocabulary of {self.critic.config.vocab_size} tokens, "
                 f"fewer than the actor's tokenizer ({len(self.tokenizer)}): the critic reads the actor's token ids, "
                 "so critic.model.path must share the actor's tokenizer")
-        if self.distributed:
+        if self.sharded:
             parallelize(self.critic, param_dtype=self.spec.mixed_precision,
                         activation_checkpointing=c.gradient_checkpointing, offload_params=c.param_offload)
         elif c.gradient_checkpointing:
@@ -251,11 +251,6 @@ class Worker:
                     use_ulysses(model, self.sp)
                 except ValueError as e:
                     raise ConfigError(f"actor.{e}; pick a size that divides it") from None
-
-    @property
-    def distributed(self) -> bool:
-        """In a process group, sharded with FSDP2."""
-        return self.sharded
 
     def _init_process_group(self, init_method: str, device: torch.device) -> None:
         import torch.distributed as dist
@@ -283,7 +278,7 @@ class Worker:
 
         return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
                                micro_batch_size=r.micro_batch_size, seed=s.seed + self.rank,
-                               progress=not self.distributed, shared_prefill=r.shared_prefill,
+                               progress=not self.sharded, shared_prefill=r.shared_prefill,
                                remove_padding=r.remove_padding, early_stop=r.early_stop)
 
     # ------------------------------------------------------------ verbs
@@ -373,7 +368,7 @@ class Worker:
         process), a copy of them, the LoRA adapters alone (vLLM's LoRA request), or the base with the
         adapters merged in (rollout.lora_sync=merged)."""
         s = self.spec
-        if not self.distributed and s.rollout.name == "hf" and not self.merged_rollout:
+        if not self.sharded and s.rollout.name == "hf" and not self.merged_rollout:
             self.engine.update_weights(self.policy)  # the same module: nothing to copy
             return
         from posttrain.rollout.weights import named_full_weights
@@ -437,7 +432,7 @@ class Worker:
         from posttrain.checkpoint import take_snapshot
         from posttrain.checkpoint.state import critic_snapshot
 
-        if self.distributed:
+        if self.sharded:
             raise RuntimeError("a worker of a group is checkpointed through WorkerGroup.snapshot")
         snap = take_snapshot(step, self.policy, self.optimizer, self.scheduler, self.generators(), trainer_state,
                              metrics)

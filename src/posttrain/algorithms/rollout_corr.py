@@ -82,7 +82,6 @@ def mismatch_metrics(train_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     train, roll = train_log_probs.float(), rollout_log_probs.float()
     d = (roll - train)[mask]
     p_diff = (roll.exp() - train.exp()).abs()[mask]
-    r = (train - roll)[mask]
     lengths = mask.sum(-1).clamp(min=1)
     has = mask.any(-1)
     train_log_ppl = -(train * mask).sum(-1)[has] / lengths[has]
@@ -94,7 +93,7 @@ def mismatch_metrics(train_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
         "rollout_corr/logp_abs_diff_mean": float(d.abs().mean()),
         "rollout_corr/logp_abs_diff_max": float(d.abs().max()),
         "rollout_corr/kl": float(d.mean()),
-        "rollout_corr/k3_kl": float((r.exp() - 1 - r).mean()),
+        "rollout_corr/k3_kl": float(((-d).exp() - 1 + d).mean()),  # exp(r) - 1 - r, r = log p_train - log p_rollout
         "rollout_corr/rollout_ppl": float(roll_log_ppl.exp().mean()),
         "rollout_corr/training_ppl": float(train_log_ppl.exp().mean()),
         "rollout_corr/log_ppl_diff": float((roll_log_ppl - train_log_ppl).mean()),
