@@ -146,6 +146,12 @@ class RolloutConfig:
     # the engine returns each sampled token's log-prob, and every step logs how far it is from the trainer's
     # (training/rollout_probs_diff_*, rollout_corr/*: algorithms/rollout_corr.py); null: on with vLLM
     calculate_log_probs: Optional[bool] = None
+    # the engine's weights in this dtype (bfloat16, float16, float32; verl's rollout.dtype): hf samples from a copy
+    # of the policy in it, vLLM loads in it; null: the policy's compute dtype (no copy)
+    dtype: Optional[str] = None
+    # the engine samples with the policy's weights of this many updates ago (0: the current ones): a measured,
+    # controlled off-policy gap for algorithm.rollout_correction (hf keeps a copy, both keep k CPU snapshots)
+    stale_updates: int = 0
     layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
     # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
@@ -258,6 +264,28 @@ class PFPPOConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's algorithm.rollout_correction.* (both its spellings): importance weights and rejection of the
+    rollout engine's tokens by the ratio pi_old / pi_rollout (algorithms/rollout_corr.py; docs/rollout-correction.md).
+    All off by default; any of it on makes the engine return its log-probs (rollout.calculate_log_probs)."""
+
+    rollout_is: Optional[str] = None  # IS weights per token | sequence; null: none
+    rollout_is_threshold: Optional[float] = 2.0  # the IS weights' upper truncation; null: not truncated
+    rollout_is_threshold_lower: Optional[float] = None  # and lower (NeMo-RL's and OpenRLHF's tis floor); null: none
+    rollout_is_batch_normalize: bool = False  # IS weights divided by their batch mean
+    # rejection: token | sequence | geometric (a band on the ratio), or verl's newer comma list of
+    # token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2, seq_max_k3; null: none
+    rollout_rs: Optional[str] = None
+    rollout_rs_threshold: Optional[Any] = None  # the band's upper bound; k1 options: "lower_upper"; k2/k3: a bound
+    rollout_rs_threshold_lower: Optional[float] = None  # the band's lower bound; null: 1 / rollout_rs_threshold
+    rollout_token_veto_threshold: Optional[float] = None  # a token ratio below it rejects its whole sequence
+    # the rollout's log-probs stand in for the old ones (no old-log-prob pass); corrections use pi_theta / pi_rollout
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce (IS-weighted policy gradient, no clip)
+    use_policy_gradient: bool = False  # verl's earlier spelling of loss_type=reinforce
+
+
+@dataclass
 class AlgorithmConfig:
     name: Optional[str] = None  # a preset: one of ALGORITHMS (presets.py); your keys win
     adv_estimator: str = "grpo"  # grpo | grpo_loo | gae | rloo | ...: algorithms.ADV_ESTIMATORS
@@ -273,6 +301,7 @@ class AlgorithmConfig:
     # truncated responses (no EOS within data.max_response_length) count in their group's advantages, but add
     # nothing to the policy loss, KL loss or token counts (NeMo-RL's grpo.overlong_filtering)
     overlong_filtering: bool = False
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
