@@ -12,6 +12,7 @@ adjacent). P = padded prompt length, R = padded response length.
     truncated       [N] bool  the response ran out of tokens before an EOS (None: the engine did not say)
     scores          [N]       the reward function's score of each sequence (before any shaping)
     reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
+    rollout_log_probs / rollout_is_weights   [N, R]  the engine's log-probs, rollout correction's weights
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
 
@@ -48,6 +49,7 @@ class RolloutBatch:
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
     rollout_log_probs: torch.Tensor | None = None  # the engine's, of the sampled tokens (rollout.calculate_log_probs)
+    rollout_is_weights: torch.Tensor | None = None  # algorithm.rollout_correction's weights of the policy loss
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     values: torch.Tensor | None = None

@@ -44,7 +44,7 @@ from posttrain.rewards.sandbox import SandboxSettings
 from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.rollout.vllm import check_vllm_available
 from posttrain.sinks import check_sinks
-from posttrain.specs import lora_settings, sampling_params, worker_spec
+from posttrain.specs import lora_settings, rollout_correction, sampling_params, worker_spec
 from posttrain.tiny.arith import ensure_tiny_model
 from posttrain.tools import ToolSet
 from posttrain.worker import Worker, WorkerSpec
@@ -324,6 +324,7 @@ def build_run(cfg) -> Run:
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
         resumed_from=resume_from, flops=flops, peak_flops=peak, peak_keys=measured_peaks(tr.peak_flops, workers),
         profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn,
+        correction=rollout_correction(cfg),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)

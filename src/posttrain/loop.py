@@ -20,7 +20,7 @@ from posttrain.algorithms import (
     NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
     pf_ppo_weights, truncated_rows,
 )
-from posttrain.algorithms.rollout_corr import mismatch_metrics
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptDataset, PromptSampler
@@ -76,6 +76,7 @@ class Run:
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
     tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
     multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools
+    correction: RolloutCorrection | None = None  # algorithm.rollout_correction (specs.rollout_correction)
     reward_messages_shown: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)  # warnings printed once per run
 
@@ -100,6 +101,11 @@ class Run:
                 and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size and not self.sampling.logprobs)
 
     @property
+    def bypass(self) -> bool:
+        """algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones (no old pass)."""
+        return self.cfg.algorithm.rollout_correction.bypass_mode
+
+    @property
     def has_critic(self) -> bool:
         return self.cfg.algorithm.adv_estimator in NEEDS_CRITIC
 
@@ -111,11 +117,14 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ)
     batch = rollout_and_score(run, items, m)
     # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
-    #    own forward's) and the reference; the critic's values
-    if not run.on_policy_update:
+    #    own forward's, or they are the engine's in rollout correction's bypass mode) and the reference; the
+    #    critic's values
+    if run.bypass:
+        batch.old_log_probs = engine_log_probs(batch)
+    elif not run.on_policy_update:
         with timed(m, "old_log_prob"):
             batch.old_log_probs = run.actor.compute_log_probs(batch, "policy")
-    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+    if batch.rollout_log_probs is not None and batch.old_log_probs is not None and not run.bypass:
         # rollout.calculate_log_probs: how far the engine's log-probs are from the trainer's
         m.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask))
     if run.has_ref:
@@ -144,8 +153,11 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     # 5. updates: the critic regresses the returns; the policy (after the critic's warm-up steps) takes PPO-clip
     #    steps over mini-batches with micro-batch accumulation (+ LR schedule), without the truncated responses
     #    with algorithm.overlong_filtering. A NaN or inf in their inputs skips both (the weights stay as they are)
+    #    with algorithm.overlong_filtering, and with the IS weights and rejections of algorithm.rollout_correction
     policy_batch = overlong_filtered(batch, cfg.data.max_response_length, m) if cfg.algorithm.overlong_filtering \
         else batch
+    if run.correction is not None and not run.bypass:
+        policy_batch = rollout_corrected(policy_batch, run.correction, m)
     fault = first_nonfinite_input(batch)
     if run.has_critic and fault is None:
         with timed(m, "update_critic"):
@@ -171,6 +183,24 @@ def overlong_filtered(batch: RolloutBatch, max_response_length: int, m: dict) ->
     if not bool(cut.any()):
         return batch
     return dataclasses.replace(batch, response_mask=batch.response_mask.masked_fill(cut.unsqueeze(-1), 0))
+
+
+def engine_log_probs(batch: RolloutBatch) -> torch.Tensor:
+    """The rollout engine's log-probs of the sampled tokens, which rollout correction needs."""
+    if batch.rollout_log_probs is None:
+        raise RuntimeError("algorithm.rollout_correction needs the rollout engine's log-probs of the sampled tokens, "
+                           "and this rollout returned none (a custom engine or rollout without log_probs): "
+                           "return them as RolloutOutput.log_probs, or turn algorithm.rollout_correction off")
+    return batch.rollout_log_probs
+
+
+def rollout_corrected(batch: RolloutBatch, c: RolloutCorrection, m: dict) -> RolloutBatch:
+    """Decoupled mode: the batch the policy update sees, with the IS weights pi_old / pi_rollout
+    (rollout_is_weights) and without the tokens and sequences the correction rejects (response mask);
+    `batch` keeps its mask for the metrics. Adds rollout_corr/* to `m`."""
+    weights, mask, metrics = correct(batch.old_log_probs, engine_log_probs(batch), batch.response_mask, c)
+    m.update(metrics)
+    return dataclasses.replace(batch, rollout_is_weights=weights, response_mask=mask)
 
 
 def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:

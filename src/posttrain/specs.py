@@ -9,7 +9,10 @@ sampling parameters of training and validation.
 
 from __future__ import annotations
 
+import dataclasses
+
 from posttrain.algorithms import NEEDS_CRITIC
+from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
 from posttrain.config import VLLM_SETTINGS, uses_lora
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
@@ -86,7 +89,7 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
 
 def update_settings(cfg) -> UpdateSettings:
     a = cfg.actor
-    return UpdateSettings(
+    settings = UpdateSettings(
         mini_batch_size=a.ppo_mini_batch_size * cfg.rollout.n,  # verl counts prompts; we count sequences
         micro_batch_size=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
         micro_max_tokens=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
@@ -97,7 +100,27 @@ def update_settings(cfg) -> UpdateSettings:
         grad_clip=a.grad_clip, remove_padding=cfg.model.use_remove_padding, share_prompt=cfg.model.share_prompt,
         fused_kernels=cfg.model.use_fused_kernels, entropy_chunking=a.entropy_from_logits_with_chunking,
         entropy_checkpointing=a.entropy_checkpointing, torch_compile=a.use_torch_compile,
+        bypass_correction=rollout_correction(cfg) if cfg.algorithm.rollout_correction.bypass_mode else None,
     )
+    if cfg.algorithm.rollout_correction.bypass_mode and reinforce(cfg):  # pi_theta / pi_rollout weighs -A log pi
+        settings = dataclasses.replace(settings, loss_mode="gpg")
+    return settings
+
+
+def rollout_correction(cfg) -> RolloutCorrection | None:
+    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
+    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only)."""
+    rc = cfg.algorithm.rollout_correction
+    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
+                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
+                  rc.rollout_token_veto_threshold)
+    return RolloutCorrection() if c is None and rc.bypass_mode else c
+
+
+def reinforce(cfg) -> bool:
+    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.loss_type == "reinforce" or rc.use_policy_gradient
 
 
 def lora_settings(cfg) -> LoraSettings | None:
@@ -131,8 +154,10 @@ def vllm_engine_kwargs(r) -> dict:
 
 def rollout_log_probs(cfg) -> bool:
     """Whether the engine returns its log-probs of the sampled tokens (rollout.calculate_log_probs; null: with
-    vLLM, whose numerics differ from the trainer's)."""
+    vLLM, whose numerics differ from the trainer's; always with algorithm.rollout_correction on)."""
     c = cfg.rollout.calculate_log_probs
+    if rollout_correction(cfg) is not None:  # the correction's behaviour policy
+        return True
     return cfg.rollout.name == "vllm" if c is None else bool(c)
 
 

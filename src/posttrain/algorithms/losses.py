@@ -29,6 +29,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _masked(x, mask).sum() / mask.sum().clamp(min=1)
 
 
+def weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token losses [B, T] times importance weights [B, T] (detached: a weight scales a token's
+    gradient, it gets none); None: unchanged."""
+    return per_token if weights is None else per_token * weights.detach().to(per_token.dtype)
+
+
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -91,6 +97,7 @@ def ppo_policy_loss(
     loss_agg_mode: str = "token-mean",
     *,
     loss_scale_factor: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """PPO's clipped surrogate with dual clip; every input is [B, T].
 
@@ -101,7 +108,9 @@ def ppo_policy_loss(
     2020): without it a token with A < 0 and a huge r has an unbounded loss.
     clip_ratio_c=None turns the dual clip off (NeMo-RL's ratio_clip_c: null):
     the loss is `clipped` everywhere and pg_clipfrac_lower is 0.
-    The per-token losses are aggregated with `agg_loss(loss_agg_mode)`.
+    The per-token losses, times `weights` [B, T] when given (rollout
+    correction's importance weights, no gradient), are aggregated with
+    `agg_loss(loss_agg_mode)`.
 
     Returns a dict:
         pg_loss            scalar with grad (through log_prob only)
@@ -134,6 +143,7 @@ def ppo_policy_loss(
         negative = advantages < 0
         per_token = torch.where(negative, torch.minimum(loss3, clipped), clipped)  # [B, T]
         dual = (clipped > loss3) & negative
+    per_token = weighted(per_token, weights)
     with torch.no_grad():
         clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
         clipfrac_lower = masked_mean(dual.to(mask.dtype), mask)
@@ -171,12 +181,14 @@ def gspo_policy_loss(
     loss_agg_mode: str = "seq-mean-token-mean",
     *,
     loss_scale_factor: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """GSPO (Zheng et al. 2025): one importance ratio per sequence, the
     geometric mean of its token ratios, s_i = exp(mean_t (log_prob - old)),
     clipped to [1 - low, 1 + high]; inputs [B, T], same returns as
     `ppo_policy_loss` (pg_clipfrac_lower is 0: GSPO has no dual clip, and
-    clip_ratio_c is accepted for the same signature and unused).
+    clip_ratio_c is accepted for the same signature and unused); `weights` as
+    in `ppo_policy_loss`.
 
     Token form with a stop-gradient, so the gradient of each token is the
     sequence's ratio times its own log-prob gradient:
@@ -201,7 +213,7 @@ def gspo_policy_loss(
     ratio = torch.exp(token_log_ratio)  # [B, T], the value s_i on every token
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    per_token = torch.maximum(loss1, loss2)
+    per_token = weighted(torch.maximum(loss1, loss2), weights)
     with torch.no_grad():
         clipfrac = masked_mean((loss2 > loss1).to(mask.dtype), mask)
         ppo_kl = masked_mean(-log_ratio, mask)
@@ -224,6 +236,7 @@ def gpg_policy_loss(
     loss_agg_mode: str = "token-mean",
     *,
     loss_scale_factor: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """GPG (Chu et al. 2025, arXiv:2504.02546): the plain policy gradient,
     loss_t = -A_t log_prob_t, no ratio and no clip (the clip ratios and
@@ -231,13 +244,18 @@ def gpg_policy_loss(
     [B, T], the same returns as `ppo_policy_loss` with the clip fractions
     and ppo_kl 0.
 
+    With `weights` w (rollout correction's importance weights, no gradient)
+    loss_t = -w_t A_t log_prob_t: the IS-weighted policy gradient (verl's
+    bypass-mode "reinforce" loss).
+
     Example: log_prob [-1, -2], A = [1, 1], token-mean: loss = (1 + 2) / 2 = 1.5;
-    d loss / d log_prob_t = -1/2 each (what PPO-clip gives at ratio 1).
+    d loss / d log_prob_t = -1/2 each (what PPO-clip gives at ratio 1). With
+    weights [2, 0.5]: (2 + 1) / 2 = 1.5, gradients -1 and -1/4.
     """
     del old_log_prob, clip_ratio_low, clip_ratio_high, clip_ratio_c
     mask = response_mask.to(log_prob.dtype)
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    return {"pg_loss": agg_loss(_masked(-advantages * log_prob, mask), mask, loss_agg_mode,
+    return {"pg_loss": agg_loss(_masked(weighted(-advantages * log_prob, weights), mask), mask, loss_agg_mode,
                                 loss_scale_factor=loss_scale_factor),
             "pg_clipfrac": zero, "ppo_kl": zero, "pg_clipfrac_lower": zero}
 

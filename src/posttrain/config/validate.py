@@ -31,6 +31,7 @@ def validate(cfg: Config) -> None:
     warn_unused(cfg)
     validate_reward(cfg)
     validate_algorithm(cfg)
+    validate_rollout_correction(cfg)
     validate_critic(cfg)
     validate_profiler(cfg)
     validate_across_sections(cfg)
@@ -325,6 +326,29 @@ def validate_algorithm(cfg: Config) -> None:
         _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
         _need(alg.adv_estimator in NEEDS_CRITIC, f"algorithm.use_pf_ppo=true resamples the batch after GAE (as verl): "
               f"it needs algorithm.adv_estimator=gae, got {alg.adv_estimator}")
+
+
+def validate_rollout_correction(cfg: Config) -> None:
+    from posttrain.algorithms.rollout_corr import from_verl
+
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
+    try:
+        on = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower,
+                       rc.rollout_is_batch_normalize, rc.rollout_rs, rc.rollout_rs_threshold,
+                       rc.rollout_rs_threshold_lower, rc.rollout_token_veto_threshold) is not None or rc.bypass_mode
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    reinforce = rc.loss_type == "reinforce" or rc.use_policy_gradient
+    _need(not reinforce or rc.bypass_mode,
+          f"{key}.loss_type=reinforce is bypass mode's loss (pi_theta / pi_rollout weighs -A log pi): set "
+          f"{key}.bypass_mode=true, or keep ppo_clip (decoupled mode's PPO loss takes the IS weights)")
+    _need(not (reinforce and cfg.actor.policy_loss.loss_mode != "vanilla"),
+          f"{key}.loss_type=reinforce replaces the policy loss: it cannot be combined with "
+          f"actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}")
+    _need(not on or cfg.rollout.calculate_log_probs is not False,
+          f"{key} weighs tokens by the engine's own log-probs: rollout.calculate_log_probs=false turns them off; "
+          "leave it null (on with a correction) or true")
 
 
 def validate_trainer(cfg: Config) -> None:

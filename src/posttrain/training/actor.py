@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, get_policy_loss
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches
 
 
@@ -40,6 +41,9 @@ class UpdateSettings:
     entropy_chunking: bool = False  # actor.entropy_from_logits_with_chunking
     entropy_checkpointing: bool = False  # actor.entropy_checkpointing
     torch_compile: bool = False  # actor.use_torch_compile: log-prob and entropy functions compiled
+    # algorithm.rollout_correction.bypass_mode: the batch's old log-probs are the engine's, and this correction
+    # (None: none) weighs and rejects tokens by pi_theta / pi_rollout in each micro-batch (see micro_loss)
+    bypass_correction: RolloutCorrection | None = None
 
     def pass_options(self, compile: bool | None = None, sp=None) -> PassOptions:
         """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's;
@@ -118,10 +122,12 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
                                                   entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
+    weights, corr_metrics = is_weights(mb, log_prob, mask, s.bypass_correction, device)
     pol = get_policy_loss(s.loss_mode)(
         old_log_prob, log_prob, mb.advantages.to(device), mask,
         clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
         clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
+        weights=weights,
     )
     loss = pol["pg_loss"]
 
@@ -140,6 +146,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         "actor/ppo_kl": float(pol["ppo_kl"]),
         "actor/pg_clipfrac_lower": float(pol["pg_clipfrac_lower"]),
         "actor/entropy": entropy.item(),
+        **corr_metrics,
     }
     if s.use_kl_loss:
         kl = kl_penalty(log_prob, mb.ref_log_probs.to(device), s.kl_loss_type)
@@ -148,6 +155,26 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         metrics["actor/kl_loss"] = kl_loss.item()
         metrics["actor/kl_coef"] = s.kl_loss_coef
     return loss, metrics
+
+
+def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,
+               device) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The policy loss's per-token weights [n, R] (None: none) and their metrics.
+
+    Decoupled mode: the batch's rollout_is_weights (pi_old / pi_rollout, computed once per step by the loop,
+    whose rejections already left the response mask). Bypass mode (`bypass` set): the correction of this
+    forward's own pi_theta against the engine's pi_rollout, here, since pi_theta moves with every mini-batch;
+    a token it rejects weighs 0 and stays in the loss's denominator (the micro-batch weights were counted on
+    the mask), its IS weight (1 without rollout_is) multiplies the rest, and its metrics are averaged over
+    the micro-batches, as is the gap between the two (rollout_corr/kl, ...: before the first optimizer step
+    pi_theta is the trainer's pi_old, the decoupled mode's measure)."""
+    if bypass is None:
+        return (mb.rollout_is_weights.to(device) if mb.rollout_is_weights is not None else None), {}
+    behaviour = mb.rollout_log_probs.to(device)
+    w, kept, metrics = correct(log_prob.detach(), behaviour, mask, bypass)
+    metrics.update(mismatch_metrics(log_prob.detach(), behaviour, mask))  # the gap, against pi_theta here
+    kept = kept.to(log_prob.dtype)
+    return (kept if w is None else w.to(log_prob.dtype) * kept), metrics
 
 
 def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[float] | None = None,
