@@ -22,7 +22,7 @@ docs/algo/rollout_corr.md), configured by a `RolloutCorrection`. It takes two lo
 tensors, the target policy's and the behaviour policy's (the engine's), so the ratio
 rho = pi_target / pi_behaviour is pi_old / pi_rollout in decoupled mode and
 pi_theta / pi_rollout in bypass or pure-IS mode. Log-ratios are bounded to [-20, 20]
-before any exp (the safety bound). Three independent mechanisms:
+before any exp (the safety bound). Independent mechanisms:
 
 - IS weights (`is_level`): "token", rho_t per token; "sequence", the product of the
   sequence's rho_t (exp of the sum of its log-ratios) on each of its tokens. Truncated
@@ -33,9 +33,19 @@ before any exp (the safety bound). Three independent mechanisms:
 - Rejection sampling (`rs_level`): "token", "sequence" (product) or "geometric" (the
   geometric mean, exp of the mean log-ratio over the sequence's tokens); a token, or the
   whole sequence, whose safety-bounded ratio lies outside [`rs_threshold_lower`
-  (default 1 / rs_threshold), `rs_threshold`] leaves the response mask.
+  (default 1 / rs_threshold), `rs_threshold`] leaves the response mask (verl 0.6's `rollout_rs`).
+- Rejection rules (`rs_rules`): verl's newer `rollout_rs` options (token_k1 ... seq_max_k3, a bound
+  on a divergence statistic of the token or the sequence; rollout_rules.py), each a `RejectRule`.
+  A token stays only if rs_level's band and every rule keep it.
 - Veto (`token_veto_threshold`): a sequence with any token whose unbounded ratio is below
   the threshold leaves the response mask entirely.
+
+Rejection metrics: `rollout_rs_{mean,max,min,ratio_fraction_high,ratio_fraction_low,std,
+eff_sample_size}` are rs_level's ratio statistics (verl 0.6's names); each rule's are named after
+its option, `rollout_rs_{option}_{masked_fraction,seq_masked_fraction,mean,max}` (and `_seq_mean` at
+sequence level); rs_level's own shares are `rollout_rs_{rs_level}_{masked_fraction,seq_masked_fraction}`
+(`rollout_rs_sequence_masked_fraction`, ...). The totals `rollout_rs_masked_fraction` and
+`rollout_rs_seq_masked_fraction` count everything rs_level and the rules reject together (not the veto).
 
 Other frameworks' names, as combinations (C, m: their upper and lower bounds):
 
@@ -67,6 +77,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from posttrain.algorithms.rollout_rules import RejectRule, rule_rejects, shares
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
 IS_LEVELS = ("token", "sequence")
@@ -112,6 +124,7 @@ class RolloutCorrection:
     rs_threshold: float | None = None  # the band's upper bound, needed with rs_level
     rs_threshold_lower: float | None = None  # its lower bound, 1 / rs_threshold when None (0: none)
     token_veto_threshold: float | None = None  # a token ratio below it rejects its sequence
+    rs_rules: tuple[RejectRule, ...] = ()  # verl's newer rejection options (rollout_rules.py), ANDed with rs_level
 
     def is_bounds(self) -> tuple[float, float]:
         """(lower, upper) of the IS metrics' band: the truncation floor, else 1 / is_threshold."""
@@ -157,6 +170,16 @@ class RolloutCorrection:
                      f"and below rs_threshold{default}")
         if self.token_veto_threshold is not None and not self.token_veto_threshold > 0:
             fail(f"token_veto_threshold must be > 0, got {self.token_veto_threshold!r}")
+        if not isinstance(self.rs_rules, tuple):
+            fail(f"rs_rules must be a tuple of RejectRule, got {type(self.rs_rules).__name__}")
+        for rule in self.rs_rules:
+            if not isinstance(rule, RejectRule):
+                fail(f"rs_rules holds RejectRule, got {rule!r}")
+            if rule.problem():
+                fail(f"rs_rules: {rule.problem()}")
+        options = [rule.option for rule in self.rs_rules]
+        if len(set(options)) < len(options):
+            fail(f"rs_rules lists an option twice: {', '.join(options)}")
         return self
 
 
@@ -245,13 +268,20 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
                 factor = 1.0
             metrics["rollout_is_batch_norm_factor"] = factor
 
+    rejected = torch.zeros_like(valid)  # by rs_level or any of rs_rules
     if c.rs_level is not None:
         lower, upper = c.rs_bounds()
         ratio, per_sequence = _ratios(log_ratio, valid, c.rs_level)
         metrics.update(_ratio_stats("rollout_rs", ratio, per_sequence, valid, has, lower, upper))
-        rejected = valid & ~((ratio >= lower) & (ratio <= upper))
-        metrics["rollout_rs_masked_fraction"] = float(rejected[valid].float().mean())
-        metrics["rollout_rs_seq_masked_fraction"] = float(rejected.any(-1)[has].float().mean())
+        by_band = valid & ~((ratio >= lower) & (ratio <= upper))
+        metrics.update(shares(f"rollout_rs_{c.rs_level}", by_band, valid, has))
+        rejected |= by_band
+    for rule in c.rs_rules:
+        by_rule, rule_metrics = rule_rejects(rule, log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND), valid, has)
+        metrics.update(rule_metrics)
+        rejected |= by_rule
+    if c.rs_level is not None or c.rs_rules:
+        metrics.update(shares("rollout_rs", rejected, valid, has))
         keep &= ~rejected
 
     if c.token_veto_threshold is not None:
