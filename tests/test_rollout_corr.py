@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, from_verl, mismatch_metrics
 from posttrain.algorithms.rollout_rules import RejectRule, parse_rules
 from posttrain.build import build_run
 from posttrain.config import load_config
@@ -410,6 +410,7 @@ def test_thresholds_are_one_per_option_or_one_for_all():
     ("token_k2", "0.5_2", "token_k2 takes one upper bound, got '0.5_2'"),
     ("seq_mean_k3", "abc", "'abc' for seq_mean_k3 is not a number"),
     ("token_k1", "0.5_", "'' for token_k1 is not a number"),
+    ("token_k1", "0.5_2_0", "'2_0' for token_k1 is not a number"),  # not float()'s digit grouping, 20
     ("token_k2", 0, "bounds must be > 0, got '0'"),
     ("seq_sum_k3", "-1", "bounds must be > 0"),
     ("token_k1", "0_2", "bounds must be > 0"),
@@ -437,3 +438,76 @@ def test_bad_rule_specs_are_refused_naming_the_verl_key(rollout_rs, threshold, m
 def test_bad_rules_are_refused_by_validate(rules, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         RolloutCorrection(rs_rules=rules).validate()
+
+
+def test_from_verl_reads_both_spellings():
+    assert from_verl() is None  # nothing on; the default rollout_is_threshold alone does nothing
+    assert from_verl(rollout_is_threshold=5.0) is None
+    assert from_verl(rollout_is="token", rollout_is_threshold="2.0") == RolloutCorrection(is_level="token",
+                                                                                         is_threshold=2.0)
+    assert from_verl(rollout_is="sequence", rollout_is_threshold=3).is_threshold == 3.0
+    assert from_verl(rollout_is="token", rollout_is_threshold=None).is_threshold == math.inf  # not truncated
+    assert from_verl(rollout_is="token", rollout_is_threshold_lower=0, rollout_is_batch_normalize=True) == \
+        RolloutCorrection(is_level="token", is_threshold=2.0, is_threshold_lower=0.0, is_batch_normalize=True)
+    # verl 0.6: a level and a band on the ratio, and the veto
+    assert from_verl(rollout_rs="sequence", rollout_rs_threshold="2", rollout_rs_threshold_lower=0.25,
+                     rollout_token_veto_threshold=1e-4) == RolloutCorrection(
+        rs_level="sequence", rs_threshold=2.0, rs_threshold_lower=0.25, token_veto_threshold=1e-4)
+    assert from_verl(rollout_token_veto_threshold="1e-4") == RolloutCorrection(token_veto_threshold=1e-4)
+    # the newer options (verl's decoupled_seq_is_rs and decoupled_k3_rs_token_tis presets)
+    assert from_verl(rollout_is="sequence", rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0") == \
+        RolloutCorrection(is_level="sequence", rs_rules=(RejectRule("seq_sum_k1", 0.5, 2.0),))
+    assert from_verl(rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01).rs_rules == \
+        (RejectRule("seq_mean_k3", None, 0.01),)
+    assert from_verl(rollout_rs="token_k3,seq_sum_k2", rollout_rs_threshold="0.25, 1.0") == RolloutCorrection(
+        rs_rules=(RejectRule("token_k3", None, 0.25), RejectRule("seq_sum_k2", None, 1.0)))
+
+
+def test_verl_0_6_sequence_and_geometric_rejection_equal_seq_sum_k1_and_seq_mean_k1_with_the_band_inverted():
+    # ratios: row 0: 2, 1.5 (product 3, geometric mean 1.73); row 1: 1.5, 1 (1.5, 1.22); row 2: 0.5, 0.4
+    # (0.2, 0.45); row 3: 0.6, 0.5 (0.3, 0.55); row 4: 2.5 and a padding token (2.5, 2.5)
+    target = lp([[0.8, 0.6], [0.6, 0.3], [0.2, 0.2], [0.3, 0.2], [0.5, 0.7]])
+    behaviour = lp([[0.4, 0.4], [0.4, 0.3], [0.4, 0.5], [0.5, 0.4], [0.2, 0.1]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 1], [1, 0]])
+
+    def kept(**verl):
+        return correct(target, behaviour, mask, from_verl(**verl))[1].tolist()
+
+    # products in [0.25, 2]: rows 1 and 3; seq_sum_k1 keeps -log(product) in [log 0.5, log 4], that band
+    # ("0.25_2" would keep the products in [0.5, 4]: rows 0, 1 and 4)
+    by_products = [[0, 0], [1, 1], [0, 0], [1, 1], [0, 0]]
+    assert kept(rollout_rs="sequence", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=0.25) == by_products
+    assert kept(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_4") == by_products
+    assert kept(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.25_2") == [[1, 1], [1, 1], [0, 0], [0, 0], [1, 0]]
+    # geometric means in [0.5, 2] (a single 2 both ways, symmetric): rows 0, 1 and 3
+    by_means = [[1, 1], [1, 1], [0, 0], [1, 1], [0, 0]]
+    assert kept(rollout_rs="geometric", rollout_rs_threshold=2.0) == by_means
+    assert kept(rollout_rs="seq_mean_k1", rollout_rs_threshold=2.0) == by_means
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(rollout_is="tokens"), "rollout_is: one of token, sequence or null"),
+    (dict(rollout_is="token", rollout_is_threshold="abc"), "rollout_is_threshold: a number > 0, or null"),
+    (dict(rollout_is="token", rollout_is_threshold=0), "rollout_is_threshold: a number > 0"),
+    (dict(rollout_is="token", rollout_is_threshold=True), "rollout_is_threshold: a number > 0"),
+    (dict(rollout_is="token", rollout_is_threshold_lower=-0.1), "rollout_is_threshold_lower: a number >= 0"),
+    (dict(rollout_is="token", rollout_is_threshold_lower=3), "rollout_is_threshold_lower: must be below"),
+    (dict(rollout_is_threshold_lower=0.5), "rollout_is_threshold_lower: acts on IS weights"),
+    (dict(rollout_is_batch_normalize=True), "rollout_is_batch_normalize: acts on IS weights"),
+    (dict(rollout_is="token", rollout_is_batch_normalize="yes"), "rollout_is_batch_normalize: true or false"),
+    (dict(rollout_rs_threshold=2.0), "rollout_rs_threshold: bounds rejection sampling: set rollout_rs too"),
+    (dict(rollout_rs="token"), "rollout_rs_threshold: rollout_rs=token needs it"),
+    (dict(rollout_rs="sequence", rollout_rs_threshold="0.5_2"), "rollout_rs_threshold: a number > 0 with "
+                                                                "rollout_rs=sequence"),
+    (dict(rollout_rs="geometric", rollout_rs_threshold=0.999), "rollout_rs_threshold_lower: the band"),
+    (dict(rollout_rs="token_k2", rollout_rs_threshold=1, rollout_rs_threshold_lower=0.5),
+     "rollout_rs_threshold_lower: is verl 0.6's"),
+    (dict(rollout_rs="sequence,token_k2", rollout_rs_threshold=1), "rollout_rs: verl 0.6's token, sequence"),
+    (dict(rollout_rs="token_k9", rollout_rs_threshold=1), "rollout_rs: unknown option 'token_k9'; known:"),
+    (dict(rollout_rs="token_k2", rollout_rs_threshold="1_2"), "rollout_rs_threshold: token_k2 takes one"),
+    (dict(rollout_rs=3), "rollout_rs: a string"),
+    (dict(rollout_token_veto_threshold=0), "rollout_token_veto_threshold: a number > 0"),
+])
+def test_from_verl_refuses_bad_values_naming_the_key(settings, message):
+    with pytest.raises(ValueError, match="^algorithm\\.rollout_correction\\." + re.escape(message)):
+        from_verl(**settings)

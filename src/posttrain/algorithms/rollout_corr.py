@@ -78,7 +78,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.algorithms.rollout_rules import RejectRule, rule_rejects, shares
+from posttrain.algorithms.rollout_rules import VERL_KEY, RejectRule, parse_rules, rule_rejects, shares
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
 IS_LEVELS = ("token", "sequence")
@@ -293,3 +293,88 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
 
     new_mask = torch.where(keep, response_mask, torch.zeros_like(response_mask))
     return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def _verl_number(key: str, value, accepted: str, zero: bool = False) -> float | None:
+    """A verl threshold as a float (a number, or a string of one), None kept; > 0 (>= 0 with `zero`).
+    ValueError naming the key and what it accepts."""
+    if value is None:
+        return None
+    number = value
+    if isinstance(value, str) and "_" not in value:  # float() reads "0.5_2" as 0.52
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not (number >= 0 if zero else number > 0):
+        raise ValueError(f"{VERL_KEY}{key}: {accepted}, got {value!r}")
+    return float(number)
+
+
+def from_verl(rollout_is: str | None = None, rollout_is_threshold: float | str | None = 2.0,
+              rollout_is_threshold_lower: float | str | None = None, rollout_is_batch_normalize: bool = False,
+              rollout_rs: str | None = None, rollout_rs_threshold: float | str | None = None,
+              rollout_rs_threshold_lower: float | str | None = None,
+              rollout_token_veto_threshold: float | str | None = None) -> RolloutCorrection | None:
+    """verl's algorithm.rollout_correction.* values -> a validated RolloutCorrection, or None when
+    nothing is on (no IS weights, no rejection, no veto). `rollout_rs` in either spelling: verl 0.6's
+    token | sequence | geometric (rs_level; a number rollout_rs_threshold and an optional
+    rollout_rs_threshold_lower), or the newer comma list of options (rs_rules, rollout_rules.py;
+    rollout_rs_threshold_lower unset). rollout_is_threshold None: IS weights not truncated (math.inf).
+    rollout_is_threshold_lower is posttrain's (OpenRLHF's and NeMo-RL's tis floor), not verl's. Settings
+    that would do nothing (a rollout_rs_threshold without rollout_rs, ...) are refused. ValueError names
+    the key and what it accepts."""
+    def fail(key: str, message: str):
+        raise ValueError(f"{VERL_KEY}{key}: {message}")
+
+    if rollout_is is not None and rollout_is not in IS_LEVELS:
+        fail("rollout_is", f"one of {', '.join(IS_LEVELS)} or null (no IS weights), got {rollout_is!r}")
+    is_threshold = _verl_number("rollout_is_threshold", rollout_is_threshold,
+                                "a number > 0, or null (not truncated)")
+    is_threshold = math.inf if is_threshold is None else is_threshold
+    is_lower = _verl_number("rollout_is_threshold_lower", rollout_is_threshold_lower, "a number >= 0 or null",
+                            zero=True)
+    if not isinstance(rollout_is_batch_normalize, bool):
+        fail("rollout_is_batch_normalize", f"true or false, got {rollout_is_batch_normalize!r}")
+    if rollout_is is None and (is_lower is not None or rollout_is_batch_normalize):
+        key = "rollout_is_threshold_lower" if is_lower is not None else "rollout_is_batch_normalize"
+        fail(key, "acts on IS weights: set rollout_is (token or sequence) too")
+    if is_lower is not None and not is_lower < is_threshold:
+        fail("rollout_is_threshold_lower", f"must be below rollout_is_threshold ({is_threshold!r}), got {is_lower!r}")
+
+    rs_level, rs_threshold, rs_lower, rules = None, None, None, ()
+    if rollout_rs is None:
+        if rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
+            key = "rollout_rs_threshold" if rollout_rs_threshold is not None else "rollout_rs_threshold_lower"
+            fail(key, "bounds rejection sampling: set rollout_rs too")
+    elif not isinstance(rollout_rs, str):
+        fail("rollout_rs", f"a string (token, sequence, geometric, or a comma list of options), got {rollout_rs!r}")
+    elif rollout_rs.strip() in RS_LEVELS:  # verl 0.6
+        rs_level = rollout_rs.strip()
+        rs_threshold = _verl_number("rollout_rs_threshold", rollout_rs_threshold,
+                                    f"a number > 0 with rollout_rs={rs_level} (the ratio band's upper bound; "
+                                    "its lower bound is rollout_rs_threshold_lower)")
+        if rs_threshold is None:
+            fail("rollout_rs_threshold", f"rollout_rs={rs_level} needs it (the ratio band's upper bound)")
+        rs_lower = _verl_number("rollout_rs_threshold_lower", rollout_rs_threshold_lower,
+                                "a number >= 0 or null (1 / rollout_rs_threshold)", zero=True)
+        lower = 1.0 / rs_threshold if rs_lower is None else rs_lower
+        if not lower < rs_threshold:
+            fail("rollout_rs_threshold_lower", f"the band [{lower!r}, {rs_threshold!r}] is empty: the lower bound "
+                 "(1 / rollout_rs_threshold when null) must be below rollout_rs_threshold")
+    else:
+        if any(part.strip() in RS_LEVELS for part in rollout_rs.split(",")):
+            fail("rollout_rs", f"verl 0.6's {', '.join(RS_LEVELS)} stand alone, not in a list of the newer "
+                 f"options: {rollout_rs!r}")
+        if rollout_rs_threshold_lower is not None:
+            fail("rollout_rs_threshold_lower", "is verl 0.6's, for rollout_rs token, sequence or geometric; the "
+                 "newer k1 options take 'lower_upper' in rollout_rs_threshold")
+        rules = parse_rules(rollout_rs, rollout_rs_threshold)
+    veto = _verl_number("rollout_token_veto_threshold", rollout_token_veto_threshold, "a number > 0 or null")
+
+    if rollout_is is None and rs_level is None and not rules and veto is None:
+        return None
+    return RolloutCorrection(
+        is_level=rollout_is, is_threshold=is_threshold, is_threshold_lower=is_lower,
+        is_batch_normalize=rollout_is_batch_normalize, rs_level=rs_level, rs_threshold=rs_threshold,
+        rs_threshold_lower=rs_lower, token_veto_threshold=veto, rs_rules=rules).validate()

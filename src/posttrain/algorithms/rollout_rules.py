@@ -69,6 +69,8 @@ class RejectRule:
 
 def _number(spec: str, option: str) -> float:
     try:
+        if "_" in spec:  # float() reads "1_5" as 15
+            raise ValueError
         value = float(spec)
     except ValueError:
         raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {spec!r} for {option} is not a number") from None
