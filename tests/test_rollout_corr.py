@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, from_verl, mismatch_metrics
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, from_nemo_rl, from_verl, mismatch_metrics
 from posttrain.algorithms.rollout_rules import RejectRule, parse_rules
 from posttrain.build import build_run
 from posttrain.config import load_config
@@ -511,3 +511,63 @@ def test_verl_0_6_sequence_and_geometric_rejection_equal_seq_sum_k1_and_seq_mean
 def test_from_verl_refuses_bad_values_naming_the_key(settings, message):
     with pytest.raises(ValueError, match="^algorithm\\.rollout_correction\\." + re.escape(message)):
         from_verl(**settings)
+
+
+def test_from_nemo_rl_gives_the_verl_keys_of_each_type():
+    none = dict(rollout_is="token", rollout_is_threshold=None, rollout_is_threshold_lower=None,
+                rollout_rs=None, rollout_rs_threshold=None, rollout_rs_threshold_lower=None)
+    assert from_nemo_rl(False, None, None, None) == {}
+    assert from_verl(**from_nemo_rl(False, None, None, None)) is None
+    # the correction on, no type: raw IS weights, per token or per sequence
+    assert from_nemo_rl(True, None, None, None) == none
+    assert from_verl(**from_nemo_rl(True, None, None, None)) == RolloutCorrection(is_level="token",
+                                                                                  is_threshold=math.inf)
+    assert from_nemo_rl(True, None, None, None, sequence_level=True) == {**none, "rollout_is": "sequence"}
+    # tis: truncated to [m or nothing, C]
+    assert from_verl(**from_nemo_rl(True, "tis", 2.0, None)) == RolloutCorrection(is_level="token", is_threshold=2.0)
+    assert from_verl(**from_nemo_rl(True, "tis", 5, 0.2, sequence_level=True)) == RolloutCorrection(
+        is_level="sequence", is_threshold=5.0, is_threshold_lower=0.2)
+    # icepop: weights up to C, rejection outside [m, C] at the weights' level
+    assert from_nemo_rl(True, "icepop", 5.0, 0.5) == {**none, "rollout_is_threshold": 5.0, "rollout_rs": "token",
+                                                      "rollout_rs_threshold": 5.0, "rollout_rs_threshold_lower": 0.5}
+    assert from_verl(**from_nemo_rl(True, "icepop", 5.0, 0.5, sequence_level=True)) == RolloutCorrection(
+        is_level="sequence", is_threshold=5.0, rs_level="sequence", rs_threshold=5.0, rs_threshold_lower=0.5)
+    # seq-mask-tis: raw token weights, the geometric band [m, C]
+    assert from_verl(**from_nemo_rl(True, "seq-mask-tis", 1.002, 0.999)) == RolloutCorrection(
+        is_level="token", is_threshold=math.inf, rs_level="geometric", rs_threshold=1.002, rs_threshold_lower=0.999)
+
+
+def test_nemo_rl_icepop_and_seq_mask_tis_on_tensors():
+    # icepop [0.5, 5]: ratios 0.4 (below), 1, 6 (above): the middle token stays, its weight raw
+    target, behaviour = lp([[0.4, 0.5, 0.6]]), lp([[1.0, 0.5, 0.1]])
+    weights, new_mask, _ = correct(target, behaviour, torch.ones(1, 3),
+                                   from_verl(**from_nemo_rl(True, "icepop", 5.0, 0.5)))
+    close(new_mask, [[0.0, 1.0, 0.0]])
+    assert weights[0, 1] == pytest.approx(1.0)
+    # seq-mask-tis [0.8, 1.25]: geometric means row 0: sqrt(2 * 0.5) = 1 (kept, its weights the raw 2 and 0.5),
+    # row 1: 1.5 (above), row 2: sqrt(0.5) = 0.71 (below)
+    target, behaviour = lp([[0.8, 0.2], [0.6, 0.6], [0.2, 0.3]]), lp([[0.4, 0.4], [0.4, 0.4], [0.4, 0.3]])
+    weights, new_mask, _ = correct(target, behaviour, torch.ones(3, 2),
+                                   from_verl(**from_nemo_rl(True, "seq-mask-tis", 1.25, 0.8)))
+    close(new_mask, [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    close(weights[0], [2.0, 0.5])
+
+
+@pytest.mark.parametrize("settings, message", [
+    ((False, "tis", 2.0, None), "truncated_importance_sampling_type: needs use_importance_sampling_correction"),
+    ((True, "clip", 2.0, None), "truncated_importance_sampling_type: one of tis, icepop, seq-mask-tis or null"),
+    ((True, None, 2.0, None), "truncated_importance_sampling_ratio: needs truncated_importance_sampling_type"),
+    ((False, None, 2.0, None), "truncated_importance_sampling_ratio: needs truncated_importance_sampling_type"),
+    ((True, None, None, 0.5), "truncated_importance_sampling_ratio_min: needs truncated_importance_sampling_type"),
+    ((True, "tis", None, None), "truncated_importance_sampling_ratio: a number > 0 with type tis"),
+    ((True, "tis", 0.0, None), "truncated_importance_sampling_ratio: a number > 0"),
+    ((True, "icepop", 5.0, None), "truncated_importance_sampling_ratio_min: type icepop needs it"),
+    ((True, "seq-mask-tis", 1.002, None), "truncated_importance_sampling_ratio_min: type seq-mask-tis needs it"),
+    ((True, "tis", 2.0, 3.0), "truncated_importance_sampling_ratio_min: must be >= 0 and below"),
+    ((True, "icepop", 2.0, 2.0), "truncated_importance_sampling_ratio_min: must be >= 0 and below"),
+    ((True, "icepop", 2.0, -0.5), "truncated_importance_sampling_ratio_min: must be >= 0"),
+    ((True, "seq-mask-tis", 1.002, 0.999, True), "sequence_level_importance_ratios: seq-mask-tis weighs tokens"),
+])
+def test_from_nemo_rl_refuses_what_nemo_rl_refuses_naming_the_key(settings, message):
+    with pytest.raises(ValueError, match="^loss_fn\\." + re.escape(message)):
+        from_nemo_rl(*settings)
