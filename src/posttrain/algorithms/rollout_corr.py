@@ -42,8 +42,9 @@ before any exp (the safety bound). Independent mechanisms:
 
 Rejection metrics: `rollout_rs_{mean,max,min,ratio_fraction_high,ratio_fraction_low,std,
 eff_sample_size}` are rs_level's ratio statistics (verl 0.6's names); each rule's are named after
-its option, `rollout_rs_{option}_{masked_fraction,seq_masked_fraction,mean,max}` (and `_seq_mean` at
-sequence level); rs_level's own shares are `rollout_rs_{rs_level}_{masked_fraction,seq_masked_fraction}`
+its option, `rollout_rs_{option}_{masked_fraction,seq_masked_fraction,mean,max}` and at sequence
+level `_seq_mean` (`_mean` is over the valid tokens, as verl's: a sequence's statistic counts once a
+token; `_seq_mean` is over the sequences; `_max` over tokens or sequences); rs_level's own shares are `rollout_rs_{rs_level}_{masked_fraction,seq_masked_fraction}`
 (`rollout_rs_sequence_masked_fraction`, ...). The totals `rollout_rs_masked_fraction` and
 `rollout_rs_seq_masked_fraction` count everything rs_level and the rules reject together (not the veto).
 
@@ -280,8 +281,9 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
         by_band = valid & ~((ratio >= lower) & (ratio <= upper))
         metrics.update(shares(f"rollout_rs_{c.rs_level}", by_band, valid, has))
         rejected |= by_band
+    bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)  # per token, as verl's rules
     for rule in c.rs_rules:
-        by_rule, rule_metrics = rule_rejects(rule, log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND), valid, has)
+        by_rule, rule_metrics = rule_rejects(rule, bounded, valid, has)
         metrics.update(rule_metrics)
         rejected |= by_rule
     if c.rs_level is not None or c.rs_rules:
@@ -324,7 +326,8 @@ def from_verl(rollout_is: str | None = None, rollout_is_threshold: float | str |
     nothing is on (no IS weights, no rejection, no veto). `rollout_rs` in either spelling: verl 0.6's
     token | sequence | geometric (rs_level; a number rollout_rs_threshold and an optional
     rollout_rs_threshold_lower), or the newer comma list of options (rs_rules, rollout_rules.py;
-    rollout_rs_threshold_lower unset). rollout_is_threshold None: IS weights not truncated (math.inf).
+    rollout_rs_threshold_lower unset). rollout_is_threshold None: IS weights not truncated (math.inf;
+    posttrain's schema reads null so, where verl 0.7 computes no IS weights then).
     rollout_is_threshold_lower is posttrain's (OpenRLHF's and NeMo-RL's tis floor), not verl's. Settings
     that would do nothing (a rollout_rs_threshold without rollout_rs, ...) are refused. ValueError names
     the key and what it accepts."""

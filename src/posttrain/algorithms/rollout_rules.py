@@ -12,7 +12,10 @@ Per token: k1 = -log r, k2 = 0.5 (log r)^2, k3 = r - 1 - log r (k2 and k3 are ne
 k2/k3 options keep what is <= `upper`. k1 options keep log(lower) <= k1 <= log(upper), as verl
 compares them: since k1 = -log r, the kept ratio band is [1 / upper, 1 / lower] (the token's ratio,
 the sequence's product for seq_sum_k1, its geometric mean for seq_mean_k1), which is [lower, upper]
-only when lower = 1 / upper, as verl's single-value spelling U (lower 1 / U) gives.
+only when lower = 1 / upper, as verl's single-value spelling U (lower 1 / U) gives. So verl 0.6's
+`rollout_rs` sequence / geometric with the ratio band [lo, hi] is seq_sum_k1 / seq_mean_k1 with
+lower 1 / hi, upper 1 / lo; the same mask, except that 0.6 bounds the sequence's summed or mean
+log-ratio to [-20, 20] where the rules bound each token's.
 
 `parse_rules` reads verl's `rollout_rs` / `rollout_rs_threshold` pair: one threshold entry a
 listed option (comma-separated) or one shared by all; k1 entries "lower_upper" or a single U,
