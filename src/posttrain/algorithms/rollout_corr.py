@@ -22,7 +22,7 @@ docs/algo/rollout_corr.md), configured by a `RolloutCorrection`. It takes two lo
 tensors, the target policy's and the behaviour policy's (the engine's), so the ratio
 rho = pi_target / pi_behaviour is pi_old / pi_rollout in decoupled mode and
 pi_theta / pi_rollout in bypass or pure-IS mode. Log-ratios are bounded to [-20, 20]
-before any exp (the safety bound). Three independent mechanisms:
+before any exp (the safety bound). Independent mechanisms:
 
 - IS weights (`is_level`): "token", rho_t per token; "sequence", the product of the
   sequence's rho_t (exp of the sum of its log-ratios) on each of its tokens. Truncated
@@ -33,9 +33,20 @@ before any exp (the safety bound). Three independent mechanisms:
 - Rejection sampling (`rs_level`): "token", "sequence" (product) or "geometric" (the
   geometric mean, exp of the mean log-ratio over the sequence's tokens); a token, or the
   whole sequence, whose safety-bounded ratio lies outside [`rs_threshold_lower`
-  (default 1 / rs_threshold), `rs_threshold`] leaves the response mask.
+  (default 1 / rs_threshold), `rs_threshold`] leaves the response mask (verl 0.6's `rollout_rs`).
+- Rejection rules (`rs_rules`): verl's newer `rollout_rs` options (token_k1 ... seq_max_k3, a bound
+  on a divergence statistic of the token or the sequence; rollout_rules.py), each a `RejectRule`.
+  A token stays only if rs_level's band and every rule keep it.
 - Veto (`token_veto_threshold`): a sequence with any token whose unbounded ratio is below
   the threshold leaves the response mask entirely.
+
+Rejection metrics: `rollout_rs_{mean,max,min,ratio_fraction_high,ratio_fraction_low,std,
+eff_sample_size}` are rs_level's ratio statistics (verl 0.6's names); each rule's are named after
+its option, `rollout_rs_{option}_{masked_fraction,seq_masked_fraction,mean,max}` and at sequence
+level `_seq_mean` (`_mean` is over the valid tokens, as verl's: a sequence's statistic counts once a
+token; `_seq_mean` is over the sequences; `_max` over tokens or sequences); rs_level's own shares are `rollout_rs_{rs_level}_{masked_fraction,seq_masked_fraction}`
+(`rollout_rs_sequence_masked_fraction`, ...). The totals `rollout_rs_masked_fraction` and
+`rollout_rs_seq_masked_fraction` count everything rs_level and the rules reject together (not the veto).
 
 Other frameworks' names, as combinations (C, m: their upper and lower bounds):
 
@@ -52,13 +63,17 @@ Other frameworks' names, as combinations (C, m: their upper and lower bounds):
 - TRL `token_mask` / `sequence_mask` (cap C, ratios above it zeroed): is_level "token" /
   "sequence" with is_threshold=C, and rs_level the same with rs_threshold=C,
   rs_threshold_lower=0.
-- verl's presets: decoupled_token_is / decoupled_seq_is: is_level "token" / "sequence";
+- verl 0.6's presets: decoupled_token_is / decoupled_seq_is: is_level "token" / "sequence";
   decoupled_seq_is_rs: both at "sequence"; decoupled_geo_rs: rs_level="geometric" with a
-  token veto, no IS weights.
+  token veto, no IS weights. Its newer ones spell rejection as rules: decoupled_seq_is_rs
+  seq_sum_k1 "0.5_2.0", the geo_rs presets seq_mean_k1, the k3_rs presets seq_mean_k3.
 
-One difference: those frameworks give a masked token a zero weight and keep it in the loss's
-denominator; here, as in verl, rejection removes it from the response mask, so a token-mean
-loss divides by the tokens kept.
+`from_verl` reads verl's keys, either spelling, into a RolloutCorrection; `from_nemo_rl` writes
+NeMo-RL's loss_fn settings as those keys (the combinations above).
+
+One difference: those other frameworks give a masked token a zero weight and keep it in the
+loss's denominator; here, as in verl, rejection removes it from the response mask, so a
+token-mean loss divides by the tokens kept.
 """
 
 from __future__ import annotations
@@ -67,6 +82,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from posttrain.algorithms.rollout_rules import VERL_KEY, RejectRule, parse_rules, rule_rejects, shares
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
 IS_LEVELS = ("token", "sequence")
@@ -112,6 +129,7 @@ class RolloutCorrection:
     rs_threshold: float | None = None  # the band's upper bound, needed with rs_level
     rs_threshold_lower: float | None = None  # its lower bound, 1 / rs_threshold when None (0: none)
     token_veto_threshold: float | None = None  # a token ratio below it rejects its sequence
+    rs_rules: tuple[RejectRule, ...] = ()  # verl's newer rejection options (rollout_rules.py), ANDed with rs_level
 
     def is_bounds(self) -> tuple[float, float]:
         """(lower, upper) of the IS metrics' band: the truncation floor, else 1 / is_threshold."""
@@ -157,6 +175,16 @@ class RolloutCorrection:
                      f"and below rs_threshold{default}")
         if self.token_veto_threshold is not None and not self.token_veto_threshold > 0:
             fail(f"token_veto_threshold must be > 0, got {self.token_veto_threshold!r}")
+        if not isinstance(self.rs_rules, tuple):
+            fail(f"rs_rules must be a tuple of RejectRule, got {type(self.rs_rules).__name__}")
+        for rule in self.rs_rules:
+            if not isinstance(rule, RejectRule):
+                fail(f"rs_rules holds RejectRule, got {rule!r}")
+            if rule.problem():
+                fail(f"rs_rules: {rule.problem()}")
+        options = [rule.option for rule in self.rs_rules]
+        if len(set(options)) < len(options):
+            fail(f"rs_rules lists an option twice: {', '.join(options)}")
         return self
 
 
@@ -245,13 +273,21 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
                 factor = 1.0
             metrics["rollout_is_batch_norm_factor"] = factor
 
+    rejected = torch.zeros_like(valid)  # by rs_level or any of rs_rules
     if c.rs_level is not None:
         lower, upper = c.rs_bounds()
         ratio, per_sequence = _ratios(log_ratio, valid, c.rs_level)
         metrics.update(_ratio_stats("rollout_rs", ratio, per_sequence, valid, has, lower, upper))
-        rejected = valid & ~((ratio >= lower) & (ratio <= upper))
-        metrics["rollout_rs_masked_fraction"] = float(rejected[valid].float().mean())
-        metrics["rollout_rs_seq_masked_fraction"] = float(rejected.any(-1)[has].float().mean())
+        by_band = valid & ~((ratio >= lower) & (ratio <= upper))
+        metrics.update(shares(f"rollout_rs_{c.rs_level}", by_band, valid, has))
+        rejected |= by_band
+    bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)  # per token, as verl's rules
+    for rule in c.rs_rules:
+        by_rule, rule_metrics = rule_rejects(rule, bounded, valid, has)
+        metrics.update(rule_metrics)
+        rejected |= by_rule
+    if c.rs_level is not None or c.rs_rules:
+        metrics.update(shares("rollout_rs", rejected, valid, has))
         keep &= ~rejected
 
     if c.token_veto_threshold is not None:
@@ -263,3 +299,156 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
 
     new_mask = torch.where(keep, response_mask, torch.zeros_like(response_mask))
     return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def _verl_number(key: str, value, accepted: str, zero: bool = False) -> float | None:
+    """A verl threshold as a float (a number, or a string of one), None kept; > 0 (>= 0 with `zero`).
+    ValueError naming the key and what it accepts."""
+    if value is None:
+        return None
+    number = value
+    if isinstance(value, str) and "_" not in value:  # float() reads "0.5_2" as 0.52
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not (number >= 0 if zero else number > 0):
+        raise ValueError(f"{VERL_KEY}{key}: {accepted}, got {value!r}")
+    return float(number)
+
+
+def from_verl(rollout_is: str | None = None, rollout_is_threshold: float | str | None = 2.0,
+              rollout_is_threshold_lower: float | str | None = None, rollout_is_batch_normalize: bool = False,
+              rollout_rs: str | None = None, rollout_rs_threshold: float | str | None = None,
+              rollout_rs_threshold_lower: float | str | None = None,
+              rollout_token_veto_threshold: float | str | None = None) -> RolloutCorrection | None:
+    """verl's algorithm.rollout_correction.* values -> a validated RolloutCorrection, or None when
+    nothing is on (no IS weights, no rejection, no veto). `rollout_rs` in either spelling: verl 0.6's
+    token | sequence | geometric (rs_level; a number rollout_rs_threshold and an optional
+    rollout_rs_threshold_lower), or the newer comma list of options (rs_rules, rollout_rules.py;
+    rollout_rs_threshold_lower unset). rollout_is_threshold None: IS weights not truncated (math.inf;
+    posttrain's schema reads null so, where verl 0.7 computes no IS weights then).
+    rollout_is_threshold_lower is posttrain's (OpenRLHF's and NeMo-RL's tis floor), not verl's. Settings
+    that would do nothing (a rollout_rs_threshold without rollout_rs, ...) are refused. ValueError names
+    the key and what it accepts."""
+    def fail(key: str, message: str):
+        raise ValueError(f"{VERL_KEY}{key}: {message}")
+
+    if rollout_is is not None and rollout_is not in IS_LEVELS:
+        fail("rollout_is", f"one of {', '.join(IS_LEVELS)} or null (no IS weights), got {rollout_is!r}")
+    is_threshold = _verl_number("rollout_is_threshold", rollout_is_threshold,
+                                "a number > 0, or null (not truncated)")
+    is_threshold = math.inf if is_threshold is None else is_threshold
+    is_lower = _verl_number("rollout_is_threshold_lower", rollout_is_threshold_lower, "a number >= 0 or null",
+                            zero=True)
+    if not isinstance(rollout_is_batch_normalize, bool):
+        fail("rollout_is_batch_normalize", f"true or false, got {rollout_is_batch_normalize!r}")
+    if rollout_is is None and (is_lower is not None or rollout_is_batch_normalize):
+        key = "rollout_is_threshold_lower" if is_lower is not None else "rollout_is_batch_normalize"
+        fail(key, "acts on IS weights: set rollout_is (token or sequence) too")
+    if is_lower is not None and not is_lower < is_threshold:
+        fail("rollout_is_threshold_lower", f"must be below rollout_is_threshold ({is_threshold!r}), got {is_lower!r}")
+
+    rs_level, rs_threshold, rs_lower, rules = None, None, None, ()
+    if rollout_rs is None:
+        if rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
+            key = "rollout_rs_threshold" if rollout_rs_threshold is not None else "rollout_rs_threshold_lower"
+            fail(key, "bounds rejection sampling: set rollout_rs too")
+    elif not isinstance(rollout_rs, str):
+        fail("rollout_rs", f"a string (token, sequence, geometric, or a comma list of options), got {rollout_rs!r}")
+    elif rollout_rs.strip() in RS_LEVELS:  # verl 0.6
+        rs_level = rollout_rs.strip()
+        rs_threshold = _verl_number("rollout_rs_threshold", rollout_rs_threshold,
+                                    f"a number > 0 with rollout_rs={rs_level} (the ratio band's upper bound; "
+                                    "its lower bound is rollout_rs_threshold_lower)")
+        if rs_threshold is None:
+            fail("rollout_rs_threshold", f"rollout_rs={rs_level} needs it (the ratio band's upper bound)")
+        rs_lower = _verl_number("rollout_rs_threshold_lower", rollout_rs_threshold_lower,
+                                "a number >= 0 or null (1 / rollout_rs_threshold)", zero=True)
+        lower = 1.0 / rs_threshold if rs_lower is None else rs_lower
+        if not lower < rs_threshold:
+            fail("rollout_rs_threshold_lower", f"the band [{lower!r}, {rs_threshold!r}] is empty: the lower bound "
+                 "(1 / rollout_rs_threshold when null) must be below rollout_rs_threshold")
+    else:
+        if any(part.strip() in RS_LEVELS for part in rollout_rs.split(",")):
+            fail("rollout_rs", f"verl 0.6's {', '.join(RS_LEVELS)} stand alone, not in a list of the newer "
+                 f"options: {rollout_rs!r}")
+        if rollout_rs_threshold_lower is not None:
+            fail("rollout_rs_threshold_lower", "is verl 0.6's, for rollout_rs token, sequence or geometric; the "
+                 "newer k1 options take 'lower_upper' in rollout_rs_threshold")
+        rules = parse_rules(rollout_rs, rollout_rs_threshold)
+    veto = _verl_number("rollout_token_veto_threshold", rollout_token_veto_threshold, "a number > 0 or null")
+
+    if rollout_is is None and rs_level is None and not rules and veto is None:
+        return None
+    return RolloutCorrection(
+        is_level=rollout_is, is_threshold=is_threshold, is_threshold_lower=is_lower,
+        is_batch_normalize=rollout_is_batch_normalize, rs_level=rs_level, rs_threshold=rs_threshold,
+        rs_threshold_lower=rs_lower, token_veto_threshold=veto, rs_rules=rules).validate()
+
+
+NEMO_RL_KEY = "loss_fn."
+NEMO_RL_TYPES = ("tis", "icepop", "seq-mask-tis")
+
+
+def from_nemo_rl(use_importance_sampling_correction: bool, truncated_importance_sampling_type: str | None,
+                 truncated_importance_sampling_ratio: float | None,
+                 truncated_importance_sampling_ratio_min: float | None,
+                 sequence_level: bool = False) -> dict:
+    """NeMo-RL's ClippedPGLossFn correction settings (loss_fn.*; sequence_level is its
+    sequence_level_importance_ratios) -> the verl keys that reproduce it, for `from_verl`: rollout_is,
+    rollout_is_threshold, rollout_is_threshold_lower, rollout_rs, rollout_rs_threshold,
+    rollout_rs_threshold_lower; {} with the correction off. With C the ratio and m the ratio_min, the
+    level "token" ("sequence" with sequence_level):
+
+    - no type: the raw IS weights (rollout_is_threshold None, not truncated);
+    - "tis": IS weights truncated to [m (none when unset), C];
+    - "icepop": IS weights (C) and rejection outside [m, C] at the same level;
+    - "seq-mask-tis": raw token IS weights and geometric rejection outside [m, C].
+
+    Refused as NeMo-RL refuses them: a type without the correction on, an unknown type, a ratio without
+    a type (or not > 0), icepop or seq-mask-tis without ratio_min, ratio_min above the ratio,
+    seq-mask-tis with sequence_level. Refused here too: ratio_min without a type (NeMo-RL ignores it),
+    ratio_min below 0 or equal to the ratio (an empty band here). NeMo-RL zeroes a rejected token's
+    weight and keeps it in the loss's denominator; posttrain removes it from the mask (module docstring)."""
+    typ, ratio, ratio_min = (truncated_importance_sampling_type, truncated_importance_sampling_ratio,
+                             truncated_importance_sampling_ratio_min)
+
+    def fail(key: str, message: str):
+        raise ValueError(f"{NEMO_RL_KEY}{key}: {message}")
+
+    if typ is None:
+        if ratio is not None:
+            fail("truncated_importance_sampling_ratio", "needs truncated_importance_sampling_type (one of "
+                 f"{', '.join(NEMO_RL_TYPES)}); NeMo-RL refuses a ratio without a type")
+        if ratio_min is not None:
+            fail("truncated_importance_sampling_ratio_min", "needs truncated_importance_sampling_type (one of "
+                 f"{', '.join(NEMO_RL_TYPES)}); NeMo-RL would ignore it")
+    else:
+        if not use_importance_sampling_correction:
+            fail("truncated_importance_sampling_type", "needs use_importance_sampling_correction: true")
+        if typ not in NEMO_RL_TYPES:
+            fail("truncated_importance_sampling_type", f"one of {', '.join(NEMO_RL_TYPES)} or null, got {typ!r}")
+        if ratio is None or not ratio > 0:
+            fail("truncated_importance_sampling_ratio", f"a number > 0 with type {typ}, got {ratio!r}")
+        if ratio_min is None and typ != "tis":
+            fail("truncated_importance_sampling_ratio_min", f"type {typ} needs it (the band's lower bound)")
+        if ratio_min is not None and not 0 <= ratio_min < ratio:
+            fail("truncated_importance_sampling_ratio_min", f"must be >= 0 and below "
+                 f"truncated_importance_sampling_ratio ({ratio!r}), got {ratio_min!r}")
+        if typ == "seq-mask-tis" and sequence_level:
+            fail("sequence_level_importance_ratios", "seq-mask-tis weighs tokens (its band is on the sequence's "
+                 "geometric mean): it needs sequence_level_importance_ratios false")
+    if not use_importance_sampling_correction:
+        return {}
+    level = "sequence" if sequence_level else "token"
+    keys = dict(rollout_is=level, rollout_is_threshold=None, rollout_is_threshold_lower=None,
+                rollout_rs=None, rollout_rs_threshold=None, rollout_rs_threshold_lower=None)
+    if typ == "tis":
+        keys.update(rollout_is_threshold=ratio, rollout_is_threshold_lower=ratio_min)
+    elif typ == "icepop":
+        keys.update(rollout_is_threshold=ratio, rollout_rs=level, rollout_rs_threshold=ratio,
+                    rollout_rs_threshold_lower=ratio_min)
+    elif typ == "seq-mask-tis":
+        keys.update(rollout_rs="geometric", rollout_rs_threshold=ratio, rollout_rs_threshold_lower=ratio_min)
+    return keys
