@@ -79,6 +79,12 @@ class RolloutSpec:
     free_cache_engine: bool = True  # vLLM sleeps between generations
     weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
     kv_cache_sequences: int = 256  # vLLM on the CPU: its KV cache holds this many sequences of max_model_len
+    # the engine's weights in this dtype (rollout.dtype); None: the policy's compute dtype. On hf a dtype other
+    # than that one gives the engine a copy of the policy in it (a low-precision rollout)
+    dtype: str | None = None
+    # the engine samples with the policy's weights of this many updates ago, k: the last k + 1 versions are kept
+    # on the CPU (not checkpointed: after a resume the engine starts from the resumed weights)
+    stale_updates: int = 0
 
 
 @dataclass
