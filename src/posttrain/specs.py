@@ -64,7 +64,7 @@ def rollout_spec(cfg) -> RolloutSpec:
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
         engine_kwargs=vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine,
         weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
-        kv_cache_sequences=cfg.data.train_batch_size * r.n,
+        kv_cache_sequences=cfg.data.train_batch_size * r.n, dtype=r.dtype, stale_updates=r.stale_updates,
     )
 
 

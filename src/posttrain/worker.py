@@ -10,7 +10,10 @@ and calls the same verbs on all of them.
 With more than one worker, the policy and reference are sharded with FSDP2
 (`training.parallelize`) and the HF rollout engine samples from its own
 full copy of the policy, refreshed by `sync_weights` after each update (a
-vLLM engine does the same with its own weights).
+vLLM engine does the same with its own weights). The HF engine has such a
+copy in one process too when it samples in a dtype of its own
+(rollout.dtype) or with the weights of k updates ago (rollout.stale_updates:
+the worker keeps the last k + 1 versions on the CPU and loads the oldest).
 """
 
 from __future__ import annotations
@@ -79,6 +82,12 @@ class RolloutSpec:
     free_cache_engine: bool = True  # vLLM sleeps between generations
     weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
     kv_cache_sequences: int = 256  # vLLM on the CPU: its KV cache holds this many sequences of max_model_len
+    # the engine's weights in this dtype (rollout.dtype); None: the policy's compute dtype. On hf a dtype other
+    # than that one gives the engine a copy of the policy in it (a low-precision rollout)
+    dtype: str | None = None
+    # the engine samples with the policy's weights of this many updates ago, k: the last k + 1 versions are kept
+    # on the CPU (not checkpointed: after a resume the engine starts from the resumed weights)
+    stale_updates: int = 0
 
 
 @dataclass
@@ -144,6 +153,7 @@ class Worker:
         self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
+        self.history = None  # rollout.weights.WeightHistory, with rollout.stale_updates > 0
 
     # ------------------------------------------------------------ building
 
@@ -181,11 +191,9 @@ class Worker:
         if s.freeze_vision_tower and not freeze_vision_tower(self.policy) and self.rank == 0:
             warnings.warn(f"actor.freeze_vision_tower=true: {type(self.policy).__name__} has no vision tower; "
                           "every parameter trains", stacklevel=2)
-        rollout_model = self.policy
-        if self.merged_rollout and s.rollout.name == "hf":  # a plain base, its weights W + s B A at every sync
-            rollout_model = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
-        elif self.sharded:
-            rollout_model = copy.deepcopy(self.policy).requires_grad_(False).eval() if s.rollout.name == "hf" else None
+        rollout_model = None if self.sharded else self.policy  # vLLM's engine loads its own
+        if self.rollout_copy:  # before sharding: the copy is whole
+            rollout_model = self._rollout_copy(load_model, kwargs)
         if self.sharded:
             parallelize(self.policy, param_dtype=s.mixed_precision, activation_checkpointing=s.gradient_checkpointing,
                         offload_params=s.param_offload, forward_prefetch=s.forward_prefetch,
@@ -204,8 +212,12 @@ class Worker:
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self._setup_sequence_parallel(s.sequence_parallel)
         self.engine = self._make_engine(rollout_model, eos)
-        if s.rollout.weights_from_policy:
-            self.sync_weights()
+        if s.rollout.stale_updates:
+            from posttrain.rollout.weights import WeightHistory
+
+            self.history = WeightHistory(s.rollout.stale_updates, getattr(torch, self.engine_dtype))
+        if s.rollout.weights_from_policy or self.history is not None:
+            self._push_weights(restart=True)
         from posttrain.flops import cpu_peak_key, device_peak_flops
 
         # MFU's denominator, measured here: a CPU's peak depends on this process's threads
@@ -215,6 +227,17 @@ class Worker:
                 "device_name": device_name, "peak_flops": peak, "sequence_parallel": self.sp.size if self.sp else 1,
                 "sharded": self.sharded,
                 "peak_key": cpu_peak_key(torch.get_num_threads(), dtype) if device.type == "cpu" else None}
+
+    def _rollout_copy(self, load_model, kwargs: dict) -> torch.nn.Module:
+        """The hf engine's own model: the plain base for merged LoRA weights (W + s B A at every sync), else a copy
+        of the policy; its parameters in rollout.dtype where that differs from the policy's compute dtype (buffers
+        such as RoPE's frequencies stay as they are, as a model loaded in that dtype keeps them)."""
+        model = load_model(self.spec.model_dir, **kwargs) if self.merged_rollout else copy.deepcopy(self.policy)
+        model.requires_grad_(False).eval()
+        if self.rollout_dtype is not None:
+            for p in model.parameters():
+                p.data = p.data.to(getattr(torch, self.rollout_dtype))
+        return model
 
     def _setup_critic(self, c: CriticSpec, kwargs: dict) -> None:
         from posttrain.models import load_value_model
@@ -270,7 +293,7 @@ class Worker:
             return VLLMRolloutEngine(
                 s.model_dir, eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id,
                 tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-                dtype=s.mixed_precision or s.dtype, max_model_len=r.max_model_len, seed=s.seed + self.rank,
+                dtype=self.engine_dtype, max_model_len=r.max_model_len, seed=s.seed + self.rank,
                 trust_remote_code=s.trust_remote_code, enable_sleep_mode=r.free_cache_engine,
                 engine_kwargs=r.engine_kwargs, device=s.device, kv_cache_sequences=r.kv_cache_sequences,
                 lora_rank=self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0)
@@ -287,8 +310,8 @@ class Worker:
         """Sample; an engine that can sleep (vLLM) is woken for it and put back
         to sleep after, so training has the device memory to itself."""
         self._wake()
-        try:
-            with self.autocast():
+        try:  # an engine in a dtype of its own computes in it: autocast would recast its matmuls
+            with self.autocast() if self.rollout_dtype is None else contextlib.nullcontext():
                 return self.engine.generate(prompts, params)
         finally:
             self._sleep()
@@ -360,15 +383,51 @@ class Worker:
 
     @property
     def merged_rollout(self) -> bool:
-        """A LoRA policy whose rollout engine holds the base with the adapters merged in (rollout.lora_sync)."""
-        return self.spec.lora is not None and self.spec.lora.sync == "merged"
+        """A LoRA policy whose rollout engine holds the base with the adapters merged in: rollout.lora_sync=merged,
+        and the engines that sample from weights of their own (rollout.stale_updates, an hf engine's
+        rollout.dtype): their copies and snapshots are of a plain model."""
+        s = self.spec
+        if s.lora is None:
+            return False
+        own = s.rollout.stale_updates > 0 or (s.rollout.name == "hf" and self.rollout_dtype is not None)
+        return s.lora.sync == "merged" or own
+
+    @property
+    def rollout_dtype(self) -> str | None:
+        """rollout.dtype where it differs from the policy's compute dtype (None: the engine computes as the
+        policy does)."""
+        s = self.spec
+        d = s.rollout.dtype
+        return d if d is not None and d != (s.mixed_precision or s.dtype) else None
+
+    @property
+    def engine_dtype(self) -> str:
+        """The dtype of the engine's weights: vLLM's engine dtype; the hf engine's stored weights (its compute
+        dtype comes from autocast unless rollout.dtype gave it one of its own)."""
+        s = self.spec
+        if s.rollout.name == "vllm":
+            return s.rollout.dtype or s.mixed_precision or s.dtype
+        return self.rollout_dtype or s.dtype
+
+    @property
+    def rollout_copy(self) -> bool:
+        """The hf engine samples from a model of its own, not the policy's module: beside sharded workers, with
+        merged LoRA weights, in a dtype of its own, or with the weights of k updates ago."""
+        s = self.spec
+        return s.rollout.name == "hf" and (self.sharded or self.merged_rollout or self.rollout_dtype is not None
+                                           or s.rollout.stale_updates > 0)
 
     def sync_weights(self) -> None:
-        """Make the rollout engine sample from the policy's current weights: the same module (hf, one
+        """Make the rollout engine sample from the policy's new weights: the same module (hf, one
         process), a copy of them, the LoRA adapters alone (vLLM's LoRA request), or the base with the
-        adapters merged in (rollout.lora_sync=merged)."""
+        adapters merged in (rollout.lora_sync=merged); with rollout.stale_updates=k, the weights of k
+        updates ago (before k updates, the first ones)."""
+        self._push_weights()
+
+    def _push_weights(self, restart: bool = False) -> None:
+        """sync_weights; `restart`: the weights now are the first of the history (at start, after a resume)."""
         s = self.spec
-        if not self.sharded and s.rollout.name == "hf" and not self.merged_rollout:
+        if s.rollout.name == "hf" and not self.rollout_copy:
             self.engine.update_weights(self.policy)  # the same module: nothing to copy
             return
         from posttrain.rollout.weights import named_full_weights
@@ -385,6 +444,9 @@ class Worker:
             from posttrain.models.lora import lora_scaling, merged_weights
 
             weights = merged_weights(weights, lora_scaling(self.policy))
+        if self.history is not None:
+            self.history.push(weights, restart=restart)
+            weights = self.history.oldest()
         self.engine.load_weights(weights)
 
     def _wake(self) -> None:
@@ -420,7 +482,7 @@ class Worker:
         load_sharded(Path(ckpt) / DCP_DIR, self.policy, self.optimizer, self.scheduler)
         if self.critic is not None:
             load_sharded(Path(ckpt) / CRITIC_DCP_DIR, self.critic, self.critic_optimizer, self.critic_scheduler)
-        self.sync_weights()
+        self._push_weights(restart=True)  # a stale engine starts over from the resumed weights
         rng = Path(ckpt) / "rng" / f"rank_{self.rank}.pt"
         if rng.exists():
             restore_rng(torch.load(rng, weights_only=True), self.generators())

@@ -161,10 +161,32 @@ def validate_rollout(cfg: Config) -> None:
           "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
     for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         _need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
+    validate_rollout_lag(cfg)
     validate_multi_turn(cfg)
     unused = unused_engine_settings(r)
     if unused:
         warnings.warn(f"{', '.join(unused)}: set, but unused by rollout.name={r.name}", stacklevel=3)
+
+
+def validate_rollout_lag(cfg: Config) -> None:
+    """rollout.dtype (verl's spellings normalised in place) and rollout.stale_updates: the engine's own weights.
+    With LoRA they give the engine a plain model holding the adapters merged in, which rollout.lora_sync=adapter
+    would contradict."""
+    r = cfg.rollout
+    dtype = DTYPE_SPELLINGS.get(r.dtype, r.dtype)
+    _need(dtype in (None, "float32", "bfloat16", "float16"),
+          f"rollout.dtype={printable(r.dtype)} is not a dtype the rollout engine takes: set bfloat16, float16 or "
+          "float32 (bf16, fp16, fp32), or leave it null for the policy's compute dtype")
+    r.dtype = dtype
+    k = r.stale_updates
+    _need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+          "rollout.stale_updates must be an integer >= 0 (the engine samples with the policy's weights of that many "
+          f"updates ago; 0: the current ones), got {printable(k)}")
+    own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"))
+                 if on]
+    _need(not (uses_lora(cfg) and r.lora_sync == "adapter" and own_model),
+          f"rollout.lora_sync=adapter with {' and '.join(own_model)}: the engine then samples from a model of its own, "
+          "which holds the LoRA adapters merged in; set rollout.lora_sync=merged or leave it null")
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:

@@ -6,11 +6,15 @@ parameter names (`_checkpoint_wrapped_module.` from activation
 checkpointing, `_orig_mod.` from torch.compile, `_fsdp_wrapped_module.`
 from FSDP1). Engines (the HF copy, vLLM's `load_weights`) expect the names
 of the model directory and whole tensors.
+
+`WeightHistory` keeps the last versions of those weights on the CPU, so an
+engine can sample with the weights of k updates ago (rollout.stale_updates).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections import deque
+from typing import Iterable, Iterator
 
 import torch
 
@@ -44,3 +48,29 @@ def named_full_weights(model: torch.nn.Module, device: str | torch.device | None
             continue  # every rank skips the same names: the gathers stay in step
         full = full_tensor(t.detach())
         yield hf_name(name), (full.to(device) if device is not None else full)
+
+
+class WeightHistory:
+    """The last `lag` + 1 versions of a model's full weights, each a CPU copy in `dtype` (None: as given).
+    `push` one after every update; `oldest` is then the weights of `lag` updates ago, or the first version
+    pushed while fewer updates have happened.
+
+        history = WeightHistory(lag=2, dtype=torch.bfloat16)
+        history.push(named_full_weights(policy), restart=True)  # the starting weights (or a resume's)
+        ...; history.push(named_full_weights(policy)); engine.load_weights(history.oldest())
+    """
+
+    def __init__(self, lag: int, dtype: torch.dtype | None = None):
+        self.dtype = dtype
+        self.versions: deque[dict[str, torch.Tensor]] = deque(maxlen=lag + 1)
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], restart: bool = False) -> None:
+        """Add a version (HF name, full tensor); `restart` forgets the older ones first."""
+        if restart:
+            self.versions.clear()
+        # copy=True: a CPU tensor already in `dtype` would otherwise be the model's own storage
+        self.versions.append({name: t.detach().to("cpu", dtype=self.dtype if t.is_floating_point() else None,
+                                                  copy=True) for name, t in weights})
+
+    def oldest(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.versions[0].items())
