@@ -104,6 +104,24 @@ def test_a_lagging_lora_engine_holds_the_merged_weights_of_k_updates_ago(trained
         assert same(weights(w.engine.model), versions[step - 1]), step
 
 
+def test_an_engine_with_weights_of_its_own_starts_from_the_starting_adapters_not_the_base(
+        tmp_path, trained_tiny_model_dir):
+    """model.lora_adapter_path (or a resumed checkpoint's policy): the merged hf engine is a plain base model,
+    so the starting weights are pushed into it at setup, not one step late."""
+    pytest.importorskip("peft")
+    from posttrain.models.lora import lora_scaling, merged_weights
+    from posttrain.rollout.weights import named_full_weights
+
+    lora = ("model.lora_rank=4", "model.lora_alpha=8", "rollout.lora_sync=merged")
+    trained = make_worker(trained_tiny_model_dir, *lora)
+    train_round(trained, 1)
+    trained.policy.save_pretrained(str(tmp_path / "adapters"))
+    w = make_worker(trained_tiny_model_dir, *lora, f"model.lora_adapter_path={tmp_path / 'adapters'}")
+    start = {k: v.clone() for k, v in merged_weights(named_full_weights(w.policy), lora_scaling(w.policy))}
+    assert not same(start, weights(make_worker(trained_tiny_model_dir).policy))  # the adapters change the weights
+    assert same(weights(w.engine.model), start)
+
+
 def test_a_bfloat16_rollout_samples_from_a_bf16_copy_of_the_float32_policy(trained_tiny_model_dir):
     w = make_worker(trained_tiny_model_dir, "rollout.dtype=bf16", "rollout.calculate_log_probs=true")
     assert w.rollout_dtype == "bfloat16" and w.history is None

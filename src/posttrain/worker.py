@@ -216,7 +216,10 @@ class Worker:
             from posttrain.rollout.weights import WeightHistory
 
             self.history = WeightHistory(s.rollout.stale_updates, getattr(torch, self.engine_dtype))
-        if s.rollout.weights_from_policy or self.history is not None:
+        # the engine holds weights of its own (vLLM, a copy) that are not the policy's at start when resuming
+        # (policy_dir) or starting from adapters (lora_adapter_path): pushed now, not one step late
+        not_model_dir = s.policy_dir is not None or (s.lora is not None and s.lora.adapter_path is not None)
+        if s.rollout.weights_from_policy or self.history is not None or not_model_dir:
             self._push_weights(restart=True)
         from posttrain.flops import cpu_peak_key, device_peak_flops
 
