@@ -30,12 +30,11 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_1B": LOADS, "grpo_math_8B": LOADS, "grpo_smoke": LOADS, "grpo_rm_1B": LOADS,
     "grpo_math_1B_megatron": SWITCHED, "grpo_math_8B_megatron": SWITCHED, "grpo_math_70B_megatron": SWITCHED,
     "grpo_math_qwen30ba3b_megatron": SWITCHED,
+    "grpo_math_70B_megatron_fp8": SWITCHED, "grpo_math_8B_megatron_fp8": SWITCHED,  # with raw token IS weights
     "grpo_math_1B_dynamo": "grpo.async_grpo.enabled",
     "grpo_math_1B_sglang": "policy.generation.backend", "grpo_math_1B_trtllm": "policy.generation.backend",
     "grpo_math_1B_megatron_single_controller": "policy.generation.colocated.enabled",
     "grpo_math_8B_megatron_nixl": "policy.generation.colocated.enabled",
-    "grpo_math_70B_megatron_fp8": "loss_fn.use_importance_sampling_correction",
-    "grpo_math_8B_megatron_fp8": "loss_fn.use_importance_sampling_correction",
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": "env.sliding_puzzle_game",
 }
@@ -143,7 +142,7 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "grpo.async_grpo.enabled=true": "asynchronous GRPO",
         "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
         "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .* set it to 1",
-        "loss_fn.use_importance_sampling_correction=true": "set it to false",
+        "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
         "policy.dtensor_cfg.tensor_parallel_size=2": "tensor_parallel_size=2",
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
         "++policy.scheduler=[{name: CosineAnnealingLR}]": "scheduler",
@@ -158,6 +157,68 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         with pytest.raises(ConfigError, match=message) as e:
             layer(BASE, override)
         assert "\n" not in str(e.value)
+
+
+IS = "loss_fn.use_importance_sampling_correction=true"
+
+
+def correction(*overrides) -> dict:
+    """The algorithm.rollout_correction.* keys (short names) that loss_fn's settings map to."""
+    got = layer(BASE, *overrides)
+    return {k.rsplit(".", 1)[1]: v for k, v in got.items() if k.startswith("algorithm.rollout_correction.")}
+
+
+def test_importance_sampling_correction_maps_onto_rollout_correction():
+    ratio, low = "loss_fn.truncated_importance_sampling_ratio=", "++loss_fn.truncated_importance_sampling_ratio_min="
+    kind = "loss_fn.truncated_importance_sampling_type="
+    off = dict(rollout_is_threshold_lower=None, rollout_rs=None, rollout_rs_threshold=None,
+               rollout_rs_threshold_lower=None)
+    assert correction() == {}  # off: posttrain's defaults stand
+    assert correction(IS) == {**off, "rollout_is": "token", "rollout_is_threshold": None}  # raw: not truncated
+    assert correction(IS, kind + "tis", ratio + "2") == {**off, "rollout_is": "token", "rollout_is_threshold": 2}
+    assert correction(IS, kind + "tis", ratio + "2", low + "0.5") == {
+        **off, "rollout_is": "token", "rollout_is_threshold": 2, "rollout_is_threshold_lower": 0.5}
+    assert correction(IS, kind + "icepop", ratio + "5", low + "0.5") == {
+        **off, "rollout_is": "token", "rollout_is_threshold": 5, "rollout_rs": "token", "rollout_rs_threshold": 5,
+        "rollout_rs_threshold_lower": 0.5}
+    assert correction(IS, kind + "seq-mask-tis", ratio + "1.002", low + "0.999") == {
+        **off, "rollout_is": "token", "rollout_is_threshold": None, "rollout_rs": "geometric",
+        "rollout_rs_threshold": 1.002, "rollout_rs_threshold_lower": 0.999}
+    # with sequence_level_importance_ratios (GSPO) the weights, and icepop's band, are the sequence's
+    seq = correction(IS, kind + "icepop", ratio + "5", low + "0.5", "loss_fn.sequence_level_importance_ratios=true")
+    assert (seq["rollout_is"], seq["rollout_rs"]) == ("sequence", "sequence")
+    # the loaded config is validated, and turns the engine's log-probs on
+    cfg = load_config(BASE, ["policy.model_name=m", "data.dataset_name=null", IS, kind + "tis", ratio + "2"])
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_is, rc.rollout_is_threshold, rc.bypass_mode) == ("token", 2, False)
+    from posttrain.specs import rollout_log_probs
+    assert rollout_log_probs(cfg)
+
+
+def test_importance_sampling_settings_posttrain_or_nemo_rl_refuse_name_the_key():
+    ratio, low = "loss_fn.truncated_importance_sampling_ratio=", "++loss_fn.truncated_importance_sampling_ratio_min="
+    kind = "loss_fn.truncated_importance_sampling_type="
+    cases = {
+        (kind + "tis", ratio + "2"): r"^loss_fn.truncated_importance_sampling_type=tis .*use_importance_sampling_corr",
+        (IS, kind + "clip", ratio + "2"): r"^loss_fn.truncated_importance_sampling_type=clip .*tis, icepop, seq-mask",
+        (IS, ratio + "2"): r"^loss_fn.truncated_importance_sampling_ratio=2 .*needs truncated_importance_sampling_type",
+        (IS, kind + "tis"): r"^loss_fn.truncated_importance_sampling_ratio=null .*a number > 0",
+        (IS, kind + "tis", ratio + "0"): r"^loss_fn.truncated_importance_sampling_ratio=0 ",
+        (IS, kind + "icepop", ratio + "5"): r"^loss_fn.truncated_importance_sampling_ratio_min=null .*lower bound",
+        (IS, kind + "tis", ratio + "2", low + "3"): r"^loss_fn.truncated_importance_sampling_ratio_min=3 .*below",
+        (IS, kind + "seq-mask-tis", ratio + "2", low + "0.5", "loss_fn.sequence_level_importance_ratios=true"):
+            r"^loss_fn.sequence_level_importance_ratios=True .*needs sequence_level_importance_ratios false",
+        (IS, low + "0.5"): r"^loss_fn.truncated_importance_sampling_ratio_min=0.5 .*needs truncated_importance_samp",
+        ("loss_fn.use_importance_sampling_correction=maybe",): r"^loss_fn.use_importance_sampling_correction=maybe "
+                                                               r".*true or false",
+        (IS, kind + "tis", ratio + "big"): r"^loss_fn.truncated_importance_sampling_ratio=big .*a number or null",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message) as e:
+            layer(BASE, *overrides)
+        assert "\n" not in str(e.value) and "(in test)" in str(e.value)
+    with pytest.raises(ConfigError, match="did you mean 'loss_fn.use_importance_sampling_correction'"):
+        layer(BASE, "++loss_fn.use_importance_sampling_corection=true")
 
 
 def test_engine_knobs_are_accepted_and_nemo_keys_alone_work_on_posttrains_defaults():
@@ -269,6 +330,11 @@ def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tm
     assert got == expected, f"{name} {got}, the guide says: {expected}"
     if name == "grpo_rm_1B":  # the guide: its reward-model environment becomes reward.model.*
         assert cfg.reward.model.enable and cfg.reward.model.path == "Skywork/Skywork-Reward-V2-Qwen3-0.6B"
+    rc = cfg.algorithm.rollout_correction
+    if name.endswith("_fp8"):  # use_importance_sampling_correction without a type: pi_old / pi_rollout as it is
+        assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs) == ("token", None, None)
+    else:
+        assert rc.rollout_is is None and rc.rollout_rs is None
 
 
 def test_the_guides_section_6_lists_each_example_config_as_it_loads():

@@ -51,7 +51,7 @@ token; `_seq_mean` is over the sequences; `_max` over tokens or sequences); rs_l
 Other frameworks' names, as combinations (C, m: their upper and lower bounds):
 
 - NeMo-RL `truncated_importance_sampling_type: tis` (`truncated_importance_sampling_ratio`
-  C, optional `..._ratio_min` m), TRL `vllm_importance_sampling_mode: token_truncate` (cap C),
+  C, optional `..._ratio_min` m), TRL `vllm_importance_sampling_mode: token_truncate` ([m, C]),
   OpenRLHF `--vllm_is_correction_type tis` ([m, C]): is_level="token", is_threshold=C,
   is_threshold_lower=m (None where they have none). TRL `sequence_truncate`: is_level="sequence".
 - IcePop (NeMo-RL and OpenRLHF `icepop`, [m, C]): is_level="token", is_threshold=C,
@@ -60,9 +60,10 @@ Other frameworks' names, as combinations (C, m: their upper and lower bounds):
   rs_threshold_lower=m, and token IS weights; both multiply by the raw, untruncated token
   ratio, which is is_level="token", is_threshold=math.inf (a finite threshold gives the
   truncated variant the name suggests).
-- TRL `token_mask` / `sequence_mask` (cap C, ratios above it zeroed): is_level "token" /
-  "sequence" with is_threshold=C, and rs_level the same with rs_threshold=C,
-  rs_threshold_lower=0.
+- TRL `token_mask` / `sequence_mask` ([m, C], ratios outside zeroed; m 0 unless given): is_level
+  "token" / "sequence" with is_threshold=C, and rs_level the same with rs_threshold=C,
+  rs_threshold_lower=m. (TRL's C is `vllm_importance_sampling_clip_max`, formerly `_cap`; m
+  `vllm_importance_sampling_clip_min`.)
 - verl 0.6's presets: decoupled_token_is / decoupled_seq_is: is_level "token" / "sequence";
   decoupled_seq_is_rs: both at "sequence"; decoupled_geo_rs: rs_level="geometric" with a
   token veto, no IS weights. Its newer ones spell rejection as rules: decoupled_seq_is_rs

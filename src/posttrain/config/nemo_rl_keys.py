@@ -1,8 +1,9 @@
 """NeMo-RL's keys as posttrain reads them: tables only (so longer than a module of code would be).
 
 What each key of NeMo-RL's GRPO layout becomes: renamed (RENAMES), accepted only
-"off" (OFF), a section a file switches off (SWITCHED), or a tuning knob with no
-effect on what is trained (TUNING); nemo_rl.py reads the files and applies them.
+"off" (OFF), read together into another framework's settings (IS_CORRECTION), a
+section a file switches off (SWITCHED), or a tuning knob with no effect on what is
+trained (TUNING); nemo_rl.py reads the files and applies them.
 The guide docs/coming-from-nemo-rl.md lists the same keys for people.
 """
 
@@ -69,9 +70,6 @@ OFF = {
     "grpo.reward_shaping.stop_properly_penalty_coef": (None,),
     "loss_fn.kl_input_clamp_value": (20, None), "loss_fn.kl_output_clamp_value": (10, None),  # posttrain's k3 clamps
     "loss_fn.use_on_policy_kl_approximation": (False,),
-    "loss_fn.use_importance_sampling_correction": (False,),
-    "loss_fn.truncated_importance_sampling_type": (None,), "loss_fn.truncated_importance_sampling_ratio": (None,),
-    "loss_fn.truncated_importance_sampling_ratio_min": (None,),
     "loss_fn.force_on_policy_ratio": (False,), "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),
     "loss_fn.positive_example_nll_weight": (0,),
     "checkpointing.checkpoint_must_save_by": (None,),
@@ -96,6 +94,12 @@ OFF = {
     "reward_penalties.*": (False, None),
     "on_policy_distillation": (None,),
 }
+
+# loss_fn's importance-sampling correction (pi_old / pi_rollout): read together by
+# algorithms.rollout_corr.from_nemo_rl (its arguments are these names after `loss_fn.`, with
+# loss_fn.sequence_level_importance_ratios), written as algorithm.rollout_correction.* (verl's names)
+IS_CORRECTION = ("loss_fn.use_importance_sampling_correction", "loss_fn.truncated_importance_sampling_type",
+                 "loss_fn.truncated_importance_sampling_ratio", "loss_fn.truncated_importance_sampling_ratio_min")
 
 # mappings read as one value (not leaf by leaf): handed on as they are, or refused as a whole by OFF
 WHOLE = ("policy.generation.vllm_kwargs", "policy.hf_config_overrides", "on_policy_distillation")

@@ -22,8 +22,9 @@ import difflib
 import fnmatch
 from typing import Any
 
-from posttrain.config.nemo_rl_keys import (BACKENDS, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES, SWITCHED,
-                                            TUNING, WHOLE)
+from posttrain.algorithms.rollout_corr import from_nemo_rl
+from posttrain.config.nemo_rl_keys import (BACKENDS, IS_CORRECTION, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES,
+                                            SWITCHED, TUNING, WHOLE)
 from posttrain.errors import ConfigError
 
 _ABSENT = object()
@@ -143,6 +144,27 @@ def _loss(f: _Leaves, out: dict, origin: str) -> None:
         out["actor.loss_agg_mode"] = "token-mean" if token else "seq-mean-token-mean"
     if seq_ratio:
         out["actor.policy_loss.loss_mode"] = "gspo"  # one importance ratio per sequence: GSPO
+    _is_correction(f, out, origin, seq_ratio)
+
+
+def _is_correction(f: _Leaves, out: dict, origin: str, sequence_level) -> None:
+    """loss_fn's importance-sampling correction (NeMo-RL weighs the loss by pi_old / pi_rollout, its
+    prev_logprobs / generation_logprobs: posttrain's decoupled mode) -> algorithm.rollout_correction.*,
+    every key set (posttrain's default truncation at 2 is not NeMo-RL's); nothing with it off."""
+    use, kind, ratio, ratio_min = (f.get(key) for key in IS_CORRECTION)
+    for key, value in ((IS_CORRECTION[0], use), ("loss_fn.sequence_level_importance_ratios", sequence_level)):
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{key}={clipped(value)} ({origin}): true or false")
+    for key, value in zip(IS_CORRECTION[2:], (ratio, ratio_min)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{key}={clipped(value)} ({origin}): a number or null")
+    try:
+        keys = from_nemo_rl(bool(use), kind, ratio, ratio_min, sequence_level=bool(sequence_level))
+    except ValueError as e:  # "loss_fn.KEY: why" -> the loader's one line, the key and its value first
+        key, _, why = str(e).partition(": ")
+        value = f.flat.get(key)
+        raise ConfigError(f"{key}={'null' if value is None else clipped(value)} ({origin}): {why}") from None
+    out.update({f"algorithm.rollout_correction.{k}": v for k, v in keys.items()})
 
 
 def _policy(f: _Leaves, out: dict, origin: str) -> None:
@@ -368,6 +390,6 @@ def _env(f: _Leaves, out: dict, origin: str) -> None:
 
 
 def _nearest(key: str) -> str:
-    known = [*RENAMES, *OFF, *(f"{s}.enabled" for s in SWITCHED)]
+    known = [*RENAMES, *OFF, *IS_CORRECTION, *(f"{s}.enabled" for s in SWITCHED)]
     match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     return f"; did you mean '{match[0]}'?" if match else ""
