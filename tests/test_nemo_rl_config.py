@@ -363,3 +363,11 @@ def test_the_guides_section_6_lists_each_example_config_as_it_loads():
                 names = []
         assert int(count) == len(re.findall(r"`grpo_\w+`", body)), bullet
     assert listed == EXAMPLE_OUTCOMES
+
+
+def test_chat_template_kwargs_pass_on_as_one_mapping(tmp_path):
+    """NeMo-RL's policy.tokenizer.chat_template_kwargs (e.g. enable_thinking: false) is one value: the chat
+    template's keyword arguments, handed on whole (not refused leaf by leaf)."""
+    f = tmp_path / "grpo.yaml"
+    f.write_text("policy:\n  tokenizer:\n    chat_template_kwargs:\n      enable_thinking: false\n")
+    assert layer(str(f))["data.apply_chat_template_kwargs"] == {"enable_thinking": False}

@@ -102,7 +102,8 @@ IS_CORRECTION = ("loss_fn.use_importance_sampling_correction", "loss_fn.truncate
                  "loss_fn.truncated_importance_sampling_ratio", "loss_fn.truncated_importance_sampling_ratio_min")
 
 # mappings read as one value (not leaf by leaf): handed on as they are, or refused as a whole by OFF
-WHOLE = ("policy.generation.vllm_kwargs", "policy.hf_config_overrides", "on_policy_distillation")
+WHOLE = ("policy.generation.vllm_kwargs", "policy.hf_config_overrides", "on_policy_distillation",
+         "policy.tokenizer.chat_template_kwargs")
 
 # sections a file switches off with `enabled: false`: then nothing below them matters; on, refused (the why)
 SWITCHED = {
