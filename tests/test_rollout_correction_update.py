@@ -83,11 +83,14 @@ def test_bypass_mode_weighs_by_the_live_policy_and_zeroes_rejected_tokens():
     mb = SimpleNamespace(rollout_log_probs=torch.tensor([[LN(0.25), LN(0.4)]]), rollout_is_weights=None)
     live = torch.tensor([[LN(0.5), LN(0.1)]], requires_grad=True)
     c = RolloutCorrection(is_level="token", is_threshold=1.5, rs_level="token", rs_threshold=3.0)
-    w, metrics = is_weights(mb, live, torch.ones(1, 2), c, "cpu")
+    w, metrics = is_weights(mb, live, torch.ones(1, 2), c, "cpu")  # the reinforce loss: weighted
     assert torch.allclose(w, torch.tensor([[1.5, 0.0]]))
     assert not w.requires_grad
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
     assert metrics["rollout_corr/kl"] == pytest.approx(((LN(0.25) - LN(0.5)) + (LN(0.4) - LN(0.1))) / 2)
+    # PPO-clip's ratio already is pi_theta / pi_rollout: the IS weights are reported, only rejection applies
+    w, ppo_metrics = is_weights(mb, live, torch.ones(1, 2), c, "cpu", weigh=False)
+    assert w.tolist() == [[1.0, 0.0]] and ppo_metrics == metrics
     # rejection alone: weights are the kept mask; no bypass: the batch's own weights, no metrics
     w, _ = is_weights(mb, live, torch.ones(1, 2), RolloutCorrection(rs_level="token", rs_threshold=3.0), "cpu")
     assert w.tolist() == [[1.0, 0.0]]

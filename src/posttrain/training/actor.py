@@ -122,7 +122,8 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
                                                   entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
-    weights, corr_metrics = is_weights(mb, log_prob, mask, s.bypass_correction, device)
+    weights, corr_metrics = is_weights(mb, log_prob, mask, s.bypass_correction, device,
+                                       weigh=s.loss_mode == "gpg")
     pol = get_policy_loss(s.loss_mode)(
         old_log_prob, log_prob, mb.advantages.to(device), mask,
         clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
@@ -158,14 +159,16 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
 
 
 def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,
-               device) -> tuple[torch.Tensor | None, dict[str, float]]:
+               device, weigh: bool = True) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The policy loss's per-token weights [n, R] (None: none) and their metrics.
 
     Decoupled mode: the batch's rollout_is_weights (pi_old / pi_rollout, computed once per step by the loop,
     whose rejections already left the response mask). Bypass mode (`bypass` set): the correction of this
     forward's own pi_theta against the engine's pi_rollout, here, since pi_theta moves with every mini-batch;
     a token it rejects weighs 0 and stays in the loss's denominator (the micro-batch weights were counted on
-    the mask), its IS weight (1 without rollout_is) multiplies the rest, and its metrics are averaged over
+    the mask), and its IS weight multiplies the rest only when `weigh` (the reinforce loss, which has no
+    ratio of its own; PPO-clip's ratio is already pi_theta / pi_rollout, so there, as in verl, the weights
+    are reported, not applied); the metrics are averaged over
     the micro-batches, as is the gap between the two (rollout_corr/kl, ...: before the first optimizer step
     pi_theta is the trainer's pi_old, the decoupled mode's measure)."""
     if bypass is None:
@@ -174,7 +177,7 @@ def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCo
     w, kept, metrics = correct(log_prob.detach(), behaviour, mask, bypass)
     metrics.update(mismatch_metrics(log_prob.detach(), behaviour, mask))  # the gap, against pi_theta here
     kept = kept.to(log_prob.dtype)
-    return (kept if w is None else w.to(log_prob.dtype) * kept), metrics
+    return (kept if w is None or not weigh else w.to(log_prob.dtype) * kept), metrics
 
 
 def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[float] | None = None,
