@@ -21,6 +21,7 @@ from posttrain.training.actor import is_weights
 from helpers import one_batch_overrides, read_metrics, write_prompts
 
 LN = math.log
+RC = "algorithm.rollout_correction."
 
 
 def test_the_ppo_loss_multiplies_each_tokens_loss_by_its_weight():
@@ -169,3 +170,23 @@ def test_bypass_mode_in_a_run_skips_the_old_pass(tmp_path, tiny_model_dir):
         # one mini-batch: pi_theta is still the sampling weights in every micro-batch (one optimizer step, last)
         assert x["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
         assert "rollout_corr/kl" in x
+
+
+# verl's examples/rollout_correction/*.sh (volcengine/verl at b178a3c), their algorithm.rollout_correction keys as
+# the shell hands them on: RLOO with self-normalised sequence IS in bypass mode, and two rejection options at once
+VERL_RLOO = ["algorithm.adv_estimator=rloo", f"{RC}rollout_is=sequence", f"{RC}rollout_is_threshold=2.0",
+             f"{RC}rollout_is_batch_normalize=true", f"{RC}rollout_rs=null", f"{RC}rollout_rs_threshold=null",
+             f"{RC}bypass_mode=true", f"{RC}loss_type=reinforce", "actor_rollout_ref.rollout.calculate_log_probs=True"]
+VERL_MULTI_RS = [f"{RC}rollout_is=token", f"{RC}rollout_is_threshold=2.0", f"{RC}rollout_is_batch_normalize=false",
+                 f"{RC}rollout_rs='token_k1,seq_max_k2'", f"{RC}rollout_rs_threshold='0.6_1.6,2.5'",
+                 f"{RC}bypass_mode=true", f"{RC}loss_type=ppo_clip"]
+
+
+def test_verls_rollout_correction_example_scripts_load_as_they_mean():
+    s = update_settings(cfg_of(*VERL_RLOO))
+    c = s.bypass_correction
+    assert s.loss_mode == "gpg" and (c.is_level, c.is_threshold, c.is_batch_normalize) == ("sequence", 2.0, True)
+    s = update_settings(cfg_of(*VERL_MULTI_RS))
+    c = s.bypass_correction
+    assert s.loss_mode == "vanilla" and c.is_level == "token"
+    assert [(r.option, r.lower, r.upper) for r in c.rs_rules] == [("token_k1", 0.6, 1.6), ("seq_max_k2", None, 2.5)]
