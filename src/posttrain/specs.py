@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from posttrain.algorithms import NEEDS_CRITIC
-from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
 from posttrain.config import VLLM_SETTINGS, uses_lora
+from posttrain.config.validate import reinforce, rollout_correction
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
@@ -105,22 +105,6 @@ def update_settings(cfg) -> UpdateSettings:
     if cfg.algorithm.rollout_correction.bypass_mode and reinforce(cfg):  # pi_theta / pi_rollout weighs -A log pi
         settings = dataclasses.replace(settings, loss_mode="gpg")
     return settings
-
-
-def rollout_correction(cfg) -> RolloutCorrection | None:
-    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
-    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only)."""
-    rc = cfg.algorithm.rollout_correction
-    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
-                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
-                  rc.rollout_token_veto_threshold)
-    return RolloutCorrection() if c is None and rc.bypass_mode else c
-
-
-def reinforce(cfg) -> bool:
-    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
-    rc = cfg.algorithm.rollout_correction
-    return rc.loss_type == "reinforce" or rc.use_policy_gradient
 
 
 def lora_settings(cfg) -> LoraSettings | None:

@@ -350,22 +350,36 @@ def validate_algorithm(cfg: Config) -> None:
               f"it needs algorithm.adv_estimator=gae, got {alg.adv_estimator}")
 
 
-def validate_rollout_correction(cfg: Config) -> None:
-    from posttrain.algorithms.rollout_corr import from_verl
+def rollout_correction(cfg: Config):
+    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
+    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only).
+    ValueError (naming the key) on a bad setting."""
+    from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
 
+    rc = cfg.algorithm.rollout_correction
+    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
+                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
+                  rc.rollout_token_veto_threshold)
+    return RolloutCorrection() if c is None and rc.bypass_mode else c
+
+
+def reinforce(cfg: Config) -> bool:
+    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.loss_type == "reinforce" or rc.use_policy_gradient
+
+
+def validate_rollout_correction(cfg: Config) -> None:
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
     try:
-        on = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower,
-                       rc.rollout_is_batch_normalize, rc.rollout_rs, rc.rollout_rs_threshold,
-                       rc.rollout_rs_threshold_lower, rc.rollout_token_veto_threshold) is not None or rc.bypass_mode
+        on = rollout_correction(cfg) is not None
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    reinforce = rc.loss_type == "reinforce" or rc.use_policy_gradient
-    _need(not reinforce or rc.bypass_mode,
+    _need(not reinforce(cfg) or rc.bypass_mode,
           f"{key}.loss_type=reinforce is bypass mode's loss (pi_theta / pi_rollout weighs -A log pi): set "
           f"{key}.bypass_mode=true, or keep ppo_clip (decoupled mode's PPO loss takes the IS weights)")
-    _need(not (reinforce and cfg.actor.policy_loss.loss_mode != "vanilla"),
+    _need(not (reinforce(cfg) and cfg.actor.policy_loss.loss_mode != "vanilla"),
           f"{key}.loss_type=reinforce replaces the policy loss: it cannot be combined with "
           f"actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}")
     _need(not on or cfg.rollout.calculate_log_probs is not False,
