@@ -20,7 +20,8 @@ import torch
 from posttrain.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings
-from posttrain.worker import Worker, WorkerSpec
+from posttrain.worker import Worker
+from posttrain.worker_spec import WorkerSpec
 
 from helpers import read_metrics
 

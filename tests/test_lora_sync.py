@@ -15,7 +15,8 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.models.lora import LoraSettings  # noqa: E402
 from posttrain.rollout.vllm import vllm_lora_rank  # noqa: E402
 from posttrain.training.actor import UpdateSettings  # noqa: E402
-from posttrain.worker import RolloutSpec, Worker, WorkerSpec  # noqa: E402
+from posttrain.worker import Worker  # noqa: E402
+from posttrain.worker_spec import RolloutSpec, WorkerSpec  # noqa: E402
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 

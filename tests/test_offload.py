@@ -73,7 +73,8 @@ def test_verls_offload_keys_reach_every_model():
 def test_optimizer_state_moves_to_the_cpu_between_updates_and_back(monkeypatch, tiny_model_dir):
     from posttrain import worker as worker_module
     from posttrain.training.actor import UpdateSettings
-    from posttrain.worker import Worker, WorkerSpec
+    from posttrain.worker import Worker
+    from posttrain.worker_spec import WorkerSpec
 
     calls = []
     monkeypatch.setattr(worker_module, "move_optimizer_state", lambda opt, to_cpu: calls.append(to_cpu))

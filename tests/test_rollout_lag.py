@@ -13,7 +13,8 @@ from posttrain.errors import ConfigError
 from posttrain.rollout.base import SamplingParams
 from posttrain.specs import worker_spec
 from posttrain.training.actor import UpdateSettings
-from posttrain.worker import RolloutSpec, Worker, WorkerSpec
+from posttrain.worker import Worker
+from posttrain.worker_spec import RolloutSpec, WorkerSpec
 
 PROMPTS = [[5 + i, 6, 7 + i % 3] for i in range(4)]
 

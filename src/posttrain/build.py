@@ -47,7 +47,8 @@ from posttrain.sinks import check_sinks
 from posttrain.specs import lora_settings, rollout_correction, sampling_params, worker_spec
 from posttrain.tiny.arith import ensure_tiny_model
 from posttrain.tools import ToolSet
-from posttrain.worker import Worker, WorkerSpec
+from posttrain.worker import Worker
+from posttrain.worker_spec import WorkerSpec
 
 EMBEDDED_DATA_VERSION = "arith-v1"
 

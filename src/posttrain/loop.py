@@ -76,7 +76,7 @@ class Run:
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
     tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
     multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools
-    correction: RolloutCorrection | None = None  # algorithm.rollout_correction (config.validate.rollout_correction)
+    correction: RolloutCorrection | None = None  # algorithm.rollout_correction (config.validate_rollout.rollout_correction)
     reward_messages_shown: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)  # warnings printed once per run
 

@@ -13,12 +13,12 @@ import dataclasses
 
 from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.config import VLLM_SETTINGS, uses_lora
-from posttrain.config.validate import reinforce, rollout_correction
+from posttrain.config.validate_rollout import reinforce, rollout_correction
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
 from posttrain.training.critic import CriticSettings
-from posttrain.worker import CriticSpec, RefSpec, RolloutSpec, WorkerSpec
+from posttrain.worker_spec import CriticSpec, RefSpec, RolloutSpec, WorkerSpec
 
 
 def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int,

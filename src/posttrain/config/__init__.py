@@ -4,6 +4,7 @@ overrides (posttrain's keys, verl's, NeMo-RL's layout), validated where loaded.
     cfg = load_config("run.yaml", ["actor.lr=1e-5"])
 
 One job per module, imports going down this list:
+    schema_rollout.py  the rollout section's dataclasses (rollout.*)
     schema.py          the dataclasses: every key, its type and default (SCHEMA)
     verl.py            verl's keys -> posttrain's
     presets.py         algorithm.name=dapo|gspo|... -> the keys each sets
@@ -11,13 +12,16 @@ One job per module, imports going down this list:
     nemo_rl_translate.py  a NeMo-RL tree -> posttrain's keys
     nemo_rl.py         NeMo-RL's files (`defaults:`) and Hydra-style overrides
     keys.py            what `posttrain train --help-config` prints
+    checks.py          the one-line checks validation is written in (need, choice, positive, ...)
+    validate_rollout.py  the rollout's settings and algorithm.rollout_correction checked
     validate.py        ranges, choices and cross-field rules, section by section
     load.py            YAML + overrides merged onto the dataclasses, then validated: load_config
 """
 
 from posttrain.config.keys import describe_keys
 from posttrain.config.load import canonicalize, config_to_dict, config_to_yaml, flatten, load_config, parse_override
-from posttrain.config.schema import LOGGERS, SCHEMA, VLLM_SETTINGS, Config, uses_lora
+from posttrain.config.schema import LOGGERS, SCHEMA, Config, uses_lora
+from posttrain.config.schema_rollout import VLLM_SETTINGS
 
 __all__ = ["LOGGERS", "SCHEMA", "VLLM_SETTINGS", "Config", "canonicalize", "config_to_dict", "config_to_yaml",
            "describe_keys", "flatten", "load_config", "parse_override", "uses_lora"]

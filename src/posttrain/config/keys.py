@@ -11,7 +11,8 @@ unused" (validate.py): one list, so the help and the warning agree.
 from __future__ import annotations
 
 from posttrain.config.nemo_rl_keys import RENAMES as NEMO_RL_RENAMES
-from posttrain.config.schema import SCHEMA, VLLM_SETTINGS
+from posttrain.config.schema import SCHEMA
+from posttrain.config.schema_rollout import VLLM_SETTINGS
 from posttrain.config.verl import alias_table
 
 # set to anything but their default, these are named in one warning line as unused

@@ -22,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config import nemo_rl, presets
 from posttrain.config import verl as aliases
+from posttrain.config.checks import printable, repr_cut
 from posttrain.config.schema import DICT_KEYS, LIST_KEYS, SCHEMA, Config
-from posttrain.config.validate import printable, repr_cut, validate
+from posttrain.config.validate import validate
 from posttrain.errors import ConfigError
 from posttrain.text import invalid_text
 from posttrain.yamlfile import YAML_ERRORS, read_mapping

@@ -13,9 +13,11 @@ import warnings
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
 from posttrain.config.keys import LORA_ONLY_KEYS, VERL_ONLY_KEYS
-from posttrain.config.schema import (DTYPE_SPELLINGS, FILTER_METRICS, LOGGERS, SCHEMA, VLLM_SETTINGS, Config,
-                                     DataConfig, ProfilerRoleConfig, RolloutConfig, data_parallel_groups, uses_lora)
-from posttrain.errors import ConfigError
+from posttrain.config.checks import (choice, dtype, get, need, no_hybrid_sharding, positive, positive_or_null,
+                                     printable, repr_cut, warmup_start_factor)
+from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
+                                     data_parallel_groups, uses_lora)
+from posttrain.config.validate_rollout import validate_rollout, validate_rollout_correction
 
 
 def validate(cfg: Config) -> None:
@@ -37,84 +39,21 @@ def validate(cfg: Config) -> None:
     validate_across_sections(cfg)
 
 
-# ---------------------------------------------------------------- helpers for one-line messages
-
-def printable(value) -> str:
-    """A value for a one-line message: as typed, or repr'd when it holds a newline or another
-    unprintable character ('a\\nb')."""
-    text = str(value)
-    return text if text.isprintable() else repr(value)
-
-
-def repr_cut(value, limit: int = 80) -> str:
-    """A value's repr for a message, cut at `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _get(cfg, key: str):
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _choice(key: str, value, allowed) -> None:
-    _need(value in allowed, f"{key}={printable(value)} is not one of: {', '.join(map(str, allowed))}")
-
-
-def _positive(cfg: Config, *keys: str) -> None:
-    for key in keys:
-        value = _get(cfg, key)
-        _need(value > 0, f"{key} must be a positive integer, got {value}")
-
-
-def _positive_or_null(cfg: Config, *keys: str) -> None:
-    for key in keys:
-        value = _get(cfg, key)
-        _need(value is None or value > 0, f"{key} must be a positive integer or null, got {value}")
-
-
-def _dtype(cfg: Config, key: str) -> None:
-    """verl's bf16 / fp32 / fp16 spelled out in place, then checked."""
-    section, leaf = key.rsplit(".", 1)
-    value = DTYPE_SPELLINGS.get(_get(cfg, key), _get(cfg, key))
-    setattr(_get(cfg, section), leaf, value)
-    if value is not None:
-        _choice(key, value, ("float32", "bfloat16", "float16"))
-
-
-def _warmup_start_factor(cfg: Config, key: str) -> None:
-    value = _get(cfg, key)
-    _need(value is None or 0 < value <= 1, f"{key} must be in (0, 1] (the LR factor of the first step, as "
-          f"torch's LinearLR start_factor) or null (warm-up from 1/W), got {value}")
-
-
-def _no_hybrid_sharding(cfg: Config, section: str) -> None:
-    n = _get(cfg, f"{section}.fsdp_size")
-    _need(n == -1, f"{section}.fsdp_size={n}: hybrid sharding is not supported, FSDP2 shards over every worker; "
-                   "set it to -1")
-
-
 # ---------------------------------------------------------------- the sections
 
 def validate_data(cfg: Config) -> None:
     d = cfg.data
-    _positive(cfg, "data.train_batch_size", "data.max_prompt_length", "data.max_response_length")
-    _positive_or_null(cfg, "data.val_batch_size", "data.val_max_samples")
-    _need(0 <= d.val_split_size < 1, f"data.val_split_size must be in [0, 1) (the share of training prompts held "
+    positive(cfg, "data.train_batch_size", "data.max_prompt_length", "data.max_response_length")
+    positive_or_null(cfg, "data.val_batch_size", "data.val_max_samples")
+    need(0 <= d.val_split_size < 1, f"data.val_split_size must be in [0, 1) (the share of training prompts held "
           f"out for validation), got {d.val_split_size}")
-    _choice("data.truncation", d.truncation, ("error", "left", "right"))
-    _need(not d.custom_cls.path, f"data.custom_cls.path={printable(d.custom_cls.path)}: a verl dataset class is not "
+    choice("data.truncation", d.truncation, ("error", "left", "right"))
+    need(not d.custom_cls.path, f"data.custom_cls.path={printable(d.custom_cls.path)}: a verl dataset class is not "
           "supported; posttrain reads parquet rows itself (prompt, data_source, reward_model.ground_truth): write "
           "the data in that layout (`posttrain preprocess` has examples) and leave data.custom_cls out")
     validate_dataset_names(d)
     taken = sorted({"conversation", "tokenize", "add_generation_prompt", "return_dict"} & set(d.apply_chat_template_kwargs))
-    _need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
+    need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
                      "for the assistant's turn); leave it out")
     d.seed = cfg.trainer.seed if d.seed is None else d.seed
 
@@ -126,7 +65,7 @@ def validate_dataset_names(d: DataConfig) -> None:
 
     for files, name, split in (("train_files", "dataset_name", "train"), ("val_files", "val_dataset_name", "test")):
         value = getattr(d, name)
-        _need(value is None or getattr(d, files) is None,
+        need(value is None or getattr(d, files) is None,
               f"data.{files} and data.{name}={printable(value)} are both set; keep one (files, or a known dataset name)")
         if value is not None:
             named.lookup(value, split)
@@ -134,118 +73,44 @@ def validate_dataset_names(d: DataConfig) -> None:
 
 def validate_model(cfg: Config) -> None:
     m = cfg.model
-    _dtype(cfg, "model.dtype")
+    dtype(cfg, "model.dtype")
     backend = m.fused_kernel_options.impl_backend
-    _need(backend in (None, "torch", "triton"), f"model.fused_kernel_options.impl_backend={printable(backend)} is not "
+    need(backend in (None, "torch", "triton"), f"model.fused_kernel_options.impl_backend={printable(backend)} is not "
           "one of: torch, triton")
-    _need(m.lora_rank >= 0, f"model.lora_rank must be >= 0 (0: train all weights), got {m.lora_rank}")
-    _need(0 <= m.lora_dropout < 1, f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
-    _need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
-
-
-def validate_rollout(cfg: Config) -> None:
-    r = cfg.rollout
-    _positive(cfg, "rollout.n", "rollout.log_prob_micro_batch_size", "rollout.val_kwargs.n",
-              "rollout.tensor_model_parallel_size")
-    _positive_or_null(cfg, "rollout.micro_batch_size")
-    _need(r.temperature >= 0, f"rollout.temperature must be >= 0, got {r.temperature}")
-    _need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    _need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
-    _need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
-          "rollout.name=vllm (GPUs) or hf")
-    _choice("rollout.name", r.name, ("hf", "vllm"))
-    if r.lora_sync is not None:
-        _choice("rollout.lora_sync", r.lora_sync, ("adapter", "merged"))
-    _choice("rollout.mode", r.mode, ("sync", "async"))
-    _need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
-          "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
-    for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-        _need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
-    validate_rollout_lag(cfg)
-    validate_multi_turn(cfg)
-    unused = unused_engine_settings(r)
-    if unused:
-        warnings.warn(f"{', '.join(unused)}: set, but unused by rollout.name={r.name}", stacklevel=3)
-
-
-def validate_rollout_lag(cfg: Config) -> None:
-    """rollout.dtype (verl's spellings normalised in place) and rollout.stale_updates: the engine's own weights.
-    With LoRA they give the engine a plain model holding the adapters merged in, which rollout.lora_sync=adapter
-    would contradict."""
-    r = cfg.rollout
-    dtype = DTYPE_SPELLINGS.get(r.dtype, r.dtype)
-    _need(dtype in (None, "float32", "bfloat16", "float16"),
-          f"rollout.dtype={printable(r.dtype)} is not a dtype the rollout engine takes: set bfloat16, float16 or "
-          "float32 (bf16, fp16, fp32), or leave it null for the policy's compute dtype")
-    r.dtype = dtype
-    k = r.stale_updates
-    _need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
-          "rollout.stale_updates must be an integer >= 0 (the engine samples with the policy's weights of that many "
-          f"updates ago; 0: the current ones), got {printable(k)}")
-    own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"))
-                 if on]
-    _need(not (uses_lora(cfg) and r.lora_sync == "adapter" and own_model),
-          f"rollout.lora_sync=adapter with {' and '.join(own_model)}: the engine then samples from a model of its own, "
-          "which holds the LoRA adapters merged in; set rollout.lora_sync=merged or leave it null")
-
-
-def unused_engine_settings(r: RolloutConfig) -> list[str]:
-    """The rollout settings given that the chosen engine does not use (one warning line names them)."""
-    out = [f"rollout.engine_kwargs.{name}" for name, kw in r.engine_kwargs.items() if kw and name != r.name]
-    if r.name != "vllm":  # vLLM's engine settings
-        out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None]
-        out += ["rollout.free_cache_engine=false"] if not r.free_cache_engine else []
-    if r.mode == "async":  # verl's server mode: posttrain's rollout generates a step's batch in one call either way
-        out.append("rollout.mode=async")
-    return out
-
-
-def validate_multi_turn(cfg: Config) -> None:
-    """rollout.multi_turn.*: hermes tool calls, at least one tool, no simulated user."""
-    mt = cfg.rollout.multi_turn
-    if not mt.enable:
-        return
-    _choice("rollout.multi_turn.format", mt.format, ("hermes",))
-    _need(bool(mt.tool_config_path or mt.tools), "rollout.multi_turn.enable=true needs tools: "
-          "rollout.multi_turn.tool_config_path=TOOLS.yaml (verl's format) or rollout.multi_turn.tools=[pkg.mod:fn]")
-    _need(mt.interaction_config_path is None and mt.max_user_turns is None,
-          "rollout.multi_turn.interaction_config_path / max_user_turns (a simulated user between turns) are not "
-          "supported; remove them (the model's turns alternate with tool messages only)")
-    _need(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
-          f"rollout.multi_turn.max_assistant_turns must be >= 1 or null (5), got {mt.max_assistant_turns}")
-    _need(mt.max_tool_response_length >= 1,
-          f"rollout.multi_turn.max_tool_response_length must be >= 1, got {mt.max_tool_response_length}")
+    need(m.lora_rank >= 0, f"model.lora_rank must be >= 0 (0: train all weights), got {m.lora_rank}")
+    need(0 <= m.lora_dropout < 1, f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+    need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
 
 
 def validate_actor(cfg: Config) -> None:
     a = cfg.actor
-    _positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs")
-    _need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
-    _need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
-    _need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
-    _need(a.clip_ratio_c is None or a.clip_ratio_c > 1,
+    positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs")
+    need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
+    need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
+    need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
+    need(a.clip_ratio_c is None or a.clip_ratio_c > 1,
           f"actor.clip_ratio_c must be > 1, or null (no dual clip), got {a.clip_ratio_c}")
-    _warmup_start_factor(cfg, "actor.lr_warmup_start_factor")
+    warmup_start_factor(cfg, "actor.lr_warmup_start_factor")
     for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
                 "actor.mixed_precision.buffer_dtype"):
-        _dtype(cfg, key)
-    _choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
-    _choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
-    _choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
-    _no_hybrid_sharding(cfg, "actor")
-    _choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
-    _need(a.loss_scale_factor is None or a.loss_scale_factor > 0,
+        dtype(cfg, key)
+    choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
+    choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
+    choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
+    no_hybrid_sharding(cfg, "actor")
+    choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
+    need(a.loss_scale_factor is None or a.loss_scale_factor > 0,
           f"actor.loss_scale_factor must be > 0 or null, got {a.loss_scale_factor}")
     a.clip_ratio_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     a.clip_ratio_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
-    _need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
+    need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
           "actor.clip_ratio_high >= 0")
 
 
 def validate_ref(cfg: Config) -> None:
-    _positive(cfg, "ref.log_prob_micro_batch_size")
-    _choice("ref.strategy", cfg.ref.strategy, ("fsdp", "fsdp2"))
-    _no_hybrid_sharding(cfg, "ref")
+    positive(cfg, "ref.log_prob_micro_batch_size")
+    choice("ref.strategy", cfg.ref.strategy, ("fsdp", "fsdp2"))
+    no_hybrid_sharding(cfg, "ref")
 
 
 def validate_sequence_parallel(cfg: Config) -> None:
@@ -253,18 +118,18 @@ def validate_sequence_parallel(cfg: Config) -> None:
     the workers; each group of that many workers takes the same rows."""
     size = cfg.actor.ulysses_sequence_parallel_size
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    _need(size >= 1, f"actor.ulysses_sequence_parallel_size must be >= 1, got {size}")
+    need(size >= 1, f"actor.ulysses_sequence_parallel_size must be >= 1, got {size}")
     for sec in (cfg.ref, cfg.critic):
         sec.ulysses_sequence_parallel_size = sec.ulysses_sequence_parallel_size or size
     for key in ("ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
-        _need(_get(cfg, key) == size, f"{key}={_get(cfg, key)} differs from actor.ulysses_sequence_parallel_size="
+        need(get(cfg, key) == size, f"{key}={get(cfg, key)} differs from actor.ulysses_sequence_parallel_size="
               f"{size}: posttrain's workers hold the actor, reference and critic together and split sequences "
               "one way for all of them; set them equal (or leave this one out)")
     if size == 1:
         return
-    _need(world % size == 0, f"actor.ulysses_sequence_parallel_size={size} must divide the {world} workers "
+    need(world % size == 0, f"actor.ulysses_sequence_parallel_size={size} must divide the {world} workers "
           "(trainer.nnodes x trainer.n_gpus_per_node)")
-    _need(not cfg.model.use_fused_kernels, f"model.use_fused_kernels=true with actor.ulysses_sequence_parallel_size="
+    need(not cfg.model.use_fused_kernels, f"model.use_fused_kernels=true with actor.ulysses_sequence_parallel_size="
           f"{size}: the fused pass does not split sequences yet; turn one of them off")
 
 
@@ -272,10 +137,10 @@ def warn_unused(cfg: Config) -> None:
     """verl's switches for what posttrain does not do: inputs only verl reads, and settings of a feature that is
     off (LoRA, multi-turn rollouts), set to anything but their default, are named in one warning line each."""
     m, backend = cfg.model, cfg.model.fused_kernel_options.impl_backend
-    lora_only = [k for k in LORA_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
+    lora_only = [k for k in LORA_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
     if not cfg.rollout.multi_turn.enable:
-        lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and _get(cfg, k) != SCHEMA[k][1]]
-    inert = [k for k in VERL_ONLY_KEYS if _get(cfg, k) != SCHEMA[k][1]]
+        lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and get(cfg, k) != SCHEMA[k][1]]
+    inert = [k for k in VERL_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]]
     if cfg.trainer.max_critic_ckpt_to_keep is not None and cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         inert.append("trainer.max_critic_ckpt_to_keep (no critic)")
     if cfg.data.custom_cls.name and not cfg.data.custom_cls.path:
@@ -295,19 +160,19 @@ def warn_unused(cfg: Config) -> None:
 
 def validate_reward(cfg: Config) -> None:
     rw, rm, sf = cfg.reward, cfg.reward.model, cfg.reward.sandbox_fusion
-    _need(rw.timeout_s > 0, f"reward.timeout_s must be > 0, got {rw.timeout_s}")
-    _need(rw.num_workers is None or rw.num_workers >= 0,
+    need(rw.timeout_s > 0, f"reward.timeout_s must be > 0, got {rw.timeout_s}")
+    need(rw.num_workers is None or rw.num_workers >= 0,
           f"reward.num_workers must be >= 0 (0: score in the trainer process) or null (min(8, CPUs)), "
           f"got {rw.num_workers}")
-    _need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
+    need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
           "reward_model.model.path): a Hugging Face sequence-classification model directory")
-    _need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
-    _choice("reward.reward_manager", rw.reward_manager, ("naive", "prime", "dapo", "batch"))
-    _need(not sf.url or (sf.url.startswith(("http://", "https://")) and sf.url.isprintable() and " " not in sf.url),
+    need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
+    choice("reward.reward_manager", rw.reward_manager, ("naive", "prime", "dapo", "batch"))
+    need(not sf.url or (sf.url.startswith(("http://", "https://")) and sf.url.isprintable() and " " not in sf.url),
           f"reward.sandbox_fusion.url must be an http:// or https:// URL (a SandboxFusion /run_code endpoint), "
           f"got {printable(sf.url)}")
     for key in ("max_concurrent", "memory_limit_mb"):
-        _need(getattr(sf, key) > 0, f"reward.sandbox_fusion.{key} must be > 0, got {getattr(sf, key)}")
+        need(getattr(sf, key) > 0, f"reward.sandbox_fusion.{key} must be > 0, got {getattr(sf, key)}")
     validate_overlong(cfg)
 
 
@@ -315,104 +180,67 @@ def validate_overlong(cfg: Config) -> None:
     ob = cfg.reward.overlong_buffer
     ob.max_resp_len = cfg.data.max_response_length if ob.max_resp_len is None else ob.max_resp_len
     max_len = ob.max_resp_len
-    _need(max_len > 0, f"reward.overlong_buffer.max_resp_len must be > 0, got {max_len}")
+    need(max_len > 0, f"reward.overlong_buffer.max_resp_len must be > 0, got {max_len}")
     if ob.len is None:
         ob.len = max(1, max_len // 5)
     if ob.enable:
-        _need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
+        need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
               f"max_resp_len={max_len} (the penalty grows over the last len tokens before it)")
-        _need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
+        need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
 
 
 def validate_algorithm(cfg: Config) -> None:
     alg, r = cfg.algorithm, cfg.rollout
-    _choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
-    _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
-    _need(alg.adv_estimator in ADV_ESTIMATORS, f"algorithm.adv_estimator={printable(alg.adv_estimator)} is not "
+    choice("algorithm.kl_penalty", alg.kl_penalty, KL_KINDS)
+    choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
+    need(alg.adv_estimator in ADV_ESTIMATORS, f"algorithm.adv_estimator={printable(alg.adv_estimator)} is not "
           f"supported; supported: {', '.join(ADV_ESTIMATORS)}")
     if alg.kl_ctrl.type == "adaptive":
-        _need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
+        need(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
               "the adaptive KL controller needs algorithm.kl_ctrl.target_kl > 0 and algorithm.kl_ctrl.horizon > 0")
-    _choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
-    _need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
+    choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
+    need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
           f"{alg.gamma} and {alg.lam}")
-    _need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
+    need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
-    _need(alg.adv_estimator != "grpo_loo" or r.n >= 2,
+    need(alg.adv_estimator != "grpo_loo" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_loo compares each sample with the other samples of its prompt: it needs "
           f"rollout.n >= 2 (with one sample every advantage is 0), got {r.n}")
-    _need(not (alg.overlong_filtering and r.ignore_eos),
+    need(not (alg.overlong_filtering and r.ignore_eos),
           "algorithm.overlong_filtering=true with rollout.ignore_eos=true: every response runs to "
           "data.max_response_length without ending, so every one would be filtered out of the loss; turn one off")
     if alg.use_pf_ppo:
-        _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
-        _need(alg.adv_estimator in NEEDS_CRITIC, f"algorithm.use_pf_ppo=true resamples the batch after GAE (as verl): "
+        choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
+        need(alg.adv_estimator in NEEDS_CRITIC, f"algorithm.use_pf_ppo=true resamples the batch after GAE (as verl): "
               f"it needs algorithm.adv_estimator=gae, got {alg.adv_estimator}")
-
-
-def rollout_correction(cfg: Config):
-    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
-    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only).
-    ValueError (naming the key) on a bad setting."""
-    from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
-
-    rc = cfg.algorithm.rollout_correction
-    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
-                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
-                  rc.rollout_token_veto_threshold)
-    return RolloutCorrection() if c is None and rc.bypass_mode else c
-
-
-def reinforce(cfg: Config) -> bool:
-    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
-    rc = cfg.algorithm.rollout_correction
-    return rc.loss_type == "reinforce" or rc.use_policy_gradient
-
-
-def validate_rollout_correction(cfg: Config) -> None:
-    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
-    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
-    try:
-        on = rollout_correction(cfg) is not None
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _need(not reinforce(cfg) or rc.bypass_mode,
-          f"{key}.loss_type=reinforce is bypass mode's loss (pi_theta / pi_rollout weighs -A log pi): set "
-          f"{key}.bypass_mode=true, or keep ppo_clip (decoupled mode's PPO loss takes the IS weights)")
-    _need(not (reinforce(cfg) and cfg.actor.policy_loss.loss_mode != "vanilla"),
-          f"{key}.loss_type=reinforce replaces the policy loss: it cannot be combined with "
-          f"actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}")
-    _need(not on or cfg.rollout.calculate_log_probs is not False,
-          f"{key} weighs tokens by the engine's own log-probs: rollout.calculate_log_probs=false turns them off; "
-          "leave it null (on with a correction) or true")
 
 
 def validate_trainer(cfg: Config) -> None:
     tr, critic = cfg.trainer, cfg.algorithm.adv_estimator in NEEDS_CRITIC
-    _positive(cfg, "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.total_epochs", "trainer.cpus_per_worker")
-    _positive_or_null(cfg, "trainer.total_training_steps")
-    _need(tr.max_epochs is None or tr.max_epochs >= 1,
+    positive(cfg, "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.total_epochs", "trainer.cpus_per_worker")
+    positive_or_null(cfg, "trainer.total_training_steps")
+    need(tr.max_epochs is None or tr.max_epochs >= 1,
           f"trainer.max_epochs must be >= 1 or null (no cap on passes over the data), got {tr.max_epochs}")
-    _need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
-    _choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
-    _choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
-    _need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
+    need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
+    choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
+    choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
+    need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
           "trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N directory>")
-    _need(tr.max_critic_ckpt_to_keep in (None, tr.max_ckpt_to_keep) or not critic,
+    need(tr.max_critic_ckpt_to_keep in (None, tr.max_ckpt_to_keep) or not critic,
           f"trainer.max_critic_ckpt_to_keep={tr.max_critic_ckpt_to_keep}: a posttrain checkpoint holds the actor and "
           f"the critic together; set trainer.max_ckpt_to_keep (verl's max_actor_ckpt_to_keep, now "
           f"{tr.max_ckpt_to_keep}) to the count you want for both")
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
-        _need(_get(cfg, key) is None or _get(cfg, key) > 0, f"{key} must be a positive integer or null")
-    _need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
-    _need(tr.critic_warmup == 0 or critic,
+        need(get(cfg, key) is None or get(cfg, key) > 0, f"{key} must be a positive integer or null")
+    need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
+    need(tr.critic_warmup == 0 or critic,
           f"trainer.critic_warmup={tr.critic_warmup} needs a critic: set algorithm.adv_estimator=gae "
           "(or algorithm.name=ppo), or trainer.critic_warmup=0")
     for sink in tr.logger:
-        _need(sink in LOGGERS, f"trainer.logger {sink!r} is not one of: {', '.join(LOGGERS)} (metrics.jsonl is always "
+        need(sink in LOGGERS, f"trainer.logger {sink!r} is not one of: {', '.join(LOGGERS)} (metrics.jsonl is always "
                                "written in the run directory)")
-    _need(tr.peak_flops is None or tr.peak_flops > 0, f"trainer.peak_flops must be > 0 FLOP/s, got {tr.peak_flops}")
-    _need(tr.log_samples_prompts >= 0 and tr.log_val_generations >= 0,
+    need(tr.peak_flops is None or tr.peak_flops > 0, f"trainer.peak_flops must be > 0 FLOP/s, got {tr.peak_flops}")
+    need(tr.log_samples_prompts >= 0 and tr.log_val_generations >= 0,
           "trainer.log_samples_prompts and trainer.log_val_generations must be >= 0")
 
 
@@ -420,8 +248,8 @@ def validate_critic(cfg: Config) -> None:
     """Fill the critic's null sizes from the actor's and check them (only
     when a critic is used: algorithm.adv_estimator=gae)."""
     c, a = cfg.critic, cfg.actor
-    _warmup_start_factor(cfg, "critic.lr_warmup_start_factor")
-    _no_hybrid_sharding(cfg, "critic.model")
+    warmup_start_factor(cfg, "critic.lr_warmup_start_factor")
+    no_hybrid_sharding(cfg, "critic.model")
     c.ppo_mini_batch_size = a.ppo_mini_batch_size if c.ppo_mini_batch_size is None else c.ppo_mini_batch_size
     c.ppo_micro_batch_size = a.ppo_micro_batch_size if c.ppo_micro_batch_size is None else c.ppo_micro_batch_size
     c.ppo_epochs = a.ppo_epochs if c.ppo_epochs is None else c.ppo_epochs
@@ -431,24 +259,24 @@ def validate_critic(cfg: Config) -> None:
     c.use_dynamic_bsz = a.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
     if c.forward_max_token_len_per_gpu is None:
         c.forward_max_token_len_per_gpu = c.ppo_max_token_len_per_gpu
-    _need(c.forward_max_token_len_per_gpu > 0, "critic.forward_max_token_len_per_gpu must be a positive number "
+    need(c.forward_max_token_len_per_gpu > 0, "critic.forward_max_token_len_per_gpu must be a positive number "
           f"of tokens, got {c.forward_max_token_len_per_gpu}")
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
-    _positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",
+    positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",
               "critic.forward_micro_batch_size")
-    _need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
-    _need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
-    _need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")
-    _choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
-    _need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
+    need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
+    need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
+    need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")
+    choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
+    need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
           f"critic.betas must be two numbers in [0, 1), got {c.betas}")
     n, d = cfg.rollout.n, cfg.data
-    _need(d.train_batch_size % c.ppo_mini_batch_size == 0,
+    need(d.train_batch_size % c.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by critic.ppo_mini_batch_size="
           f"{c.ppo_mini_batch_size}")
     world = data_parallel_groups(cfg)
-    _need((c.ppo_mini_batch_size * n) % world == 0,
+    need((c.ppo_mini_batch_size * n) % world == 0,
           f"critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size * n} sequences must be divisible by the "
           f"{world} workers")
 
@@ -459,28 +287,28 @@ def validate_profiler(cfg: Config) -> None:
     from posttrain.profiling import CONTENTS, ROLE_PHASES, TOOLS, tool_settings
 
     p, tm = cfg.profiler, cfg.profiler.torch_memory
-    _need(p.tool is None or p.tool in TOOLS,
+    need(p.tool is None or p.tool in TOOLS,
           f"profiler.tool={printable(p.tool)} (verl's global_profiler.tool) is not one of: {', '.join(TOOLS)}")
-    _need(all(s > 0 for s in p.steps or ()), f"profiler.steps must list RL steps counted from 1, got {p.steps}")
-    _need(tm.trace_alloc_max_entries > 0, "profiler.torch_memory.trace_alloc_max_entries must be > 0")
-    _choice("profiler.torch_memory.context", tm.context, (None, "alloc", "state", "all"))
-    _choice("profiler.torch_memory.stacks", tm.stacks, ("python", "all"))
+    need(all(s > 0 for s in p.steps or ()), f"profiler.steps must list RL steps counted from 1, got {p.steps}")
+    need(tm.trace_alloc_max_entries > 0, "profiler.torch_memory.trace_alloc_max_entries must be > 0")
+    choice("profiler.torch_memory.context", tm.context, (None, "alloc", "state", "all"))
+    choice("profiler.torch_memory.stacks", tm.stacks, ("python", "all"))
     for name in ROLE_PHASES:  # the actor's first
         role, base = getattr(p, name), p.actor if name == "rollout" else ProfilerRoleConfig(False, False, [])
         role.enable = base.enable if role.enable is None else role.enable
         role.all_ranks = base.all_ranks if role.all_ranks is None else role.all_ranks
         role.ranks = list(base.ranks) if role.ranks is None else role.ranks
-        _need(all(r >= 0 for r in role.ranks), f"profiler.{name}.ranks must be ranks >= 0, got {role.ranks}")
+        need(all(r >= 0 for r in role.ranks), f"profiler.{name}.ranks must be ranks >= 0, got {role.ranks}")
     for key in [f"profiler.{name}.tool_config" for name in ROLE_PHASES] + ["profiler.global_tool_config"]:
-        _need(all(isinstance(v, dict) for v in _get(cfg, key).values()),
+        need(all(isinstance(v, dict) for v in get(cfg, key).values()),
               f"{key} maps a tool's name to its settings ({key}.nsys.discrete=true)")
     read, unused = tool_settings(p.tool, {name: getattr(p, name).tool_config for name in ROLE_PHASES})
     for name, settings in read.items():
         contents = settings.get("contents") or []
         discrete = settings.get("discrete", False)
-        _need(isinstance(discrete, bool),
+        need(isinstance(discrete, bool),
               f"profiler.{name}.tool_config.{p.tool}.discrete must be true or false, got {repr_cut(discrete)}")
-        _need(isinstance(contents, list) and all(c in CONTENTS for c in contents),
+        need(isinstance(contents, list) and all(c in CONTENTS for c in contents),
               f"profiler.{name}.tool_config.{p.tool}.contents={repr_cut(contents)} must list some of: "
               f"{', '.join(CONTENTS)}")
     unused += [f"profiler.global_tool_config.{t}.{k}" for t, kw in p.global_tool_config.items()
@@ -499,17 +327,17 @@ def validate_profiler(cfg: Config) -> None:
 def validate_across_sections(cfg: Config) -> None:
     """Mini-batches count prompts, micro-batches sequences (as in verl); every worker takes an equal share."""
     a, d, r, tr = cfg.actor, cfg.data, cfg.rollout, cfg.trainer
-    _need(a.ppo_mini_batch_size <= d.train_batch_size,
+    need(a.ppo_mini_batch_size <= d.train_batch_size,
           f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than data.train_batch_size={d.train_batch_size}")
-    _need(d.train_batch_size % a.ppo_mini_batch_size == 0,
+    need(d.train_batch_size % a.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by actor.ppo_mini_batch_size="
           f"{a.ppo_mini_batch_size}")
-    _need(a.use_dynamic_bsz or (a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
+    need(a.use_dynamic_bsz or (a.ppo_mini_batch_size * r.n) % a.ppo_micro_batch_size == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by "
           f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size}")
     validate_token_budgets(cfg)
     world = data_parallel_groups(cfg)
-    _need((a.ppo_mini_batch_size * r.n) % world == 0,
+    need((a.ppo_mini_batch_size * r.n) % world == 0,
           f"actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size * r.n} sequences must be divisible by the "
           f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node"
           f"{' / actor.ulysses_sequence_parallel_size' if world != tr.nnodes * tr.n_gpus_per_node else ''}): each "
@@ -530,4 +358,4 @@ def validate_token_budgets(cfg: Config) -> None:
             sec.log_prob_max_token_len_per_gpu = a.ppo_max_token_len_per_gpu
     for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
                 "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
-        _need(_get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {_get(cfg, key)}")
+        need(get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {get(cfg, key)}")

@@ -23,7 +23,7 @@ from posttrain.distributed.balance import balanced_partition, concat_rollouts, e
 from posttrain.distributed.cluster import describe_resources, import_ray
 from posttrain.errors import PosttrainError
 from posttrain.training.actor import loss_units
-from posttrain.worker import WorkerSpec
+from posttrain.worker_spec import WorkerSpec
 
 PLACEMENT_TIMEOUT_S = 120.0
 RAY_DEBUGGER_ENV = ("RAY_DEBUG", "RAY_DEBUG_POST_MORTEM")  # Ray's debugger: docs/debugging.md

@@ -1,0 +1,68 @@
+"""The checks config validation is written in: each raises a ConfigError of one line that names the key, the
+value and the fix (config.validate and config.validate_rollout use them)."""
+
+from __future__ import annotations
+
+from posttrain.config.schema import DTYPE_SPELLINGS, Config
+from posttrain.errors import ConfigError
+
+
+def printable(value) -> str:
+    """A value for a one-line message: as typed, or repr'd when it holds a newline or another
+    unprintable character ('a\\nb')."""
+    text = str(value)
+    return text if text.isprintable() else repr(value)
+
+
+def repr_cut(value, limit: int = 80) -> str:
+    """A value's repr for a message, cut at `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def choice(key: str, value, allowed) -> None:
+    need(value in allowed, f"{key}={printable(value)} is not one of: {', '.join(map(str, allowed))}")
+
+
+def positive(cfg: Config, *keys: str) -> None:
+    for key in keys:
+        value = get(cfg, key)
+        need(value > 0, f"{key} must be a positive integer, got {value}")
+
+
+def positive_or_null(cfg: Config, *keys: str) -> None:
+    for key in keys:
+        value = get(cfg, key)
+        need(value is None or value > 0, f"{key} must be a positive integer or null, got {value}")
+
+
+def dtype(cfg: Config, key: str) -> None:
+    """verl's bf16 / fp32 / fp16 spelled out in place, then checked."""
+    section, leaf = key.rsplit(".", 1)
+    value = DTYPE_SPELLINGS.get(get(cfg, key), get(cfg, key))
+    setattr(get(cfg, section), leaf, value)
+    if value is not None:
+        choice(key, value, ("float32", "bfloat16", "float16"))
+
+
+def warmup_start_factor(cfg: Config, key: str) -> None:
+    value = get(cfg, key)
+    need(value is None or 0 < value <= 1, f"{key} must be in (0, 1] (the LR factor of the first step, as "
+          f"torch's LinearLR start_factor) or null (warm-up from 1/W), got {value}")
+
+
+def no_hybrid_sharding(cfg: Config, section: str) -> None:
+    n = get(cfg, f"{section}.fsdp_size")
+    need(n == -1, f"{section}.fsdp_size={n}: hybrid sharding is not supported, FSDP2 shards over every worker; "
+                   "set it to -1")

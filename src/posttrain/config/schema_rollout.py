@@ -1,0 +1,84 @@
+"""The rollout section of posttrain's config (`rollout.*`): the engine, its sampling, the engine's own weights,
+validation's sampling (val_kwargs) and multi-turn tools. Part of config.schema's Config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+# rollout keys that configure vLLM's engine: other engines name them as unused (unused_engine_settings)
+VLLM_SETTINGS = ("enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                 "enforce_eager", "load_format")
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (verl's keys; rollout/multiturn.py): the model calls a tool in hermes
+    format, reads its answer and goes on. Its other keys, set while it is off, are named unused."""
+
+    enable: bool = False
+    format: str = "hermes"  # the tool-call markup: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    max_assistant_turns: Optional[int] = None  # null: 5
+    max_user_turns: Optional[int] = None  # verl's turns of a simulated user (interactions): not supported
+    tool_config_path: Optional[str] = None  # verl's tool config YAML: tools: [{class_name, config, tool_schema}]
+    tools: Optional[List[str]] = None  # Python functions as tools: [pkg.module:function, ...]
+    interaction_config_path: Optional[str] = None  # verl's simulated-user interactions: not supported
+    max_tool_response_length: int = 256  # tokens of one tool message (longer: cut)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"  # hf | vllm
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    do_sample: bool = True
+    ignore_eos: bool = False
+    micro_batch_size: Optional[int] = None  # sequences per generation pass; None: all
+    shared_prefill: bool = True  # hf: a prompt is prefilled once, its KV cache shared by its n samples
+    remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
+    early_stop: bool = True  # hf: stop decoding once every sequence has ended
+    log_prob_micro_batch_size: int = 64
+    # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    # vLLM's engine (rollout.name=vllm), handed to vllm.LLM; null: vLLM's own default (VLLM_SETTINGS)
+    enable_chunked_prefill: Optional[bool] = None
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_model_len: Optional[int] = None  # null: data.max_prompt_length + data.max_response_length
+    enforce_eager: Optional[bool] = None
+    load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
+    # how a LoRA policy reaches the engine: adapter (the engine applies the adapters: hf samples from the policy
+    # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second
+    # copy on hf, full weights into vLLM); null: adapter on hf (no second copy), merged on vLLM
+    lora_sync: Optional[str] = None
+    trace: Dict[str, Any] = field(default_factory=dict)  # verl's rollout tracing (backend, token2text): named unused
+    free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
+    # the engine returns each sampled token's log-prob, and every step logs how far it is from the trainer's
+    # (training/rollout_probs_diff_*, rollout_corr/*: algorithms/rollout_corr.py); null: on with vLLM
+    calculate_log_probs: Optional[bool] = None
+    # the engine's weights in this dtype (bfloat16, float16, float32; verl's rollout.dtype): hf samples from a copy
+    # of the policy in it, vLLM loads in it; null: the policy's compute dtype (no copy)
+    dtype: Optional[str] = None
+    # the engine samples with the policy's weights of this many updates ago (0: the current ones): a measured,
+    # controlled off-policy gap for algorithm.rollout_correction (hf keeps a copy, both keep k CPU snapshots)
+    stale_updates: int = 0
+    layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
+    mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
+    # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
+    engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

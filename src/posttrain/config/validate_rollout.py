@@ -1,0 +1,122 @@
+"""The rollout's settings checked: the engine and its sampling, the engine's own weights (rollout.dtype,
+rollout.stale_updates), multi-turn tools, and algorithm.rollout_correction (read here for the specs too)."""
+
+from __future__ import annotations
+
+import warnings
+
+from posttrain.config.checks import choice, need, positive, positive_or_null, printable
+from posttrain.config.schema import DTYPE_SPELLINGS, Config, uses_lora
+from posttrain.config.schema_rollout import VLLM_SETTINGS, RolloutConfig
+from posttrain.errors import ConfigError
+
+
+def validate_rollout(cfg: Config) -> None:
+    r = cfg.rollout
+    positive(cfg, "rollout.n", "rollout.log_prob_micro_batch_size", "rollout.val_kwargs.n",
+              "rollout.tensor_model_parallel_size")
+    positive_or_null(cfg, "rollout.micro_batch_size")
+    need(r.temperature >= 0, f"rollout.temperature must be >= 0, got {r.temperature}")
+    need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
+    need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
+          "rollout.name=vllm (GPUs) or hf")
+    choice("rollout.name", r.name, ("hf", "vllm"))
+    if r.lora_sync is not None:
+        choice("rollout.lora_sync", r.lora_sync, ("adapter", "merged"))
+    choice("rollout.mode", r.mode, ("sync", "async"))
+    need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
+          "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
+    for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
+    validate_rollout_lag(cfg)
+    validate_multi_turn(cfg)
+    unused = unused_engine_settings(r)
+    if unused:
+        warnings.warn(f"{', '.join(unused)}: set, but unused by rollout.name={r.name}", stacklevel=3)
+
+
+def validate_rollout_lag(cfg: Config) -> None:
+    """rollout.dtype (verl's spellings normalised in place) and rollout.stale_updates: the engine's own weights.
+    With LoRA they give the engine a plain model holding the adapters merged in, which rollout.lora_sync=adapter
+    would contradict."""
+    r = cfg.rollout
+    dtype = DTYPE_SPELLINGS.get(r.dtype, r.dtype)
+    need(dtype in (None, "float32", "bfloat16", "float16"),
+          f"rollout.dtype={printable(r.dtype)} is not a dtype the rollout engine takes: set bfloat16, float16 or "
+          "float32 (bf16, fp16, fp32), or leave it null for the policy's compute dtype")
+    r.dtype = dtype
+    k = r.stale_updates
+    need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+          "rollout.stale_updates must be an integer >= 0 (the engine samples with the policy's weights of that many "
+          f"updates ago; 0: the current ones), got {printable(k)}")
+    own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"))
+                 if on]
+    need(not (uses_lora(cfg) and r.lora_sync == "adapter" and own_model),
+          f"rollout.lora_sync=adapter with {' and '.join(own_model)}: the engine then samples from a model of its own, "
+          "which holds the LoRA adapters merged in; set rollout.lora_sync=merged or leave it null")
+
+
+def unused_engine_settings(r: RolloutConfig) -> list[str]:
+    """The rollout settings given that the chosen engine does not use (one warning line names them)."""
+    out = [f"rollout.engine_kwargs.{name}" for name, kw in r.engine_kwargs.items() if kw and name != r.name]
+    if r.name != "vllm":  # vLLM's engine settings
+        out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None]
+        out += ["rollout.free_cache_engine=false"] if not r.free_cache_engine else []
+    if r.mode == "async":  # verl's server mode: posttrain's rollout generates a step's batch in one call either way
+        out.append("rollout.mode=async")
+    return out
+
+
+def validate_multi_turn(cfg: Config) -> None:
+    """rollout.multi_turn.*: hermes tool calls, at least one tool, no simulated user."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return
+    choice("rollout.multi_turn.format", mt.format, ("hermes",))
+    need(bool(mt.tool_config_path or mt.tools), "rollout.multi_turn.enable=true needs tools: "
+          "rollout.multi_turn.tool_config_path=TOOLS.yaml (verl's format) or rollout.multi_turn.tools=[pkg.mod:fn]")
+    need(mt.interaction_config_path is None and mt.max_user_turns is None,
+          "rollout.multi_turn.interaction_config_path / max_user_turns (a simulated user between turns) are not "
+          "supported; remove them (the model's turns alternate with tool messages only)")
+    need(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
+          f"rollout.multi_turn.max_assistant_turns must be >= 1 or null (5), got {mt.max_assistant_turns}")
+    need(mt.max_tool_response_length >= 1,
+          f"rollout.multi_turn.max_tool_response_length must be >= 1, got {mt.max_tool_response_length}")
+
+
+def rollout_correction(cfg: Config):
+    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
+    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only).
+    ValueError (naming the key) on a bad setting."""
+    from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
+
+    rc = cfg.algorithm.rollout_correction
+    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
+                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
+                  rc.rollout_token_veto_threshold)
+    return RolloutCorrection() if c is None and rc.bypass_mode else c
+
+
+def reinforce(cfg: Config) -> bool:
+    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.loss_type == "reinforce" or rc.use_policy_gradient
+
+
+def validate_rollout_correction(cfg: Config) -> None:
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
+    try:
+        on = rollout_correction(cfg) is not None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    need(not reinforce(cfg) or rc.bypass_mode,
+          f"{key}.loss_type=reinforce is bypass mode's loss (pi_theta / pi_rollout weighs -A log pi): set "
+          f"{key}.bypass_mode=true, or keep ppo_clip (decoupled mode's PPO loss takes the IS weights)")
+    need(not (reinforce(cfg) and cfg.actor.policy_loss.loss_mode != "vanilla"),
+          f"{key}.loss_type=reinforce replaces the policy loss: it cannot be combined with "
+          f"actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}")
+    need(not on or cfg.rollout.calculate_log_probs is not False,
+          f"{key} weighs tokens by the engine's own log-probs: rollout.calculate_log_probs=false turns them off; "
+          "leave it null (on with a correction) or true")

@@ -1,0 +1,102 @@
+"""What a worker is built from: plain settings for the policy, the reference, the rollout engine and the
+critic of one device (made from the config by `specs.worker_spec`, read by `worker.Worker.setup`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from posttrain.models.lora import LoraSettings
+from posttrain.training.actor import UpdateSettings
+from posttrain.training.critic import CriticSettings
+
+
+@dataclass
+class CriticSpec:
+    """The critic's model and optimizer (algorithm.adv_estimator=gae)."""
+
+    model_dir: str  # a causal LM (the value head starts from scratch) or a saved critic
+    update: CriticSettings
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    warmup_steps: int = 0
+    warmup_start_factor: float | None = None  # critic.lr_warmup_start_factor (training.actor.warmup_lr_factor)
+    gradient_checkpointing: bool = False
+    param_offload: bool = False  # FSDP2's CPUOffloadPolicy (sharded workers)
+    optimizer_offload: bool = False  # the optimizer's state on the CPU between updates
+
+
+@dataclass
+class RefSpec:
+    """The reference model (a frozen copy of the starting policy; with LoRA, the policy with its adapters off)."""
+
+    needed: bool = False  # its log-probs are needed: a KL loss, or KL in the reward
+    param_offload: bool = False  # its sharded parameters in CPU memory (FSDP2, workers)
+    log_prob_micro_batch_size: int = 64
+    log_prob_max_tokens: int | None = None  # ref.log_prob_use_dynamic_bsz: a token budget per micro-batch
+    torch_compile: bool = False  # ref.use_torch_compile: its log-prob function compiled
+    forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
+
+
+@dataclass
+class RolloutSpec:
+    """The rollout engine that samples from the policy: hf (rollout/hf.py) or vllm (rollout/vllm.py)."""
+
+    name: str = "hf"
+    micro_batch_size: int | None = None  # hf: sequences per generate pass
+    shared_prefill: bool = True  # the hf engine's fast paths (rollout/hf.py)
+    remove_padding: bool = True
+    early_stop: bool = True
+    tensor_parallel_size: int = 1  # vLLM's engine from here on
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    engine_kwargs: dict = field(default_factory=dict)  # more vllm.LLM arguments (specs.vllm_engine_kwargs)
+    free_cache_engine: bool = True  # vLLM sleeps between generations
+    weights_from_policy: bool = False  # vLLM loaded no weights (load_format=dummy): push the policy's at start
+    kv_cache_sequences: int = 256  # vLLM on the CPU: its KV cache holds this many sequences of max_model_len
+    # the engine's weights in this dtype (rollout.dtype); None: the policy's compute dtype. On hf a dtype other
+    # than that one gives the engine a copy of the policy in it (a low-precision rollout)
+    dtype: str | None = None
+    # the engine samples with the policy's weights of this many updates ago, k: the last k + 1 versions are kept
+    # on the CPU (not checkpointed: after a resume the engine starts from the resumed weights)
+    stale_updates: int = 0
+
+
+@dataclass
+class WorkerSpec:
+    """Plain settings for building a worker (made from the config by specs.worker_spec): the policy's
+    model, optimizer and passes here; the reference, rollout engine and critic in their own parts."""
+
+    model_dir: str
+    update: UpdateSettings
+    policy_dir: str | None = None  # a single-process checkpoint's actor/ when resuming
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    small_attention: bool = True  # models/attention.py
+    param_offload: bool = False  # the policy's sharded parameters and gradients in CPU memory (FSDP2, workers)
+    optimizer_offload: bool = False  # the policy optimizer's state on the CPU between updates
+    device: str = "cpu"  # cpu | cuda
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    warmup_steps: int = 0
+    warmup_start_factor: float | None = None  # actor.lr_warmup_start_factor (training.actor.warmup_lr_factor)
+    log_prob_micro_batch_size: int = 64  # the policy's log-prob pass (rollout.log_prob_micro_batch_size)
+    log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
+    forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
+    freeze_vision_tower: bool = False  # a vision-language model's image encoder does not train
+    sequence_parallel: int = 1  # Ulysses: workers per group that split each sequence's positions
+    lora: LoraSettings | None = None  # adapters train, the base is frozen (and is the reference)
+    temperature: float = 1.0  # the rollout's: log-probs are taken at the temperature that sampled
+    # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's
+    # gathered parameters with several workers, and torch.autocast's in every pass (`Worker.autocast`)
+    mixed_precision: str | None = None
+    reduce_dtype: str = "float32"  # FSDP2's gradient reduction across workers (actor.mixed_precision.reduce_dtype)
+    seed: int = 0
+    collective_timeout_s: float = 600.0
+    threads: int | None = None  # torch threads in a worker process
+    env: dict = field(default_factory=dict)
+    ref: RefSpec = field(default_factory=RefSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
