@@ -66,6 +66,22 @@ def test_stale_updates_k_samples_with_the_weights_of_k_updates_ago(trained_tiny_
     assert len(w.history.versions) == 3
 
 
+def test_validation_samples_with_the_policy_s_weights_now_and_the_lag_resumes_after(trained_tiny_model_dir):
+    """A stale engine is a training-time mismatch: validation scores the policy as it is, then the engine goes
+    back to the weights of k updates ago."""
+    w = make_worker(trained_tiny_model_dir, "rollout.stale_updates=2")
+    versions = [weights(w.policy)]
+    for step in (1, 2, 3):
+        train_round(w, step)
+        versions.append(weights(w.policy))
+    assert same(weights(w.engine.model), versions[1])
+    w.validation_weights(True)
+    assert same(weights(w.engine.model), versions[3])
+    w.validation_weights(False)
+    assert same(weights(w.engine.model), versions[1])
+    assert len(w.history.versions) == 3
+
+
 def test_after_a_resume_a_lagging_engine_starts_from_the_resumed_weights(tmp_path, trained_tiny_model_dir):
     """The snapshots are not checkpointed: a resumed run's engine samples from the resumed weights until k new
     updates have happened."""

@@ -68,9 +68,13 @@ def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
     """Validate; the first trainer.log_val_generations completions go to the samples log."""
     m: dict[str, float] = {}
     with timed(m, "testing"):
-        metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
-                                 run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
-                                 tools=run.tools, multi_turn=run.multi_turn)
+        run.actor.validation_weights(True)  # the policy's weights now, also where the rollout samples with older ones
+        try:
+            metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
+                                     run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
+                                     tools=run.tools, multi_turn=run.multi_turn)
+        finally:
+            run.actor.validation_weights(False)
         m.update(metrics)
     if rows:
         logger.log_samples(rows, run.global_step)

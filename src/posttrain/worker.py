@@ -358,6 +358,14 @@ class Worker:
             weights = self.history.oldest()
         self.engine.load_weights(weights)
 
+    def validation_weights(self, on: bool) -> None:
+        """Validation scores the policy as it is now: with rollout.stale_updates the engine is given the newest
+        weights for it (`on`) and its k-updates-old ones back after (not `on`). Other engines already hold them."""
+        if self.history is None:
+            return
+        self._wake()
+        self.engine.load_weights(self.history.newest() if on else self.history.oldest())
+
     def _wake(self) -> None:
         if getattr(self, "_asleep", False):
             self.engine.wake_up()

@@ -136,6 +136,9 @@ class WorkerGroup:
     def sync_weights(self) -> None:
         self._call_all("sync_weights")
 
+    def validation_weights(self, on: bool) -> None:
+        self._call_all("validation_weights", on)
+
     def memory(self) -> dict[str, float]:
         """The largest peak over the workers, per quantity."""
         outs = self._call_all("memory")

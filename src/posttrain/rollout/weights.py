@@ -74,3 +74,7 @@ class WeightHistory:
 
     def oldest(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.versions[0].items())
+
+    def newest(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The last version pushed: the policy's weights now (validation samples with them)."""
+        return iter(self.versions[-1].items())
