@@ -24,7 +24,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
     ("build", "specs"),  # specs: config -> worker settings
     ("loop", "distributed"),
-    ("worker", "worker_spec", "metrics", "generation", "validation"),  # generation, validation: the loop's sampling/scoring, evals
+    ("worker", "worker_spec", "engines", "async_rollout", "metrics", "generation", "validation"),  # generation, validation: the loop's sampling/scoring, evals
     ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "batch"),
     ("rollout", "report", "deploy", "sinks"),

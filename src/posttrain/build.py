@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from posttrain.algorithms import make_kl_controller
+from posttrain.async_rollout import RolloutsAhead
 from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
 from posttrain.config import config_to_dict, config_to_yaml
@@ -327,6 +328,8 @@ def build_run(cfg) -> Run:
         profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn,
         correction=rollout_correction(cfg),
     )
+    if cfg.async_training.enable:  # started by train(), after any resume and the first validation
+        run.ahead = RolloutsAhead(run, cfg.async_training.max_trajectory_age_steps)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
     if resume_from is not None:

@@ -4,6 +4,7 @@ of the step calls a module that knows nothing of the loop: generation, validatio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -43,6 +44,7 @@ from posttrain.worker import Worker
 if TYPE_CHECKING:  # Run's field types: the group sits beside the loop; the others are heavy to import
     from transformers import PreTrainedTokenizerBase
 
+    from posttrain.async_rollout import RolloutsAhead
     from posttrain.checkpoint import CheckpointWriter
     from posttrain.config import Config
     from posttrain.distributed.group import WorkerGroup
@@ -77,6 +79,7 @@ class Run:
     tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
     multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools
     correction: RolloutCorrection | None = None  # algorithm.rollout_correction (config.validate_rollout.rollout_correction)
+    ahead: RolloutsAhead | None = None  # async_training.enable: batches sampled ahead by the rollout process
     reward_messages_shown: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)  # warnings printed once per run
 
@@ -114,8 +117,10 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     """One RL step on the prompts `items` (GRPO, PPO, RLOO, REINFORCE++, DAPO,
     GSPO: the config picks the estimator and loss). -> its metrics, its batch."""
     cfg, m = run.cfg, {}
-    # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ)
-    batch = rollout_and_score(run, items, m)
+    # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ); with asynchronous
+    #      training they were, while the last steps trained: by the rollout process, with the weights of k
+    #      updates ago (async_rollout.py; `items` is None)
+    batch = rollout_and_score(run, items, m) if run.ahead is None else run.ahead.take(m)
     # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
     #    own forward's, or they are the engine's in rollout correction's bypass mode) and the reference; the
     #    critic's values
@@ -218,7 +223,10 @@ def save(run: Run, m: dict) -> None:
                          "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
                          "nonfinite": run.guard.state_dict(),
                          "model_dir": str(run.model_dir)}
-        run.writer.save(run.actor.snapshot(run.global_step, run.writer, trainer_state, m))
+        snap = run.actor.snapshot(run.global_step, run.writer, trainer_state, m)
+        if run.ahead is not None:  # the batches sampled ahead go with it (the sampler's position is after them)
+            snap.rollouts_ahead = run.ahead.state()
+        run.writer.save(snap)
 
 
 def train(run: Run) -> dict[str, float]:
@@ -242,25 +250,36 @@ def train(run: Run) -> dict[str, float]:
             m = run_validation(run, logger)
             summary["val_before"] = m["val/score/mean"]
             logger.log(m, run.global_step)
+        if run.ahead is not None:
+            run.ahead.start()
         while run.global_step < run.total_steps:
             metrics: dict = {}
             # as in verl, the step's time includes its validation and save (not the profiler's start and stop);
             # its phases' timed() blocks are the profiler's phases
             with run.profiler.step(run.global_step + 1), timed(metrics, "step"):
-                epoch, indices = run.sampler.next_batch()
-                step_metrics, batch = rl_step(run, [run.train_data[i] for i in indices])
+                items = None
+                if run.ahead is None:
+                    epoch, indices = run.sampler.next_batch()
+                    items = [run.train_data[i] for i in indices]
+                    metrics["training/epoch"] = float(epoch)
+                step_metrics, batch = rl_step(run, items)
                 metrics.update(step_metrics)
                 run.global_step += 1
                 last = run.global_step == run.total_steps
                 metrics["training/global_step"] = float(run.global_step)
-                metrics["training/epoch"] = float(epoch)
                 periodic = tr.test_freq > 0 and run.global_step % tr.test_freq == 0
-                if run.val_data is not None and ((last and tr.val_at_end) or periodic):
-                    metrics.update(run_validation(run, logger))
-                    summary["val_after"] = metrics["val/score/mean"]
+                validating = run.val_data is not None and ((last and tr.val_at_end) or periodic)
                 stopping = run.stop_signal is not None or run.guard.exhausted
-                if stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
-                    save(run, metrics)
+                saving = stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last))
+                # asynchronous training: both at the same point of the sampling stream in every run
+                with run.ahead.settled(saving) if run.ahead and (validating or saving) else contextlib.nullcontext():
+                    if validating:
+                        metrics.update(run_validation(run, logger))
+                        summary["val_after"] = metrics["val/score/mean"]
+                    if saving:
+                        save(run, metrics)
+                if run.ahead is not None:
+                    run.ahead.updated(run.global_step)  # the rollout may sample with these weights now
             log_step(run, logger, metrics, batch)
             stop_if_asked(run)
     finally:
@@ -303,7 +322,9 @@ def stop_if_asked(run: Run) -> None:
 
 def close(run: Run, logger: MetricsLogger) -> None:
     """Stop what the run started (the checkpoint writer after its last save)."""
-    run.rewards.close()  # first: a failure below must not leave reward workers behind
+    if run.ahead is not None:
+        run.ahead.close()  # it uses the rewards and the rollout process
+    run.rewards.close()  # before the rest: a failure below must not leave reward workers behind
     if run.tools is not None:
         run.tools.close()
     logger.close()

@@ -10,6 +10,7 @@ sampling parameters of training and validation.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.config import VLLM_SETTINGS, uses_lora
@@ -43,7 +44,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         sequence_parallel=a.ulysses_sequence_parallel_size, lora=lora_settings(cfg), temperature=r.temperature,
         mixed_precision=mixed_precision(cfg, device), reduce_dtype=a.mixed_precision.reduce_dtype,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
-        ref=ref_spec(cfg), rollout=rollout_spec(cfg), critic=critic,
+        threads=split_threads(cfg, device)[0], ref=ref_spec(cfg), rollout=rollout_spec(cfg, device), critic=critic,
     )
 
 
@@ -55,7 +56,7 @@ def ref_spec(cfg) -> RefSpec:
                    torch_compile=ref.use_torch_compile, forward_prefetch=ref.forward_prefetch)
 
 
-def rollout_spec(cfg) -> RolloutSpec:
+def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:
     r = cfg.rollout
     return RolloutSpec(
         name=r.name, micro_batch_size=r.micro_batch_size, shared_prefill=r.shared_prefill,
@@ -65,7 +66,19 @@ def rollout_spec(cfg) -> RolloutSpec:
         engine_kwargs=vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine,
         weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
         kv_cache_sequences=cfg.data.train_batch_size * r.n, dtype=r.dtype, stale_updates=r.stale_updates,
+        remote=cfg.async_training.enable, threads=split_threads(cfg, device)[1],
     )
+
+
+def split_threads(cfg, device: str) -> tuple[int | None, int | None]:
+    """Asynchronous training on a CPU: (the trainer's torch threads, the rollout process's), the cores split
+    between them (async_training.rollout_threads, or half each); (None, None) otherwise: torch's defaults."""
+    a = cfg.async_training
+    if not a.enable or device != "cpu":
+        return None, None
+    cores = os.cpu_count() or 1
+    rollout = a.rollout_threads or max(1, cores // 2)
+    return max(1, cores - rollout), rollout
 
 
 def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:

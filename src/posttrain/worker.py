@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from posttrain.engines import autocast_of, build_rollout_engine, engine_dtype_of, make_engine, rollout_dtype_of
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.training.actor import (
     make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
@@ -59,7 +60,8 @@ class Worker:
         self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
-        self.history = None  # rollout.weights.WeightHistory, with rollout.stale_updates > 0
+        self.history = None  # rollout.weights.WeightHistory, with rollout.stale_updates > 0 or a remote engine
+        self.engine_version = None  # a remote engine's weights: the version engine_weights loaded
 
     # ------------------------------------------------------------ building
 
@@ -97,7 +99,7 @@ class Worker:
         if s.freeze_vision_tower and not freeze_vision_tower(self.policy) and self.rank == 0:
             warnings.warn(f"actor.freeze_vision_tower=true: {type(self.policy).__name__} has no vision tower; "
                           "every parameter trains", stacklevel=2)
-        rollout_model = None if self.sharded else self.policy  # vLLM's engine loads its own
+        rollout_model = None if self.sharded or s.rollout.remote else self.policy  # vLLM's engine loads its own
         if self.rollout_copy:  # before sharding: the copy is whole
             rollout_model = self._rollout_copy(load_model, kwargs)
         if self.sharded:
@@ -118,10 +120,12 @@ class Worker:
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self._setup_sequence_parallel(s.sequence_parallel)
         self.engine = self._make_engine(rollout_model, eos)
-        if s.rollout.stale_updates:
+        if s.rollout.stale_updates or s.rollout.remote:
             from posttrain.rollout.weights import WeightHistory
 
-            self.history = WeightHistory(s.rollout.stale_updates, getattr(torch, self.engine_dtype))
+            # stale: the last k + 1 versions; remote: the versions the rollout process may still ask for
+            self.history = WeightHistory(s.rollout.stale_updates if not s.rollout.remote else None,
+                                         getattr(torch, self.engine_dtype))
         # the engine holds weights of its own (vLLM, a copy) that are not the policy's at start when resuming
         # (policy_dir) or starting from adapters (lora_adapter_path): pushed now, not one step late
         not_model_dir = s.policy_dir is not None or (s.lora is not None and s.lora.adapter_path is not None)
@@ -142,7 +146,9 @@ class Worker:
         of the policy; its parameters in rollout.dtype where that differs from the policy's compute dtype (buffers
         such as RoPE's frequencies stay as they are, as a model loaded in that dtype keeps them)."""
         model = load_model(self.spec.model_dir, **kwargs) if self.merged_rollout else copy.deepcopy(self.policy)
-        model.requires_grad_(False).eval()
+        # its parameters keep requires_grad as the policy's (no optimizer holds them): torch picks kernels by it,
+        # and the copy then samples bit for bit as the policy's own module would
+        model.eval()
         if self.rollout_dtype is not None:
             for p in model.parameters():
                 p.data = p.data.to(getattr(torch, self.rollout_dtype))
@@ -196,22 +202,16 @@ class Worker:
 
     def _make_engine(self, rollout_model, eos: list[int]):
         s, r = self.spec, self.spec.rollout
-        if r.name == "vllm":
-            from posttrain.rollout.vllm import VLLMRolloutEngine
+        if r.remote:  # asynchronous training: the engine in a process of its own, built there
+            from functools import partial
 
-            return VLLMRolloutEngine(
-                s.model_dir, eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id,
-                tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-                dtype=self.engine_dtype, max_model_len=r.max_model_len, seed=s.seed + self.rank,
-                trust_remote_code=s.trust_remote_code, enable_sleep_mode=r.free_cache_engine,
-                engine_kwargs=r.engine_kwargs, device=s.device, kv_cache_sequences=r.kv_cache_sequences,
-                lora_rank=self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0)
-        from posttrain.rollout.hf import HFRolloutEngine
+            from posttrain.rollout.remote import RemoteEngine
 
-        return HFRolloutEngine(rollout_model, eos, self.tokenizer.pad_token_id,
-                               micro_batch_size=r.micro_batch_size, seed=s.seed + self.rank,
-                               progress=not self.sharded, shared_prefill=r.shared_prefill,
-                               remove_padding=r.remove_padding, early_stop=r.early_stop)
+            return RemoteEngine(partial(build_rollout_engine, s, eos, self.tokenizer.pad_token_id, self.rank),
+                                threads=r.threads)
+        lora_rank = self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0
+        return make_engine(s, rollout_model, eos, self.tokenizer.pad_token_id, self.rank, progress=not self.sharded,
+                           lora_rank=lora_rank)
 
     # ------------------------------------------------------------ verbs
 
@@ -269,13 +269,8 @@ class Worker:
         return metrics
 
     def autocast(self):
-        """Matrix work in `mixed_precision` (bf16) over float32 weights, as FSDP2's
-        mixed precision does for sharded parameters: in one process, and for the
-        rollout's full copy of the policy, this context is what gives bf16 compute."""
-        s = self.spec
-        if not s.mixed_precision or s.mixed_precision == s.dtype:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=torch.device(s.device).type, dtype=getattr(torch, s.mixed_precision))
+        """The policy's mixed precision (engines.autocast_of)."""
+        return autocast_of(self.spec)
 
     def memory(self) -> dict[str, float]:
         """Peak memory of this process so far: resident set (CPU) and, on a
@@ -298,33 +293,27 @@ class Worker:
         s = self.spec
         if s.lora is None:
             return False
-        own = s.rollout.stale_updates > 0 or (s.rollout.name == "hf" and self.rollout_dtype is not None)
+        own = (s.rollout.stale_updates > 0 or s.rollout.remote
+               or (s.rollout.name == "hf" and self.rollout_dtype is not None))
         return s.lora.sync == "merged" or own
 
     @property
     def rollout_dtype(self) -> str | None:
-        """rollout.dtype where it differs from the policy's compute dtype (None: the engine computes as the
-        policy does)."""
-        s = self.spec
-        d = s.rollout.dtype
-        return d if d is not None and d != (s.mixed_precision or s.dtype) else None
+        """rollout.dtype where it differs from the policy's compute dtype (engines.rollout_dtype_of)."""
+        return rollout_dtype_of(self.spec)
 
     @property
     def engine_dtype(self) -> str:
-        """The dtype of the engine's weights: vLLM's engine dtype; the hf engine's stored weights (its compute
-        dtype comes from autocast unless rollout.dtype gave it one of its own)."""
-        s = self.spec
-        if s.rollout.name == "vllm":
-            return s.rollout.dtype or s.mixed_precision or s.dtype
-        return self.rollout_dtype or s.dtype
+        """The dtype of the engine's weights (engines.engine_dtype_of)."""
+        return engine_dtype_of(self.spec)
 
     @property
     def rollout_copy(self) -> bool:
         """The hf engine samples from a model of its own, not the policy's module: beside sharded workers, with
         merged LoRA weights, in a dtype of its own, or with the weights of k updates ago."""
         s = self.spec
-        return s.rollout.name == "hf" and (self.sharded or self.merged_rollout or self.rollout_dtype is not None
-                                           or s.rollout.stale_updates > 0)
+        return s.rollout.name == "hf" and not s.rollout.remote and (
+            self.sharded or self.merged_rollout or self.rollout_dtype is not None or s.rollout.stale_updates > 0)
 
     def sync_weights(self) -> None:
         """Make the rollout engine sample from the policy's new weights: the same module (hf, one
@@ -336,7 +325,7 @@ class Worker:
     def _push_weights(self, restart: bool = False) -> None:
         """sync_weights; `restart`: the weights now are the first of the history (at start, after a resume)."""
         s = self.spec
-        if s.rollout.name == "hf" and not self.rollout_copy:
+        if s.rollout.name == "hf" and not self.rollout_copy and not s.rollout.remote:
             self.engine.update_weights(self.policy)  # the same module: nothing to copy
             return
         from posttrain.rollout.weights import named_full_weights
@@ -355,6 +344,10 @@ class Worker:
             weights = merged_weights(weights, lora_scaling(self.policy))
         if self.history is not None:
             self.history.push(weights, restart=restart)
+            if s.rollout.remote:  # the rollout process takes the version the driver names (engine_weights)
+                if restart:
+                    self.engine_version = None
+                return
             weights = self.history.oldest()
         self.engine.load_weights(weights)
 
@@ -363,8 +356,21 @@ class Worker:
         weights for it (`on`) and its k-updates-old ones back after (not `on`). Other engines already hold them."""
         if self.history is None:
             return
+        if self.spec.rollout.remote:  # the rollout process reloads its own version before its next batch
+            if on:
+                self.engine_weights(self.history.newest_version, keep_older=True)
+            return
         self._wake()
         self.engine.load_weights(self.history.newest() if on else self.history.oldest())
+
+    def engine_weights(self, version: int, keep_older: bool = False) -> None:
+        """Asynchronous training: the rollout process samples with `version` of the weights (counted from the
+        start, or the resume) from its next batch on; older versions are let go unless `keep_older`."""
+        if self.engine_version != version:
+            self.engine.load_weights(self.history.get(version))
+            self.engine_version = version
+        if not keep_older:
+            self.history.drop_below(version)
 
     def _wake(self) -> None:
         if getattr(self, "_asleep", False):
@@ -454,5 +460,7 @@ class Worker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.spec.rollout.remote and self.engine is not None:
+            self.engine.close()
         if dist.is_initialized():
             dist.destroy_process_group()

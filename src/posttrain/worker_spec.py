@@ -60,6 +60,10 @@ class RolloutSpec:
     # the engine samples with the policy's weights of this many updates ago, k: the last k + 1 versions are kept
     # on the CPU (not checkpointed: after a resume the engine starts from the resumed weights)
     stale_updates: int = 0
+    # async_training.enable: the engine runs in a process of its own (rollout/remote.py) with this many torch
+    # threads (None: torch's default), and takes the weights of the version the driver names before each batch
+    remote: bool = False
+    threads: int | None = None
 
 
 @dataclass

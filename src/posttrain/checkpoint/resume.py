@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
-from posttrain.checkpoint.state import restore_rng
+from posttrain.checkpoint.state import ROLLOUTS_AHEAD, restore_rng
 from posttrain.config import SCHEMA, flatten
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.redact import matches_redacted, redact_mapping
@@ -113,6 +113,13 @@ def restore(run, ckpt: Path) -> None:
         run.guard.load_state_dict(state["nonfinite"])
     run.global_step = state["global_step"]
     restore_rng(load_pt(ckpt / "rng.pt"), actor.generators())
+    if getattr(run, "ahead", None) is not None:  # asynchronous training: the batches sampled ahead, if saved
+        saved = ckpt / ROLLOUTS_AHEAD
+        dropped = run.ahead.restore(load_pt(saved) if saved.exists() else None)
+        if dropped:
+            print(f"posttrain: {dropped} batch(es) sampled ahead in {ckpt} are older than "
+                  f"async_training.max_trajectory_age_steps={run.ahead.k} allows now: dropped, their prompts skipped",
+                  file=sys.stderr)
 
 
 # A checkpoint is data: its files are parsed (JSON, YAML's safe subset, torch.load's weights-only

@@ -57,6 +57,9 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+ROLLOUTS_AHEAD = "rollouts_ahead.pt"  # asynchronous training's batches sampled ahead, in a checkpoint
+
+
 @dataclass
 class Snapshot:
     """Everything a checkpoint holds, detached from the live run."""
@@ -71,6 +74,7 @@ class Snapshot:
     shards: Path | None = None  # instead of model/optimizer/scheduler: a directory of worker shards
     critic: dict | None = None  # one process with a critic: see critic_snapshot
     adapter_config: str | None = None  # LoRA: `model` holds the adapters only (peft's names), this their config
+    rollouts_ahead: dict | None = None  # asynchronous training: the batches sampled ahead (async_rollout.state)
 
 
 def take_snapshot(step, model, optimizer, scheduler, generators, trainer_state, metrics) -> Snapshot:

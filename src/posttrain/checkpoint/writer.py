@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.checkpoint.manifest import fsync_path, list_checkpoints, write_manifest
-from posttrain.checkpoint.state import Snapshot
+from posttrain.checkpoint.state import ROLLOUTS_AHEAD, Snapshot
 from posttrain.errors import CheckpointError
 from posttrain.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -131,6 +131,8 @@ class CheckpointWriter:
             torch.save({"optimizer": snap.critic["optimizer"], "scheduler": snap.critic["scheduler"]},
                        tmp / "critic_optimizer.pt")
         torch.save(snap.rng, tmp / "rng.pt")
+        if snap.rollouts_ahead is not None:
+            torch.save(snap.rollouts_ahead, tmp / ROLLOUTS_AHEAD)
         (tmp / "trainer_state.json").write_text(json.dumps({"global_step": snap.step, **snap.trainer_state}, indent=1))
         (tmp / "config.yaml").write_text(self.config_yaml)
         if os.environ.get(_TEST_DELAY_ENV):

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from posttrain.config.schema_rollout import RolloutConfig
+from posttrain.config.schema_rollout import AsyncTrainingConfig, RolloutConfig
 
 DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # metrics.jsonl is always written; sinks.py: the rest
@@ -410,6 +410,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
 
 def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:

@@ -82,3 +82,18 @@ class RolloutConfig:
     engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """Asynchronous training (docs/async.md): the rollout engine samples in a process of its own while the
+    trainer updates, up to max_trajectory_age_steps updates ahead. NeMo-RL's grpo.async_grpo.* and
+    policy.generation.colocated.enabled=false map here."""
+
+    enable: bool = False
+    # k: a batch trains weights at most k updates newer than those that sampled it (0: the synchronous algorithm,
+    # the engine still in its own process). NeMo-RL's name; verl's one-step off-policy is k = 1
+    max_trajectory_age_steps: int = 1
+    in_flight_weight_updates: bool = False  # NeMo-RL's: new weights reach sequences mid-flight (not supported yet)
+    rollout_threads: Optional[int] = None  # the rollout process's torch threads on a CPU; null: half the cores
+

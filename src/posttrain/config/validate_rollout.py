@@ -30,6 +30,7 @@ def validate_rollout(cfg: Config) -> None:
     for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
     validate_rollout_lag(cfg)
+    validate_async(cfg)
     validate_multi_turn(cfg)
     unused = unused_engine_settings(r)
     if unused:
@@ -50,11 +51,42 @@ def validate_rollout_lag(cfg: Config) -> None:
     need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
           "rollout.stale_updates must be an integer >= 0 (the engine samples with the policy's weights of that many "
           f"updates ago; 0: the current ones), got {printable(k)}")
-    own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"))
-                 if on]
+    own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"),
+                                     ("async_training.enable", cfg.async_training.enable)) if on]
     need(not (uses_lora(cfg) and r.lora_sync == "adapter" and own_model),
           f"rollout.lora_sync=adapter with {' and '.join(own_model)}: the engine then samples from a model of its own, "
           "which holds the LoRA adapters merged in; set rollout.lora_sync=merged or leave it null")
+
+
+def validate_async(cfg: Config) -> None:
+    """async_training.*: the rollout process beside one trainer process, k updates ahead at most."""
+    a, key = cfg.async_training, "async_training"
+    k = a.max_trajectory_age_steps
+    need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+         f"{key}.max_trajectory_age_steps must be an integer >= 0 (a batch trains weights at most that many updates "
+         f"newer than those that sampled it; 0: synchronous), got {printable(k)}")
+    need(a.rollout_threads is None or (isinstance(a.rollout_threads, int) and a.rollout_threads >= 1),
+         f"{key}.rollout_threads must be an integer >= 1 or null (half the cores), got {printable(a.rollout_threads)}")
+    need(not a.in_flight_weight_updates,
+         f"{key}.in_flight_weight_updates=true (new weights reaching sequences mid-flight) is not supported yet: set "
+         "it to false; the rollout process takes new weights between batches, at most "
+         f"{key}.max_trajectory_age_steps updates behind")
+    if not a.enable:
+        return
+    tr = cfg.trainer
+    need(tr.nnodes * tr.n_gpus_per_node == 1 and not tr.use_ray,
+         f"{key}.enable=true runs one trainer process beside one rollout process; trainer.nnodes x "
+         f"trainer.n_gpus_per_node = {tr.nnodes * tr.n_gpus_per_node}{' with trainer.use_ray' if tr.use_ray else ''}"
+         " (several trainer workers) is not supported with it yet: use one worker, or set it to false")
+    need(cfg.rollout.stale_updates == 0,
+         f"rollout.stale_updates={cfg.rollout.stale_updates} with {key}.enable=true: asynchronous training's "
+         f"staleness is its own ({key}.max_trajectory_age_steps); set rollout.stale_updates=0")
+    rc = cfg.algorithm.rollout_correction
+    if k > 0 and rc.rollout_is is None and rc.rollout_rs is None and not rc.bypass_mode:
+        warnings.warn(f"{key}.max_trajectory_age_steps={k} without algorithm.rollout_correction: every batch is "
+                      f"sampled by weights {k} update{'s' if k > 1 else ''} old, and uncorrected stale rollouts learn "
+                      "less or collapse (docs/rollout-correction.md); set "
+                      "algorithm.rollout_correction.rollout_is=token", stacklevel=3)
 
 
 def unused_engine_settings(r: RolloutConfig) -> list[str]:

@@ -1,0 +1,220 @@
+"""Asynchronous training's sampling side (async_training.enable): batches sampled and scored ahead of the trainer.
+
+A thread of the driver draws the prompts of step j, has the rollout process (rollout/remote.py) sample them with
+the weights of version v(j) = max(s0, j - 1 - k), scores them, and queues the batch, tagged with v(j). The trainer
+takes step j's batch from the queue while the thread samples the next ones. v(j) is fixed: step j trains the
+weights of j - 1 updates on a batch sampled k updates earlier (fewer in the first k steps after the start s0),
+never older, whatever the two sides' speeds. So a run is deterministic given its seed, k = 0 is the synchronous
+algorithm (the thread waits for each update), and k = 1 is one-step off-policy.
+
+    ahead = RolloutsAhead(run, k); ahead.start()
+    batch = ahead.take(m)          # the trainer, for step run.global_step + 1 (waits if it is not sampled yet)
+    ahead.updated(run.global_step) # after the step's update: versions up to it may be sampled with
+    with ahead.settled(): ...      # validation, checkpoints: the thread has sampled all it may and waits
+
+At a checkpoint the queued batches (up to k of them, past the run's last step too) are saved with it
+(`state`), and the data position and the rollout's random stream saved are the thread's, after them: a resumed
+run takes the same batches and goes on as the uninterrupted one would (`restore`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from posttrain.batch import RolloutBatch
+from posttrain.generation import rollout_and_score
+
+if TYPE_CHECKING:
+    from posttrain.loop import Run
+
+LISTS = ("data_source", "ground_truth", "extra_info", "response_text")  # RolloutBatch's per-row Python lists
+
+
+@dataclass
+class Sampled:
+    """A batch sampled ahead: for `step`, with the weights of `version` (updates since the start)."""
+
+    step: int
+    version: int
+    epoch: int
+    batch: RolloutBatch
+    metrics: dict  # the sampling's and scoring's (gen time, reward counts, ...)
+
+
+class RolloutsAhead:
+    """The sampling thread and its queue (module docstring). `k`: async_training.max_trajectory_age_steps."""
+
+    def __init__(self, run: Run, k: int):
+        self.run, self.k = run, k
+        self.queue: list[Sampled] = []
+        self.reset()
+        self.cond = threading.Condition()
+        self.busy = self.paused = self.stopping = False
+        self.past_end = False  # may sample for steps after the run's last (for a checkpoint: see settled)
+        self.error: BaseException | None = None
+        self.idle_s = 0.0  # the thread's time waiting for weights, since the last take
+        self.thread = threading.Thread(target=self._run, name="posttrain-rollouts", daemon=True)
+
+    def reset(self) -> None:
+        """Start from run.global_step (a run's start or its resume) with nothing queued."""
+        self.base = self.run.global_step  # the weights' version numbers count updates from here (engine_weights)
+        self.trainer_step = self.run.global_step  # updates done: versions up to it exist
+        self.next_step = self.run.global_step + 1  # the step the next batch sampled is for
+        self.queue.clear()
+
+    def version_for(self, step: int) -> int:
+        return max(self.base, step - 1 - self.k)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # ------------------------------------------------------------ the sampling thread
+
+    def _may_sample(self) -> bool:
+        return (not self.paused and self.version_for(self.next_step) <= self.trainer_step
+                and (self.next_step <= self.run.total_steps or self.past_end))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    waited = time.perf_counter()
+                    while not (self.stopping or self._may_sample()):
+                        self.cond.wait()
+                    if self.stopping:
+                        return
+                    self.idle_s += time.perf_counter() - waited
+                    self.busy, step = True, self.next_step
+                self.queue_one(step)
+        except BaseException as e:  # noqa: BLE001  the trainer raises it at its next take
+            with self.cond:
+                self.error, self.busy = e, False
+                self.cond.notify_all()
+
+    def queue_one(self, step: int) -> None:
+        """Sample and score step `step`'s batch with its version of the weights, and queue it."""
+        run, version = self.run, self.version_for(step)
+        run.actor.engine_weights(version - self.base)
+        epoch, indices = run.sampler.next_batch()
+        m: dict = {}
+        batch = rollout_and_score(run, [run.train_data[i] for i in indices], m)
+        with self.cond:
+            self.queue.append(Sampled(step, version, epoch, batch, m))
+            self.next_step, self.busy = step + 1, False
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------ the trainer's side
+
+    def take(self, m: dict) -> RolloutBatch:
+        """Step run.global_step + 1's batch (waiting for it); adds its sampling metrics and async/* to `m`."""
+        step = self.run.global_step + 1
+        start = time.perf_counter()
+        with self.cond:
+            while not self.queue and self.error is None:
+                self.cond.wait()
+            self.raise_error()
+            item = self.queue.pop(0)
+            idle, self.idle_s = self.idle_s, 0.0
+        if item.step != step:
+            raise RuntimeError(f"asynchronous training: step {step} was given the batch sampled for step {item.step}")
+        m.update(item.metrics)
+        m["training/epoch"] = float(item.epoch)
+        m["async/trajectory_age"] = float(step - 1 - item.version)  # updates between sampling and training weights
+        m["perf/rollouts_queued"] = float(len(self.queue))  # batches sampled ahead still waiting (timing-dependent)
+        m["timing_s/wait_rollout"] = time.perf_counter() - start  # the trainer idle, waiting for samples
+        m["timing_s/rollout_idle"] = idle  # the rollout process idle, waiting for weights
+        return item.batch
+
+    def updated(self, step: int) -> None:
+        """The trainer finished step `step`'s update (and synced its weights): its version may sample."""
+        with self.cond:
+            self.trainer_step = step
+            self.cond.notify_all()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    @contextlib.contextmanager
+    def settled(self, checkpoint: bool = False):
+        """The thread has sampled every batch the weights so far allow and waits, paused, until the block
+        ends: validation and checkpoints happen at the same point of the sampling stream in every run. For a
+        `checkpoint` that includes batches for steps past the run's end, so that a run resumed with more steps
+        goes on as a longer one would have."""
+        with self.cond:
+            self.past_end = self.past_end or checkpoint
+            self.cond.notify_all()
+            while (self.busy or self._may_sample()) and self.error is None:
+                self.cond.wait()
+            self.raise_error()
+            self.paused = True
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.paused = False
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        # a thread inside a rollout call ends when the rollout process is closed (Worker.shutdown), after this
+        self.thread.join(timeout=0.1)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state(self) -> dict:
+        """The queued batches, for a checkpoint (inside `settled`): tensors, and JSON for the rest."""
+        return {"k": self.k, "base": self.base, "batches": [
+            {"step": s.step, "version": s.version, "epoch": s.epoch, "metrics": json.dumps(s.metrics),
+             "batch": batch_state(s.batch)} for s in self.queue]}
+
+    def restore(self, state: dict | None) -> int:
+        """After a resume (run.global_step set, before `start`): queue a checkpoint's batches, unless one is
+        older than k updates at its step (it was written with a larger k): then none, their prompts skipped.
+        -> how many were dropped."""
+        self.reset()
+        if state is None:
+            return 0
+        saved = state["batches"]
+        kept = saved if all(s["step"] - 1 - s["version"] <= self.k for s in saved) else []
+        for s in kept:
+            self.queue.append(Sampled(s["step"], s["version"], s["epoch"], batch_from_state(s["batch"]),
+                                      json.loads(s["metrics"])))
+        if self.queue:
+            self.next_step = self.queue[-1].step + 1
+        return len(saved) - len(kept)
+
+
+def batch_state(batch: RolloutBatch) -> dict:
+    """A RolloutBatch as tensors and JSON text (what torch.load(weights_only=True) reads back)."""
+    out = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            out[f.name] = value
+        elif f.name in LISTS:
+            out[f.name] = json.dumps(value, default=plain)
+    return out
+
+
+def batch_from_state(state: dict) -> RolloutBatch:
+    return RolloutBatch(**{k: json.loads(v) if k in LISTS else v for k, v in state.items()})
+
+
+def plain(value):
+    """JSON for the numpy values a parquet row holds."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

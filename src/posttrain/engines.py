@@ -1,0 +1,92 @@
+"""The rollout engine a worker builds from its WorkerSpec: vLLM's, or the HF engine over a given model; and the
+one a rollout process of its own builds (asynchronous training: `build_rollout_engine`, which
+rollout/remote.py calls in that process).
+
+The engine computes as the worker would: in rollout.dtype where that differs from the policy's compute dtype,
+else under the policy's autocast (`autocast_of`: mixed precision over float32 weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from posttrain.worker_spec import WorkerSpec
+
+
+def autocast_of(spec: WorkerSpec):
+    """Matrix work in `mixed_precision` (bf16) over float32 weights, as FSDP2's mixed precision does for sharded
+    parameters: in one process, and for the rollout's full copy of the policy, this context gives bf16 compute."""
+    if not spec.mixed_precision or spec.mixed_precision == spec.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(spec.device).type, dtype=getattr(torch, spec.mixed_precision))
+
+
+def rollout_dtype_of(spec: WorkerSpec) -> str | None:
+    """rollout.dtype where it differs from the policy's compute dtype (None: the engine computes as the policy
+    does)."""
+    d = spec.rollout.dtype
+    return d if d is not None and d != (spec.mixed_precision or spec.dtype) else None
+
+
+def engine_dtype_of(spec: WorkerSpec) -> str:
+    """The dtype of the engine's weights: vLLM's engine dtype; the hf engine's stored weights (its compute dtype
+    comes from autocast unless rollout.dtype gave it one of its own)."""
+    if spec.rollout.name == "vllm":
+        return spec.rollout.dtype or spec.mixed_precision or spec.dtype
+    return rollout_dtype_of(spec) or spec.dtype
+
+
+def make_engine(spec: WorkerSpec, rollout_model, eos: list[int], pad_token_id: int, rank: int, progress: bool,
+                lora_rank: int = 0):
+    """vLLM's engine (it loads its own weights; `lora_rank` > 0: it takes the policy's adapters as LoRA
+    requests), or the HF engine over `rollout_model`."""
+    r = spec.rollout
+    if r.name == "vllm":
+        from posttrain.rollout.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            spec.model_dir, eos_token_ids=eos, pad_token_id=pad_token_id,
+            tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+            dtype=engine_dtype_of(spec), max_model_len=r.max_model_len, seed=spec.seed + rank,
+            trust_remote_code=spec.trust_remote_code, enable_sleep_mode=r.free_cache_engine,
+            engine_kwargs=r.engine_kwargs, device=spec.device, kv_cache_sequences=r.kv_cache_sequences,
+            lora_rank=lora_rank)
+    from posttrain.rollout.hf import HFRolloutEngine
+
+    return HFRolloutEngine(rollout_model, eos, pad_token_id, micro_batch_size=r.micro_batch_size, seed=spec.seed + rank,
+                           progress=progress, shared_prefill=r.shared_prefill, remove_padding=r.remove_padding,
+                           early_stop=r.early_stop)
+
+
+class InAutocast:
+    """An engine whose `generate` runs under the policy's autocast, as `Worker.generate` runs a colocated one."""
+
+    def __init__(self, engine, spec: WorkerSpec):
+        self.engine, self.spec = engine, spec
+
+    def generate(self, prompts, params):
+        with autocast_of(self.spec):
+            return self.engine.generate(prompts, params)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def build_rollout_engine(spec: WorkerSpec, eos: list[int], pad_token_id: int, rank: int):
+    """The engine of a rollout process of its own: vLLM's, or the HF engine over a plain model of its own (a LoRA
+    policy's adapters arrive merged into its weights), its weights from the version the driver loads into it."""
+    from posttrain.models import load_model
+    from posttrain.quiet import quiet_libraries
+
+    os.environ.update(spec.env)
+    quiet_libraries()
+    model = None
+    if spec.rollout.name == "hf":
+        model = load_model(spec.model_dir, dtype=engine_dtype_of(spec), trust_remote_code=spec.trust_remote_code,
+                           device=torch.device(spec.device), small_attention=spec.small_attention)
+        model.eval()  # requires_grad kept, as the policy's (Worker._rollout_copy): the same kernels, the same samples
+    engine = make_engine(spec, model, eos, pad_token_id, rank, progress=False)
+    return InAutocast(engine, spec) if model is not None and rollout_dtype_of(spec) is None else engine

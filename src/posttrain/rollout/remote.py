@@ -1,0 +1,171 @@
+"""A rollout engine in a process of its own: the sampling side of asynchronous training.
+
+`RemoteEngine(build, threads)` starts a child process (spawned: nothing of the trainer's state is
+inherited), calls `build()` there to make the engine (the HF engine over a model of its own, or vLLM's),
+and then serves the `RolloutEngine` verbs over a pipe, one at a time, in the order they come:
+
+    engine = RemoteEngine(functools.partial(make_engine, ...), threads=1)
+    engine.load_weights(named_full_weights(policy))       # the weights travel as shared-memory tensors
+    out = engine.generate(prompts, params)                 # runs in the child; the caller waits
+    state = engine.generator.get_state()                   # the child's sampling stream, for checkpoints
+    engine.close()
+
+The trainer goes on in its own process meanwhile: the two never share a thread pool. A child that dies (killed,
+out of memory) makes the waiting call raise `RolloutProcessError` with its exit status, never a hang; an error
+inside the child is raised in the caller with the child's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from typing import Callable, Iterable
+
+import torch
+import torch.multiprocessing as mp
+
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+
+POLL_S = 0.5  # how often a waiting call checks that the child is alive
+
+
+class RolloutProcessError(RuntimeError):
+    """The rollout process died, or did not start."""
+
+
+def _serve(conn, build: Callable, threads: int | None) -> None:
+    """The child: build the engine, then answer (verb, args) until "close" or the parent is gone."""
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        engine = build()
+    except BaseException:  # noqa: BLE001  any failure to build is the parent's to report
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", None))
+    while True:
+        try:
+            verb, args = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if verb == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            if verb == "generate":
+                result = engine.generate(*args)
+            elif verb == "load_weights":
+                engine.load_weights(iter(args))
+                result = None
+            elif verb == "get_rng_state":
+                result = engine.generator.get_state()
+            elif verb == "set_rng_state":
+                engine.generator.set_state(args)
+                result = None
+            else:
+                raise ValueError(f"unknown verb {verb!r}")
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", result))
+
+
+class RemoteGenerator:
+    """The child engine's torch.Generator, as checkpoints see one: get_state / set_state."""
+
+    def __init__(self, engine: RemoteEngine):
+        self.engine = engine
+
+    def get_state(self) -> torch.Tensor:
+        return self.engine.call("get_rng_state").clone()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.engine.call("set_rng_state", state)
+
+
+class RemoteEngine:
+    """`RolloutEngine` verbs answered by an engine in a child process (module docstring). Calls from several
+    threads are served one at a time."""
+
+    def __init__(self, build: Callable, threads: int | None = None, name: str = "rollout"):
+        self.name = name
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        # not a daemon: vLLM's engine starts processes of its own, which a daemonic process may not
+        self.process = ctx.Process(target=_serve, args=(child, build, threads), name=f"posttrain-{name}")
+        self.process.start()
+        child.close()
+        self._lock = threading.Lock()
+        self.generator = RemoteGenerator(self)
+        self.can_sleep = False  # it has the device to itself
+        with self._lock:
+            self._reply("start")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def call(self, verb: str, args=None):
+        with self._lock:
+            if not self.process.is_alive():
+                raise RolloutProcessError(self._death(verb))
+            self._conn.send((verb, args))
+            return self._reply(verb)
+
+    def _reply(self, verb: str):
+        while not self._conn.poll(POLL_S):
+            if not self.process.is_alive():
+                raise RolloutProcessError(self._death(verb))
+        try:
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self.process.join(5)
+            raise RolloutProcessError(self._death(verb)) from None
+        if status == "error":
+            raise RuntimeError(f"the {self.name} process (pid {self.pid}) failed in {verb}:\n{value.rstrip()}")
+        return value
+
+    def _death(self, verb: str) -> str:
+        code = self.process.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0
+               else f"exited with status {code}" if code is not None else "is gone")
+        return (f"the {self.name} process (pid {self.pid}) {how} during {verb}: the run stops here; its last "
+                "checkpoint holds every update up to it: run the same command again to resume (a signal 9 with no "
+                "one sending it is usually the out-of-memory killer: give the machine more memory, or the engine "
+                "less)")
+
+    # ------------------------------------------------------------ the RolloutEngine verbs
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        return self.call("generate", (prompts, params))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.call("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        raise TypeError("an engine in its own process takes weights with load_weights, not a module")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask the child to stop; kill it if it does not within `timeout_s` (or is busy with another thread's
+        call that long)."""
+        if self.process.is_alive() and self._lock.acquire(timeout=timeout_s):
+            try:
+                self._conn.send(("close", None))
+                if self._conn.poll(timeout_s):
+                    self._conn.recv()
+            except (EOFError, OSError):
+                pass
+            finally:
+                self._lock.release()
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self._conn.close()
+
+    def kill(self) -> None:
+        """End the child at once (tests; a run's abrupt exit)."""
+        if self.process.is_alive():
+            os.kill(self.process.pid, 9)
+            self.process.join(5)

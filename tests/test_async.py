@@ -1,0 +1,169 @@
+"""Asynchronous training (async_training.*): the rollout engine in a process of its own, sampling up to k updates
+ahead of the trainer (async_rollout.py, rollout/remote.py, Worker.engine_weights)."""
+
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.build import build_run
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
+from posttrain.loop import train
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.remote import RolloutProcessError
+
+from helpers import comparable, read_metrics, resume_overrides, small_run_overrides
+
+ASYNC = ("async_training.enable=true", "async_training.rollout_threads=1")
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+    """Trainer and rollout process one torch thread each, on any machine (the split of a 2-core one), so the
+    synchronous runs they are compared with can use the same one thread; the session's threads come back after."""
+    monkeypatch.setattr("posttrain.specs.os.cpu_count", lambda: 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(args):
+    return train(build_run(load_config(None, args)))
+
+
+def final_weights(run_dir, step):
+    return load_file(run_dir / "checkpoints" / f"global_step_{step}" / "actor" / "model.safetensors")
+
+
+def same_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def without_async(lines: list[dict]) -> list[dict]:
+    return [{k: v for k, v in line.items() if not k.startswith("async/")} for line in lines]
+
+
+def test_k_0_is_the_synchronous_run(tmp_path, data, trained_tiny_model_dir):
+    """The rollout process samples each step with the weights of the update just made: the same samples,
+    updates and metrics as the engine inside the trainer, bit for bit."""
+    sync = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "sync", 4, "trainer.save_freq=4")
+    run(sync)
+    run([*sync, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=0"])
+    a, b = comparable(tmp_path / "sync"), comparable(tmp_path / "async")
+    assert all(line.get("async/trajectory_age", 0) == 0 for line in b)
+    assert without_async(b) == a
+    assert same_weights(final_weights(tmp_path / "sync", 4), final_weights(tmp_path / "async", 4))
+
+
+def test_k_1_trains_on_the_batches_of_one_update_ago_as_stale_updates_1_does(tmp_path, data, trained_tiny_model_dir):
+    """One-step off-policy: step j's batch was sampled with the weights of j - 2 updates, while step j - 1
+    trained. That is rollout.stale_updates=1's schedule, computed in parallel: the same run."""
+    base = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "stale", 4, "trainer.save_freq=4",
+                               "rollout.calculate_log_probs=true")
+    run([*base, "rollout.stale_updates=1"])
+    run([*base, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=1"])
+    a, b = comparable(tmp_path / "stale"), comparable(tmp_path / "async")
+    steps = [line for line in b if "critic/score/mean" in line]
+    assert [line["async/trajectory_age"] for line in steps] == [0, 1, 1, 1]
+    assert without_async(b) == a
+    assert same_weights(final_weights(tmp_path / "stale", 4), final_weights(tmp_path / "async", 4))
+    assert max(line["rollout_corr/k3_kl"] for line in steps) > 0  # stale: a real gap, measured
+
+
+@pytest.mark.parametrize("stop_at", [3, 2])
+def test_stop_and_resume_is_exact_with_the_batches_sampled_ahead_in_the_checkpoint(
+        tmp_path, data, tiny_model_dir, stop_at):
+    """k = 2: a checkpoint holds the batches sampled for the next steps (and the data position and random
+    stream after them); the resumed run takes them and goes on as the whole run did."""
+    k2 = (*ASYNC, "async_training.max_trajectory_age_steps=2")
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "whole", 6, "trainer.save_freq=6", *k2))
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "split", stop_at, f"trainer.save_freq={stop_at}", *k2))
+    ckpt = tmp_path / "split" / "checkpoints" / f"global_step_{stop_at}"
+    saved = torch.load(ckpt / "rollouts_ahead.pt", weights_only=True)
+    assert [b["step"] for b in saved["batches"]] == [stop_at + 1, stop_at + 2]
+    assert [b["version"] for b in saved["batches"]] == [stop_at - 2, stop_at - 1]
+    summary = run(resume_overrides(tiny_model_dir, data, tmp_path / "split", 6, "trainer.save_freq=6", *k2))
+    assert summary["steps"] == 6
+    assert same_weights(final_weights(tmp_path / "whole", 6), final_weights(tmp_path / "split", 6))
+    whole, split = comparable(tmp_path / "whole"), comparable(tmp_path / "split")
+    if not any(k.startswith("val/") for k in whole[stop_at]):  # the first half validated at its last step
+        split[stop_at] = {k: v for k, v in split[stop_at].items() if not k.startswith("val/")}
+    assert whole == split
+
+
+def test_a_killed_rollout_process_stops_the_run_with_its_cause(tmp_path, data, tiny_model_dir):
+    r = build_run(load_config(None, small_run_overrides(tiny_model_dir, data, tmp_path / "run", 50, *ASYNC,
+                                                        "trainer.save_freq=-1", "trainer.test_freq=-1")))
+    engine = r.actor.engine
+
+    def kill_after_step_1():
+        while not (tmp_path / "run" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "run")) < 2:
+            time.sleep(0.05)
+        engine.kill()
+
+    threading.Thread(target=kill_after_step_1, daemon=True).start()
+    start = time.perf_counter()
+    with pytest.raises(RolloutProcessError, match=r"rollout process \(pid \d+\) was killed by signal 9 during "):
+        train(r)
+    assert time.perf_counter() - start < 120
+    assert not engine.process.is_alive()
+
+
+def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_tiny_model_dir):
+    """RemoteEngine: an engine built in its own process, weights pushed in, the same samples for the same seed
+    as the HF engine in this one; its errors come back with the child's traceback."""
+    from functools import partial
+
+    from posttrain.engines import build_rollout_engine
+    from posttrain.models import load_model
+    from posttrain.rollout.hf import HFRolloutEngine
+    from posttrain.rollout.remote import RemoteEngine
+    from posttrain.rollout.weights import named_full_weights
+    from posttrain.specs import worker_spec
+
+    cfg = load_config(None, [f"model.path={trained_tiny_model_dir}", *ASYNC])
+    spec = worker_spec(cfg, str(trained_tiny_model_dir), None, "cpu", 1)
+    model = load_model(trained_tiny_model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # weights other than the directory's: they must travel
+    local = HFRolloutEngine(model, [2], 0, seed=spec.seed)
+    remote = RemoteEngine(partial(build_rollout_engine, spec, [2], 0, 0), threads=1)
+    try:
+        remote.load_weights(named_full_weights(model))
+        params = SamplingParams(max_new_tokens=5, n=2, logprobs=True)
+        prompts = [[5, 6, 7], [8, 9]]
+        a, b = local.generate(prompts, params), remote.generate(prompts, params)
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.log_probs, b.log_probs)
+        assert torch.equal(local.generator.get_state(), remote.generator.get_state())
+        with pytest.raises(RuntimeError, match="(?s)failed in generate:.*ValueError: generate"):
+            remote.generate([], params)
+    finally:
+        remote.close()
+    assert not remote.process.is_alive()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["async_training.max_trajectory_age_steps=-1"], "max_trajectory_age_steps must be an integer >= 0"),
+    (["async_training.in_flight_weight_updates=true"], "not supported yet"),
+    (["async_training.enable=true", "trainer.n_gpus_per_node=2"], "one trainer process beside one rollout"),
+    (["async_training.enable=true", "rollout.stale_updates=1"], "set rollout.stale_updates=0"),
+    (["async_training.enable=true", "model.lora_rank=4", "rollout.lora_sync=adapter"], "lora_sync=merged"),
+])
+def test_settings_that_cannot_work_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_stale_batches_without_a_correction_are_warned_about():
+    with pytest.warns(UserWarning, match="without algorithm.rollout_correction"):
+        load_config(None, ["async_training.enable=true"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*rollout_correction.*")
+        load_config(None, ["async_training.enable=true", "algorithm.rollout_correction.rollout_is=token"])
+        load_config(None, ["async_training.enable=true", "async_training.max_trajectory_age_steps=0"])
