@@ -1,6 +1,8 @@
 """Asynchronous training (async_training.*): the rollout engine in a process of its own, sampling up to k updates
 ahead of the trainer (async_rollout.py, rollout/remote.py, Worker.engine_weights)."""
 
+import os
+import signal
 import threading
 import time
 import warnings
@@ -104,7 +106,7 @@ def test_a_killed_rollout_process_stops_the_run_with_its_cause(tmp_path, data, t
     def kill_after_step_1():
         while not (tmp_path / "run" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "run")) < 2:
             time.sleep(0.05)
-        engine.kill()
+        os.kill(engine.pid, signal.SIGKILL)
 
     threading.Thread(target=kill_after_step_1, daemon=True).start()
     start = time.perf_counter()
@@ -150,7 +152,8 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
 
 @pytest.mark.parametrize("overrides, message", [
     (["async_training.max_trajectory_age_steps=-1"], "max_trajectory_age_steps must be an integer >= 0"),
-    (["async_training.in_flight_weight_updates=true"], "not supported yet"),
+    (["async_training.enable=true", "async_training.in_flight_weight_updates=true", "rollout.name=vllm"],
+     "needs rollout.name=hf"),
     (["async_training.enable=true", "trainer.n_gpus_per_node=2"], "one trainer process beside one rollout"),
     (["async_training.enable=true", "rollout.stale_updates=1"], "set rollout.stale_updates=0"),
     (["async_training.enable=true", "model.lora_rank=4", "rollout.lora_sync=adapter"], "lora_sync=merged"),
@@ -167,3 +170,56 @@ def test_stale_batches_without_a_correction_are_warned_about():
         warnings.filterwarnings("error", message=".*rollout_correction.*")
         load_config(None, ["async_training.enable=true", "algorithm.rollout_correction.rollout_is=token"])
         load_config(None, ["async_training.enable=true", "async_training.max_trajectory_age_steps=0"])
+
+
+def test_in_flight_the_hf_engine_takes_new_weights_between_two_tokens_and_tags_each_token(trained_tiny_model_dir):
+    """weights_hook runs before every forward: a version loaded there decides the tokens from the next one on;
+    the tokens before keep theirs (the same as without the update)."""
+    from posttrain.models import load_model
+    from posttrain.rollout.hf import HFRolloutEngine
+    from posttrain.rollout.weights import named_full_weights
+
+    model = load_model(trained_tiny_model_dir)
+    other = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+             for k, v in named_full_weights(load_model(trained_tiny_model_dir))}
+    params = SamplingParams(max_new_tokens=6, n=2, logprobs=True, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9]]
+    plain = HFRolloutEngine(model, [2], 0, seed=1).generate(prompts, params)
+    engine = HFRolloutEngine(model, [2], 0, seed=1)
+    calls = []
+
+    def hook():  # before each forward: the prefill (token 0's logits), then one per token; new weights before the 4th
+        calls.append(1)
+        if len(calls) == 4:
+            engine.load_weights(iter(other.items()))
+            engine.weights_version = 7
+
+    engine.weights_hook = hook
+    out = engine.generate(prompts, params)
+    assert out.weight_versions.tolist() == [[0, 0, 0, 7, 7, 7]] * 4  # the 4th forward chooses token 3
+    assert torch.equal(out.log_probs[:, :3], plain.log_probs[:, :3])
+    assert not torch.equal(out.log_probs[:, 3:], plain.log_probs[:, 3:])
+
+
+def test_in_flight_with_k_0_is_still_the_synchronous_run(tmp_path, data, trained_tiny_model_dir):
+    """With k = 0 no update happens while a batch is sampled: in flight or not, the synchronous run."""
+    sync = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "sync", 3, "trainer.save_freq=3")
+    run(sync)
+    run([*sync, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=0",
+         "async_training.in_flight_weight_updates=true"])
+    a, b = comparable(tmp_path / "sync"), comparable(tmp_path / "async")
+    assert all(line.get("async/in_flight_updated_share", 0) == 0 for line in b)
+    assert without_async(b) == a
+    assert same_weights(final_weights(tmp_path / "sync", 3), final_weights(tmp_path / "async", 3))
+
+
+def test_in_flight_with_k_2_stays_within_k_and_tags_the_tokens(tmp_path, data, trained_tiny_model_dir):
+    summary = run(small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 6, *ASYNC,
+                                      "async_training.max_trajectory_age_steps=2",
+                                      "async_training.in_flight_weight_updates=true",
+                                      "algorithm.rollout_correction.rollout_is=token"))
+    assert summary["steps"] == 6
+    steps = [line for line in read_metrics(tmp_path / "run") if "critic/score/mean" in line]
+    assert all(0 <= line["async/trajectory_age"] <= 2 for line in steps)
+    assert all(0 <= line["async/token_age_mean"] <= line["async/trajectory_age"] for line in steps)
+    assert all("rollout_corr/rollout_is_mean" in line for line in steps)

@@ -52,8 +52,8 @@ class Sampled:
 class RolloutsAhead:
     """The sampling thread and its queue (module docstring). `k`: async_training.max_trajectory_age_steps."""
 
-    def __init__(self, run: Run, k: int):
-        self.run, self.k = run, k
+    def __init__(self, run: Run, k: int, in_flight: bool = False):
+        self.run, self.k, self.in_flight = run, k, in_flight
         self.queue: list[Sampled] = []
         self.reset()
         self.cond = threading.Condition()
@@ -100,8 +100,14 @@ class RolloutsAhead:
                 self.cond.notify_all()
 
     def queue_one(self, step: int) -> None:
-        """Sample and score step `step`'s batch with its version of the weights, and queue it."""
-        run, version = self.run, self.version_for(step)
+        """Sample and score step `step`'s batch with its version of the weights, and queue it. In flight: with
+        the newest weights, and any newer ones from the next token on (`version`: the oldest it may hold)."""
+        run = self.run
+        if self.in_flight:
+            with self.cond:
+                version = self.trainer_step  # sent to the rollout process before it was announced here
+        else:
+            version = self.version_for(step)
         run.actor.engine_weights(version - self.base)
         epoch, indices = run.sampler.next_batch()
         m: dict = {}
@@ -127,11 +133,33 @@ class RolloutsAhead:
             raise RuntimeError(f"asynchronous training: step {step} was given the batch sampled for step {item.step}")
         m.update(item.metrics)
         m["training/epoch"] = float(item.epoch)
-        m["async/trajectory_age"] = float(step - 1 - item.version)  # updates between sampling and training weights
+        m.update(self.ages(item, step))
         m["perf/rollouts_queued"] = float(len(self.queue))  # batches sampled ahead still waiting (timing-dependent)
         m["timing_s/wait_rollout"] = time.perf_counter() - start  # the trainer idle, waiting for samples
         m["timing_s/rollout_idle"] = idle  # the rollout process idle, waiting for weights
         return item.batch
+
+    def ages(self, item: Sampled, step: int) -> dict[str, float]:
+        """How many updates older than the trained weights (those of step - 1 updates) the sampling weights
+        were: the batch's oldest token (async/trajectory_age), and per token and the share of sequences whose
+        weights changed mid-flight, where the engine tagged its tokens. Older than k is a bug: raised."""
+        versions = item.batch.weight_versions
+        if versions is None:
+            oldest, out = item.version, {}
+        else:
+            mask = item.batch.response_mask.bool()
+            absolute = versions + self.base
+            oldest = int(absolute[mask].min()) if bool(mask.any()) else item.version
+            age = (step - 1 - absolute).float()
+            lo = absolute.masked_fill(~mask, 10 ** 9).min(-1).values
+            hi = absolute.masked_fill(~mask, -1).max(-1).values
+            out = {"async/token_age_mean": float(age[mask].mean()) if bool(mask.any()) else 0.0,
+                   "async/in_flight_updated_share": float((hi > lo).float().mean())}
+        age = step - 1 - oldest
+        if age > self.k:
+            raise RuntimeError(f"asynchronous training: step {step}'s batch was sampled with weights {age} updates "
+                               f"old, more than async_training.max_trajectory_age_steps={self.k}")
+        return {"async/trajectory_age": float(age), **out}
 
     def updated(self, step: int) -> None:
         """The trainer finished step `step`'s update (and synced its weights): its version may sample."""

@@ -13,6 +13,7 @@ adjacent). P = padded prompt length, R = padded response length.
     scores          [N]       the reward function's score of each sequence (before any shaping)
     reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
     rollout_log_probs / rollout_is_weights   [N, R]  the engine's log-probs, rollout correction's weights
+    weight_versions [N, R]    in-flight weight updates: the weights version that chose each token
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
 
@@ -50,6 +51,7 @@ class RolloutBatch:
     token_level_rewards: torch.Tensor | None = None
     rollout_log_probs: torch.Tensor | None = None  # the engine's, of the sampled tokens (rollout.calculate_log_probs)
     rollout_is_weights: torch.Tensor | None = None  # algorithm.rollout_correction's weights of the policy loss
+    weight_versions: torch.Tensor | None = None  # in-flight updates: the weights version that chose each token
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -81,6 +83,7 @@ class RolloutBatch:
             response_text=list(response_text),
             truncated=getattr(out, "truncated", None),  # an engine's output without it: not known
             rollout_log_probs=getattr(out, "log_probs", None),
+            weight_versions=getattr(out, "weight_versions", None),
         )
 
     def __len__(self) -> int:

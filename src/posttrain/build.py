@@ -329,7 +329,8 @@ def build_run(cfg) -> Run:
         correction=rollout_correction(cfg),
     )
     if cfg.async_training.enable:  # started by train(), after any resume and the first validation
-        run.ahead = RolloutsAhead(run, cfg.async_training.max_trajectory_age_steps)
+        a = cfg.async_training
+        run.ahead = RolloutsAhead(run, a.max_trajectory_age_steps, in_flight=a.in_flight_weight_updates)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
     if resume_from is not None:

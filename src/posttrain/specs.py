@@ -67,6 +67,7 @@ def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:
         weights_from_policy=r.name == "vllm" and (r.load_format or "").startswith("dummy"),
         kv_cache_sequences=cfg.data.train_batch_size * r.n, dtype=r.dtype, stale_updates=r.stale_updates,
         remote=cfg.async_training.enable, threads=split_threads(cfg, device)[1],
+        in_flight=cfg.async_training.enable and cfg.async_training.in_flight_weight_updates,
     )
 
 

@@ -123,9 +123,10 @@ class Worker:
         if s.rollout.stale_updates or s.rollout.remote:
             from posttrain.rollout.weights import WeightHistory
 
-            # stale: the last k + 1 versions; remote: the versions the rollout process may still ask for
-            self.history = WeightHistory(s.rollout.stale_updates if not s.rollout.remote else None,
-                                         getattr(torch, self.engine_dtype))
+            # stale: the last k + 1 versions; remote: the versions the rollout process may still ask for (in
+            # flight: the newest, on its way to it)
+            lag = s.rollout.stale_updates if not s.rollout.remote else 0 if s.rollout.in_flight else None
+            self.history = WeightHistory(lag, getattr(torch, self.engine_dtype))
         # the engine holds weights of its own (vLLM, a copy) that are not the policy's at start when resuming
         # (policy_dir) or starting from adapters (lora_adapter_path): pushed now, not one step late
         not_model_dir = s.policy_dir is not None or (s.lora is not None and s.lora.adapter_path is not None)
@@ -208,7 +209,7 @@ class Worker:
             from posttrain.rollout.remote import RemoteEngine
 
             return RemoteEngine(partial(build_rollout_engine, s, eos, self.tokenizer.pad_token_id, self.rank),
-                                threads=r.threads)
+                                threads=r.threads, in_flight=r.in_flight)
         lora_rank = self.policy.peft_config["default"].r if s.lora and not self.merged_rollout else 0
         return make_engine(s, rollout_model, eos, self.tokenizer.pad_token_id, self.rank, progress=not self.sharded,
                            lora_rank=lora_rank)
@@ -344,9 +345,11 @@ class Worker:
             weights = merged_weights(weights, lora_scaling(self.policy))
         if self.history is not None:
             self.history.push(weights, restart=restart)
-            if s.rollout.remote:  # the rollout process takes the version the driver names (engine_weights)
-                if restart:
+            if s.rollout.remote:  # the rollout process takes the version the driver names (engine_weights) or, in
+                if restart:      # flight, each new one at its next forward, even mid-batch
                     self.engine_version = None
+                if s.rollout.in_flight:
+                    self.engine.send_weights(self.history.newest_version, self.history.newest())
                 return
             weights = self.history.oldest()
         self.engine.load_weights(weights)
@@ -366,6 +369,9 @@ class Worker:
     def engine_weights(self, version: int, keep_older: bool = False) -> None:
         """Asynchronous training: the rollout process samples with `version` of the weights (counted from the
         start, or the resume) from its next batch on; older versions are let go unless `keep_older`."""
+        if self.spec.rollout.in_flight:  # it has been sent each version: it waits for this one, or takes a newer
+            self.engine.min_version = version
+            return
         if self.engine_version != version:
             self.engine.load_weights(self.history.get(version))
             self.engine_version = version

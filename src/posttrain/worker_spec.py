@@ -64,6 +64,7 @@ class RolloutSpec:
     # threads (None: torch's default), and takes the weights of the version the driver names before each batch
     remote: bool = False
     threads: int | None = None
+    in_flight: bool = False  # async_training.in_flight_weight_updates: new weights reach it mid-batch
 
 
 @dataclass

@@ -94,6 +94,8 @@ class AsyncTrainingConfig:
     # k: a batch trains weights at most k updates newer than those that sampled it (0: the synchronous algorithm,
     # the engine still in its own process). NeMo-RL's name; verl's one-step off-policy is k = 1
     max_trajectory_age_steps: int = 1
-    in_flight_weight_updates: bool = False  # NeMo-RL's: new weights reach sequences mid-flight (not supported yet)
+    # NeMo-RL's: each new version reaches the rollout at its next token, the sequences in flight go on with it
+    # (their KV cache as it was); fresher samples, not reproducible. false: between batches, deterministic
+    in_flight_weight_updates: bool = False
     rollout_threads: Optional[int] = None  # the rollout process's torch threads on a CPU; null: half the cores
 

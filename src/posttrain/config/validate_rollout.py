@@ -67,12 +67,11 @@ def validate_async(cfg: Config) -> None:
          f"newer than those that sampled it; 0: synchronous), got {printable(k)}")
     need(a.rollout_threads is None or (isinstance(a.rollout_threads, int) and a.rollout_threads >= 1),
          f"{key}.rollout_threads must be an integer >= 1 or null (half the cores), got {printable(a.rollout_threads)}")
-    need(not a.in_flight_weight_updates,
-         f"{key}.in_flight_weight_updates=true (new weights reaching sequences mid-flight) is not supported yet: set "
-         "it to false; the rollout process takes new weights between batches, at most "
-         f"{key}.max_trajectory_age_steps updates behind")
     if not a.enable:
         return
+    need(not (a.in_flight_weight_updates and cfg.rollout.name != "hf"),
+         f"{key}.in_flight_weight_updates=true needs rollout.name=hf (its engine takes new weights between two "
+         f"tokens); with rollout.name={cfg.rollout.name} set it to false: the weights then change between batches")
     tr = cfg.trainer
     need(tr.nnodes * tr.n_gpus_per_node == 1 and not tr.use_ray,
          f"{key}.enable=true runs one trainer process beside one rollout process; trainer.nnodes x "

@@ -54,6 +54,9 @@ class RolloutOutput:
                    the model reads but did not generate (response_mask is 0
                    there, so no loss, KL or advantage lands on them); None:
                    the same as response_mask (one generated turn)
+    weight_versions: [N, R] with in-flight weight updates (asynchronous
+                   training): the version of the weights that chose each
+                   token (-1 on padding); None otherwise
     """
 
     prompt_ids: torch.Tensor
@@ -63,6 +66,7 @@ class RolloutOutput:
     log_probs: torch.Tensor | None = None
     truncated: torch.Tensor | None = None
     response_attention_mask: torch.Tensor | None = None
+    weight_versions: torch.Tensor | None = None  # [N, R] the weights version that chose each token (in-flight)
 
 
 def decode_responses(tokenizer, out: RolloutOutput) -> list[str]:

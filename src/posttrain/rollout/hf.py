@@ -95,6 +95,10 @@ class HFRolloutEngine:
         self.shared_prefill, self.remove_padding, self.early_stop = shared_prefill, remove_padding, early_stop
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # in-flight weight updates (asynchronous training): called before every forward, it may load newer
+        # weights (and set `weights_version`); each sampled token is then tagged with the version that chose it
+        self.weights_hook = None
+        self.weights_version = 0
 
     def update_weights(self, model: torch.nn.Module) -> None:
         # Colocated: the engine samples from the trainer's own module.
@@ -131,7 +135,7 @@ class HFRolloutEngine:
                                                          generator=self.generator, device=self.device)
         was_training = self.model.training
         self.model.eval()
-        parts = []  # (rows of the chunk in the output, responses, masks, log-probs, truncated)
+        parts = []  # (rows of the chunk in the output, responses, masks, log-probs, truncated, versions)
         bar = tqdm(total=len(expanded), desc="gen", unit="seq", leave=False, disable=None if self.progress else True)
         try:
             for start in range(0, len(order), per_chunk):
@@ -140,32 +144,38 @@ class HFRolloutEngine:
                 ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
                 rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
                 u = uniforms[rows.to(self.device)] if uniforms is not None else None
-                r, m, lp, cut = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
-                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu()))
+                r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
+                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(), ver.cpu()))
                 bar.update(len(chunk) * n)
         finally:
             bar.close()
             self.model.train(was_training)
-        width = max(r.shape[1] for _, r, _, _, _ in parts)
+        width = max(r.shape[1] for _, r, _, _, _, _ in parts)
         response_ids = torch.full((len(expanded), width), self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((len(expanded), width), dtype=torch.long)
         log_probs = torch.zeros((len(expanded), width)) if params.logprobs else None
         truncated = torch.zeros(len(expanded), dtype=torch.bool)
-        for rows, r, m, lp, cut in parts:
+        versions = torch.full((len(expanded), width), -1, dtype=torch.long) if self.weights_hook else None
+        for rows, r, m, lp, cut, ver in parts:
             response_ids[rows, :r.shape[1]] = r
             response_mask[rows, :m.shape[1]] = m
             truncated[rows] = cut
             if log_probs is not None:
                 log_probs[rows, :lp.shape[1]] = lp
-        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs, truncated)
+            if versions is not None:
+                versions[rows, :ver.shape[1]] = ver
+        return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs, truncated,
+                             weight_versions=versions)
 
     def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, n: int, params: SamplingParams,
                         uniforms: torch.Tensor | None):
         """ids, mask: [p, P] distinct prompts, left-padded; uniforms [p*n,
         max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
         None): [p*n, R], the n samples of a prompt adjacent; truncated [p*n]:
-        the rows that never sampled an EOS (with ignore_eos, every row)."""
+        the rows that never sampled an EOS (with ignore_eos, every row); the weights
+        version that chose each token [p*n, R]."""
         rows, device = ids.shape[0] * n, ids.device
+        self._new_weights()
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, P]; pads get 0, ignored by the mask
         if not self.shared_prefill:
             ids, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (ids, mask, position_ids))
@@ -181,6 +191,8 @@ class HFRolloutEngine:
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
         log_probs = torch.zeros((rows, params.max_new_tokens), device=device) if params.logprobs else None
+        versions = torch.full((rows, params.max_new_tokens), -1, dtype=torch.long, device=device)
+        logits_version = self.weights_version  # the weights that computed `logits`
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         running = torch.arange(rows, device=device)  # the rows the model still runs (logits, cache) for
         length = 0
@@ -192,6 +204,7 @@ class HFRolloutEngine:
             tok = sample_next(logits, params, None if uniforms is None else uniforms[running, step])
             tok = torch.where(live, tok, torch.full_like(tok, self.pad_token_id))
             tokens[running, step], alive[running, step] = tok, live.long()
+            versions[running, step] = logits_version
             if log_probs is not None:
                 scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
                 log_probs[running, step] = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * live
@@ -206,9 +219,15 @@ class HFRolloutEngine:
                 if len(running) == 0:
                     continue
             mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=device)], dim=1)
+            self._new_weights()  # the sequences in flight go on with them (their KV cache kept as it is)
+            logits_version = self.weights_version
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
                              use_cache=True, **{CACHE: cache})
             cache, logits = cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         return (tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None),
-                ~finished)
+                ~finished, versions[:, :length])
+
+    def _new_weights(self) -> None:
+        if self.weights_hook is not None:
+            self.weights_hook()

@@ -17,7 +17,6 @@ inside the child is raised in the caller with the child's traceback.
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 from typing import Callable, Iterable
@@ -34,12 +33,54 @@ class RolloutProcessError(RuntimeError):
     """The rollout process died, or did not start."""
 
 
-def _serve(conn, build: Callable, threads: int | None) -> None:
+class InFlight:
+    """The child's side of in-flight weight updates: a thread takes (version, weights) from their own pipe while
+    the engine generates; the engine's `weights_hook` loads the newest at its next forward (rollout/hf.py)."""
+
+    def __init__(self, conn, engine):
+        self.conn, self.engine = conn, getattr(engine, "engine", engine)  # the HF engine inside any wrapper
+        self.pending: tuple | None = None
+        self.lock = threading.Condition()
+        self.engine.weights_hook = self.apply
+        threading.Thread(target=self._receive, name="posttrain-weights", daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                update = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            with self.lock:
+                self.pending = update  # a newer one replaces one not loaded yet
+                self.lock.notify_all()
+
+    def wait_for(self, version: int, timeout_s: float = 600.0) -> None:
+        """Before a generate: the weights pipe and the command pipe keep no order between them, so wait until
+        `version` (or a newer one) has come, then load it."""
+        with self.lock:
+            if not self.lock.wait_for(lambda: self.engine.weights_version >= version or (
+                    self.pending is not None and self.pending[0] >= version), timeout_s):
+                raise RuntimeError(f"weights version {version} did not arrive within {timeout_s:.0f} s")
+        self.apply()
+
+    def apply(self) -> None:
+        with self.lock:
+            update, self.pending = self.pending, None
+        if update is not None:
+            version, weights = update
+            self.engine.load_weights(iter(weights))
+            self.engine.weights_version = version
+
+
+def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
     """The child: build the engine, then answer (verb, args) until "close" or the parent is gone."""
     if threads:
         torch.set_num_threads(threads)
+    in_flight = None
     try:
         engine = build()
+        if weights_conn is not None:
+            in_flight = InFlight(weights_conn, engine)
     except BaseException:  # noqa: BLE001  any failure to build is the parent's to report
         conn.send(("error", traceback.format_exc()))
         return
@@ -54,7 +95,10 @@ def _serve(conn, build: Callable, threads: int | None) -> None:
             return
         try:
             if verb == "generate":
-                result = engine.generate(*args)
+                prompts, params, min_version = args
+                if in_flight is not None and min_version is not None:
+                    in_flight.wait_for(min_version)
+                result = engine.generate(prompts, params)
             elif verb == "load_weights":
                 engine.load_weights(iter(args))
                 result = None
@@ -88,15 +132,21 @@ class RemoteEngine:
     """`RolloutEngine` verbs answered by an engine in a child process (module docstring). Calls from several
     threads are served one at a time."""
 
-    def __init__(self, build: Callable, threads: int | None = None, name: str = "rollout"):
+    def __init__(self, build: Callable, threads: int | None = None, name: str = "rollout", in_flight: bool = False):
         self.name = name
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        # in-flight weight updates travel on a pipe of their own, while the command pipe waits on a generate
+        self._weights, child_weights = ctx.Pipe(duplex=False)[::-1] if in_flight else (None, None)
         # not a daemon: vLLM's engine starts processes of its own, which a daemonic process may not
-        self.process = ctx.Process(target=_serve, args=(child, build, threads), name=f"posttrain-{name}")
+        self.process = ctx.Process(target=_serve, args=(child, child_weights, build, threads),
+                                   name=f"posttrain-{name}")
         self.process.start()
         child.close()
-        self._lock = threading.Lock()
+        if child_weights is not None:
+            child_weights.close()
+        self._lock, self._weights_lock = threading.Lock(), threading.Lock()
+        self.min_version: int | None = None  # in flight: the next generate waits for this version of the weights
         self.generator = RemoteGenerator(self)
         self.can_sleep = False  # it has the device to itself
         with self._lock:
@@ -138,10 +188,18 @@ class RemoteEngine:
     # ------------------------------------------------------------ the RolloutEngine verbs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        return self.call("generate", (prompts, params))
+        return self.call("generate", (prompts, params, self.min_version))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.call("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+
+    def send_weights(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """In-flight: hand the child `version` of the weights now, even while it generates; it loads them before
+        its next forward (the sequences in flight go on with them)."""
+        if not self.process.is_alive():
+            raise RolloutProcessError(self._death("a weight update"))
+        with self._weights_lock:
+            self._weights.send((version, [(name, t.detach().cpu()) for name, t in weights]))
 
     def update_weights(self, model: torch.nn.Module) -> None:
         raise TypeError("an engine in its own process takes weights with load_weights, not a module")
@@ -163,9 +221,5 @@ class RemoteEngine:
             self.process.kill()
             self.process.join(5)
         self._conn.close()
-
-    def kill(self) -> None:
-        """End the child at once (tests; a run's abrupt exit)."""
-        if self.process.is_alive():
-            os.kill(self.process.pid, 9)
-            self.process.join(5)
+        if self._weights is not None:
+            self._weights.close()
