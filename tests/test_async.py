@@ -163,6 +163,20 @@ def test_settings_that_cannot_work_are_refused(overrides, message):
         load_config(None, overrides)
 
 
+def test_verls_one_step_off_policy_keys_are_asynchronous_training_with_k_1():
+    """verl's one-step off-policy recipe: actor_rollout_ref.hybrid_engine=False (rollout and trainer apart) and
+    the rollout's own devices, rollout.nnodes / rollout.n_gpus_per_node (one process here)."""
+    a = load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+                           "algorithm.rollout_correction.bypass_mode=true"]).async_training
+    assert (a.enable, a.max_trajectory_age_steps) == (True, 1)
+    a = load_config(None, ["async_training.max_trajectory_age_steps=2", "actor_rollout_ref.hybrid_engine=False",
+                           "algorithm.rollout_correction.rollout_is=token"]).async_training
+    assert (a.enable, a.max_trajectory_age_steps) == (True, 2)  # a k the run sets wins
+    assert not load_config(None, ["actor_rollout_ref.hybrid_engine=True"]).async_training.enable
+    with pytest.raises(ConfigError, match="runs one rollout process yet; set both to 1"):
+        load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=2"])
+
+
 def test_stale_batches_without_a_correction_are_warned_about():
     with pytest.warns(UserWarning, match="without algorithm.rollout_correction"):
         load_config(None, ["async_training.enable=true"])

@@ -31,10 +31,10 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_1B_megatron": SWITCHED, "grpo_math_8B_megatron": SWITCHED, "grpo_math_70B_megatron": SWITCHED,
     "grpo_math_qwen30ba3b_megatron": SWITCHED,
     "grpo_math_70B_megatron_fp8": SWITCHED, "grpo_math_8B_megatron_fp8": SWITCHED,  # with raw token IS weights
-    "grpo_math_1B_dynamo": "grpo.async_grpo.enabled",
+    "grpo_math_1B_dynamo": "policy.generation.backend",
     "grpo_math_1B_sglang": "policy.generation.backend", "grpo_math_1B_trtllm": "policy.generation.backend",
-    "grpo_math_1B_megatron_single_controller": "policy.generation.colocated.enabled",
-    "grpo_math_8B_megatron_nixl": "policy.generation.colocated.enabled",
+    "grpo_math_1B_megatron_single_controller": "grpo.async_grpo",
+    "grpo_math_8B_megatron_nixl": "async_training.enable",
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": "env.sliding_puzzle_game",
 }
@@ -139,7 +139,7 @@ def test_megatron_is_refused_with_the_fsdp2_switch_unless_disabled():
 
 def test_what_posttrain_cannot_honour_is_refused_in_one_line():
     cases = {
-        "grpo.async_grpo.enabled=true": "asynchronous GRPO",
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true": "recompute_kv_cache_after_weight_updates=True",
         "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
         "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .* set it to 1",
         "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
@@ -166,6 +166,21 @@ def correction(*overrides) -> dict:
     """The algorithm.rollout_correction.* keys (short names) that loss_fn's settings map to."""
     got = layer(BASE, *overrides)
     return {k.rsplit(".", 1)[1]: v for k, v in got.items() if k.startswith("algorithm.rollout_correction.")}
+
+
+def test_async_grpo_and_generation_of_its_own_map_onto_asynchronous_training():
+    def async_keys(*overrides):
+        return {k.rsplit(".", 1)[1]: v for k, v in layer(BASE, *overrides).items() if k.startswith("async_training.")}
+
+    assert async_keys() == {}
+    assert async_keys("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=2",
+                      "grpo.async_grpo.in_flight_weight_updates=true") == {
+        "enable": True, "max_trajectory_age_steps": 2, "in_flight_weight_updates": True}
+    # generation on resources of its own, synchronous: the rollout in its own process, k = 0
+    assert async_keys("policy.generation.colocated.enabled=false") == {
+        "enable": True, "max_trajectory_age_steps": 0, "in_flight_weight_updates": False}
+    with pytest.raises(ConfigError, match="max_generation_failures=3 .* set it to 0 or null"):
+        layer(BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_generation_failures=3")
 
 
 def test_importance_sampling_correction_maps_onto_rollout_correction():

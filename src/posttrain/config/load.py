@@ -90,12 +90,10 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
     reward_name = flat.pop(aliases.CUSTOM_REWARD_NAME, None)
     if reward_path:
         out["reward.custom_fn"] = f"{reward_path}:{reward_name or 'compute_score'}"
+    separate = flat.pop(aliases.HYBRID_ENGINE, True)
+    if separate not in (True, False):
+        raise ConfigError(f"{aliases.HYBRID_ENGINE}={printable(separate)}: true or false")
     for key, value in flat.items():
-        if key in aliases.IGNORED:
-            if value != aliases.IGNORED[key]:
-                raise ConfigError(f"{key}={printable(value)} is not supported; posttrain always runs with {key}="
-                                  f"{aliases.IGNORED[key]}")
-            continue
         ours = aliases.to_canonical(key, SCHEMA) or _below_dict_key(key)
         if ours is None:
             if key.startswith(aliases.VERL_PREFIXES):
@@ -113,6 +111,9 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
         if invalid_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
             raise ConfigError(f"config key '{ours}' ({origin}) holds text that is not valid unicode; re-type the value")
         out[ours] = value
+    if separate is False:  # verl's one-step off-policy: posttrain's asynchronous training, k = 1 unless set
+        for key, value in aliases.SEPARATE_ROLLOUT.items():
+            out.setdefault(key, value)
     return out
 
 

@@ -83,7 +83,9 @@ OFF = {
     "policy.generation.vllm_cfg.pipeline_parallel_size": (1,),
     "policy.generation.vllm_cfg.expert_parallel_size": (1,),
     "policy.generation.vllm_cfg.kv_cache_dtype": ("auto",),
-    "policy.generation.colocated.enabled": (True,),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (False, None),  # the KV cache in flight stays as it is
+    "grpo.async_grpo.max_generation_failures": (0, None),  # the first failure of the rollout process stops the run
+    "grpo.async_grpo": (None,),  # null: NeMo-RL's single-controller path (async_rl.*) decides instead
     "policy.optimizer.kwargs.eps": (1e-8,),  # torch's AdamW default, posttrain's
     "data.use_multiple_dataloader": (False,),
     "data.default.env_name": ("math", "reward_model", None), "data.train.env_name": ("math", "reward_model", None),
@@ -110,7 +112,6 @@ SWITCHED = {
     "policy.megatron_cfg": "posttrain trains with FSDP2, not Megatron; set policy.megatron_cfg.enabled=false "
                            "policy.dtensor_cfg.enabled=true (FSDP2 shards every weight over all workers: Megatron's "
                            "tensor/pipeline sizes have no counterpart)",
-    "grpo.async_grpo": "asynchronous GRPO is not supported; set grpo.async_grpo.enabled=false",
     "grpo.reward_scaling": "reward scaling is not supported; set grpo.reward_scaling.enabled=false and scale in "
                            "the reward function (reward.custom_fn)",
     "policy.draft": "draft-model training is not supported; set policy.draft.enabled=false",

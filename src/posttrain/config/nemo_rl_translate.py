@@ -82,6 +82,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
         if f.has(nemo):
             out[ours] = f.get(nemo)
     _grpo(f, out, origin)
+    _async(f, out, origin)
     _loss(f, out, origin)
     _policy(f, out, origin)
     _checkpointing_and_logger(f, out, origin)
@@ -121,6 +122,27 @@ def _grpo(f: _Leaves, out: dict, origin: str) -> None:
         if not out["reward.overlong_buffer.enable"]:  # its other settings then do nothing
             for key in ("len", "penalty_factor", "max_resp_len"):
                 out.pop(f"reward.overlong_buffer.{key}", None)
+
+
+def _async(f: _Leaves, out: dict, origin: str) -> None:
+    """grpo.async_grpo.* and policy.generation.colocated.enabled -> async_training.*: async GRPO is posttrain's
+    asynchronous training, k = max_trajectory_age_steps; generation on resources of its own without it is the
+    rollout in a process of its own, synchronous (k = 0)."""
+    a = "grpo.async_grpo."
+    single_controller = f.under("async_rl")
+    if single_controller and f.has("grpo.async_grpo"):  # grpo.async_grpo: null selects NeMo-RL's other path
+        raise ConfigError(f"grpo.async_grpo=null with async_rl.* ({origin}): NeMo-RL's single-controller "
+                          "asynchronous GRPO is not supported; posttrain's is grpo.async_grpo.enabled=true "
+                          "(async_training.* in posttrain's keys)")
+    on, colocated = f.get(a + "enabled", False), f.get("policy.generation.colocated.enabled", True)
+    for key, value in ((a + "enabled", on), ("policy.generation.colocated.enabled", colocated)):
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{key}={clipped(value)} ({origin}): true or false")
+    age, in_flight = f.get(a + "max_trajectory_age_steps", 1), f.get(a + "in_flight_weight_updates", False)
+    if on or colocated is False:
+        out["async_training.enable"] = True
+        out["async_training.max_trajectory_age_steps"] = age if on else 0
+        out["async_training.in_flight_weight_updates"] = bool(in_flight) if on else False
 
 
 def _loss(f: _Leaves, out: dict, origin: str) -> None:

@@ -98,4 +98,7 @@ class AsyncTrainingConfig:
     # (their KV cache as it was); fresher samples, not reproducible. false: between batches, deterministic
     in_flight_weight_updates: bool = False
     rollout_threads: Optional[int] = None  # the rollout process's torch threads on a CPU; null: half the cores
+    # the rollout's own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node): one process
+    rollout_nnodes: int = 1
+    rollout_n_gpus_per_node: int = 1
 

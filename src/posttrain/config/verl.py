@@ -16,6 +16,8 @@ EXACT = {
     "reward_model.micro_batch_size_per_gpu": "reward.model.micro_batch_size",
     "reward_model.num_workers": "reward.num_workers",  # verl's reward loop workers: our reward processes
     "reward_model.reward_manager": "reward.reward_manager",
+    "rollout.nnodes": "async_training.rollout_nnodes",  # verl's one-step off-policy: the rollout's own devices
+    "rollout.n_gpus_per_node": "async_training.rollout_n_gpus_per_node",
     "global_profiler.tool": "profiler.tool",
     "global_profiler.steps": "profiler.steps",
     "global_profiler.save_path": "profiler.save_path",
@@ -57,8 +59,10 @@ PREFIXES = (
     ("reward_model.", "reward.model."),  # enable, use_reward_loop, rollout.*
 )
 
-# Accepted for compatibility and ignored, with the only value that makes sense.
-IGNORED = {"actor_rollout_ref.hybrid_engine": True}
+# verl's one-step off-policy recipe: rollout and trainer on resources of their own, the rollout one update ahead
+# (posttrain's asynchronous training with k = 1, unless the run sets k itself)
+HYBRID_ENGINE = "actor_rollout_ref.hybrid_engine"
+SEPARATE_ROLLOUT = {"async_training.enable": True, "async_training.max_trajectory_age_steps": 1}
 
 # verl's custom reward is two keys; posttrain's is one: reward.custom_fn=FILE.py:FUNCTION.
 CUSTOM_REWARD_PATH = "custom_reward_function.path"
