@@ -221,6 +221,21 @@ def test_the_default_run_with_vllm_rollouts_trains_end_to_end(tmp_path):
     assert max((new[k] - old[k]).abs().max().item() for k in old) > 0
 
 
+def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path):
+    """async_training with rollout.name=vllm: the engine in a process of its own, one update ahead; the
+    checkpoint holds the batch sampled for the step after the last."""
+    steps = ["trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=3"]
+    lines, proc = train(tmp_path, "async", "actor_rollout_ref.rollout.name=vllm", "async_training.enable=true",
+                        "algorithm.rollout_correction.rollout_is=token", *steps)
+    trained = [m for m in lines if "timing_s/step" in m]
+    assert [m["async/trajectory_age"] for m in trained] == [0, 1, 1]
+    assert all(m["rollout_corr/rollout_is_mean"] > 0 for m in trained)
+    import torch
+
+    ahead = torch.load(tmp_path / "async/checkpoints/global_step_3/rollouts_ahead.pt", weights_only=True)
+    assert [b["step"] for b in ahead["batches"]] == [4]
+
+
 def test_multi_turn_tool_rollouts_through_vllm_are_the_hf_engines(tmp_path):
     """The tool-using tiny model, greedy conversations with the calculator before training: the
     held-out score and tool use equal the hf engine's, then one training step runs."""

@@ -84,13 +84,16 @@ def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
     except BaseException:  # noqa: BLE001  any failure to build is the parent's to report
         conn.send(("error", traceback.format_exc()))
         return
-    conn.send(("ok", None))
+    conn.send(("ok", {"generator": getattr(engine, "generator", None) is not None}))
     while True:
         try:
             verb, args = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             return
         if verb == "close":
+            shutdown = getattr(getattr(engine, "engine", engine), "shutdown", None)
+            if shutdown is not None:  # vLLM's engine-core process: a spawned child exits without atexit handlers
+                shutdown()
             conn.send(("ok", None))
             return
         try:
@@ -147,10 +150,11 @@ class RemoteEngine:
             child_weights.close()
         self._lock, self._weights_lock = threading.Lock(), threading.Lock()
         self.min_version: int | None = None  # in flight: the next generate waits for this version of the weights
-        self.generator = RemoteGenerator(self)
         self.can_sleep = False  # it has the device to itself
         with self._lock:
-            self._reply("start")
+            started = self._reply("start")
+        # the child engine's sampling stream, if it has one to save (the hf engine's; vLLM seeds its requests)
+        self.generator = RemoteGenerator(self) if started["generator"] else None
 
     @property
     def pid(self) -> int | None:

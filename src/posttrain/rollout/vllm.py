@@ -261,6 +261,9 @@ class VLLMRolloutEngine:
         self.llm.wake_up()
 
     def shutdown(self) -> None:
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):  # its engine-core process: stopped, not orphaned
+            core.shutdown()
         del self.llm
         if self.adapter_root is not None:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
