@@ -237,3 +237,14 @@ def test_in_flight_with_k_2_stays_within_k_and_tags_the_tokens(tmp_path, data, t
     assert all(0 <= line["async/trajectory_age"] <= 2 for line in steps)
     assert all(0 <= line["async/token_age_mean"] <= line["async/trajectory_age"] for line in steps)
     assert all("rollout_corr/rollout_is_mean" in line for line in steps)
+
+
+def test_a_lora_policy_reaches_the_rollout_process_merged(tmp_path, data, trained_tiny_model_dir):
+    """The rollout process holds a plain model: a LoRA policy's adapters arrive merged into its weights, and a
+    one-update-ahead run equals rollout.stale_updates=1's (whose copy is merged the same way)."""
+    pytest.importorskip("peft")
+    lora = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "stale", 2, "trainer.test_freq=-1",
+                               "model.lora_rank=4", "model.lora_alpha=8", "actor.lr=1e-2", "trainer.save_freq=-1")
+    run([*lora, "rollout.stale_updates=1"])
+    run([*lora, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=1"])
+    assert without_async(comparable(tmp_path / "async")) == comparable(tmp_path / "stale")
