@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import log, markdown_table  # noqa: E402
-from rollout_mismatch import model_args, posttrain  # noqa: E402
+from rollout_mismatch import model_args, posttrain, run_train  # noqa: E402
 
 A = "async_training."
 TIS = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
@@ -59,15 +56,10 @@ def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int 
     cmd = posttrain("train", *base, *SETTINGS[setting], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable", *extra,
                     *([f"trainer.total_training_steps={steps}"] if steps else []))
-    log("$ " + shlex.join(cmd))
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lines, seconds = run_train(cmd, run_dir)
     steps_m = [m for m in lines if "critic/score/mean" in m]
     val = [m["val/score/mean"] for m in lines if "val/score/mean" in m]
-    out = {"setting": setting, "seed": seed, "seconds": round(time.perf_counter() - start, 1), "steps": len(steps_m),
+    out = {"setting": setting, "seed": seed, "seconds": seconds, "steps": len(steps_m),
            "val_before": val[0] if val else None, "val_after": val[-1] if val else None,
            "age": statistics.fmean(m.get("async/trajectory_age", 0.0) for m in steps_m)}
     later = steps_m[1:] or steps_m  # the first step pays for warm-up (and, async, for the first batch alone)

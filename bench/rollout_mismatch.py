@@ -90,20 +90,27 @@ def run_one(base: list[str], mismatch: str, correction: str, seed: int, run_dir:
     cmd = posttrain("train", *base, "rollout.calculate_log_probs=true", *MISMATCHES[mismatch],
                     *CORRECTIONS[correction], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_freq=-1", *([f"trainer.total_training_steps={steps}"] if steps else []))
+    lines, seconds = run_train(cmd, run_dir)
+    val = [m["val/score/mean"] for m in lines if "val/score/mean" in m]
+    steps_m = [m for m in lines if "critic/score/mean" in m]
+    out = {"mismatch": mismatch, "correction": correction, "seed": seed, "val_before": val[0],
+           "val_after": val[-1], "seconds": seconds, "steps": len(steps_m)}
+    for label, key in GAP.items():
+        xs = [m[key] for m in steps_m if key in m]
+        out[label] = statistics.fmean(xs) if xs else None
+    return out
+
+
+def run_train(cmd: list[str], run_dir: Path) -> tuple[list[dict], float]:
+    """Run a `posttrain train` command (its failure stops the bench with its stderr). -> the lines of its
+    metrics.jsonl, its seconds."""
     log("$ " + shlex.join(cmd))
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    val = [m["val/score/mean"] for m in lines if "val/score/mean" in m]
-    steps_m = [m for m in lines if "critic/score/mean" in m]
-    out = {"mismatch": mismatch, "correction": correction, "seed": seed, "val_before": val[0],
-           "val_after": val[-1], "seconds": round(time.perf_counter() - start, 1), "steps": len(steps_m)}
-    for label, key in GAP.items():
-        xs = [m[key] for m in steps_m if key in m]
-        out[label] = statistics.fmean(xs) if xs else None
-    return out
+    return lines, round(time.perf_counter() - start, 1)
 
 
 def cell(xs: list, fmt: str) -> str:
