@@ -23,7 +23,6 @@ sum, from the synchronous run's own phases.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import log, markdown_table  # noqa: E402
-from rollout_mismatch import model_args, posttrain, run_train  # noqa: E402
+from common import markdown_table  # noqa: E402
+from rollout_mismatch import model_args, posttrain, record, run_train  # noqa: E402
 
 A = "async_training."
 TIS = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
@@ -120,12 +119,7 @@ def main(argv=None) -> None:
     for setting in settings:
         for seed in seeds:
             r = run_one(base, setting, seed, workdir / "runs" / f"{setting}-{seed}", steps, args.speed)
-            r["model"] = args.model
-            runs.append(r)
-            log(json.dumps(r))
-            if args.json:
-                with args.json.open("a") as f:
-                    f.write(json.dumps(r) + "\n")
+            runs.append(record(r, args.model, args.json))
     print(speed_table(runs) if args.speed else learn_table(runs))
 
 

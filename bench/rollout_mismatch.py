@@ -113,6 +113,16 @@ def run_train(cmd: list[str], run_dir: Path) -> tuple[list[dict], float]:
     return lines, round(time.perf_counter() - start, 1)
 
 
+def record(r: dict, model: str, json_path: Path | None) -> dict:
+    """A run's figures, tagged with its model, logged and (with --json) appended as a line."""
+    r["model"] = model
+    log(json.dumps(r))
+    if json_path:
+        with json_path.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+    return r
+
+
 def cell(xs: list, fmt: str) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -156,12 +166,7 @@ def main(argv=None) -> None:
             for seed in args.seeds:
                 r = run_one(base, mismatch, correction, seed, workdir / "runs" / f"{mismatch}-{correction}-{seed}",
                             args.steps)
-                r["model"] = args.model
-                runs.append(r)
-                log(json.dumps(r))
-                if args.json:
-                    with args.json.open("a") as f:
-                        f.write(json.dumps(r) + "\n")
+                runs.append(record(r, args.model, args.json))
     print(table(runs))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from posttrain.config.checks import choice, need, positive, positive_or_null, printable
+from posttrain.config.checks import choice, need, positive, positive_or_null, printable, whole
 from posttrain.config.schema import DTYPE_SPELLINGS, Config, uses_lora
 from posttrain.config.schema_rollout import VLLM_SETTINGS, RolloutConfig
 from posttrain.errors import ConfigError
@@ -48,7 +48,7 @@ def validate_rollout_lag(cfg: Config) -> None:
           "float32 (bf16, fp16, fp32), or leave it null for the policy's compute dtype")
     r.dtype = dtype
     k = r.stale_updates
-    need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+    need(whole(k),
           "rollout.stale_updates must be an integer >= 0 (the engine samples with the policy's weights of that many "
           f"updates ago; 0: the current ones), got {printable(k)}")
     own_model = [key for key, on in (("rollout.stale_updates", k > 0), ("rollout.dtype", dtype and r.name == "hf"),
@@ -62,10 +62,10 @@ def validate_async(cfg: Config) -> None:
     """async_training.*: the rollout process beside one trainer process, k updates ahead at most."""
     a, key = cfg.async_training, "async_training"
     k = a.max_trajectory_age_steps
-    need(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+    need(whole(k),
          f"{key}.max_trajectory_age_steps must be an integer >= 0 (a batch trains weights at most that many updates "
          f"newer than those that sampled it; 0: synchronous), got {printable(k)}")
-    need(a.rollout_threads is None or (isinstance(a.rollout_threads, int) and a.rollout_threads >= 1),
+    need(a.rollout_threads is None or whole(a.rollout_threads, 1),
          f"{key}.rollout_threads must be an integer >= 1 or null (half the cores), got {printable(a.rollout_threads)}")
     if not a.enable:
         return

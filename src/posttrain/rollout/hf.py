@@ -145,7 +145,8 @@ class HFRolloutEngine:
                 rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
                 u = uniforms[rows.to(self.device)] if uniforms is not None else None
                 r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
-                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(), ver.cpu()))
+                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(),
+                              ver.cpu() if ver is not None else None))
                 bar.update(len(chunk) * n)
         finally:
             bar.close()
@@ -173,7 +174,7 @@ class HFRolloutEngine:
         max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
         None): [p*n, R], the n samples of a prompt adjacent; truncated [p*n]:
         the rows that never sampled an EOS (with ignore_eos, every row); the weights
-        version that chose each token [p*n, R]."""
+        version that chose each token [p*n, R] (None without a weights hook)."""
         rows, device = ids.shape[0] * n, ids.device
         self._new_weights()
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, P]; pads get 0, ignored by the mask
@@ -191,7 +192,9 @@ class HFRolloutEngine:
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
         log_probs = torch.zeros((rows, params.max_new_tokens), device=device) if params.logprobs else None
-        versions = torch.full((rows, params.max_new_tokens), -1, dtype=torch.long, device=device)
+        # only with in-flight updates (a weights hook): otherwise every token's version is the same
+        versions = (torch.full((rows, params.max_new_tokens), -1, dtype=torch.long, device=device)
+                    if self.weights_hook is not None else None)
         logits_version = self.weights_version  # the weights that computed `logits`
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         running = torch.arange(rows, device=device)  # the rows the model still runs (logits, cache) for
@@ -204,7 +207,8 @@ class HFRolloutEngine:
             tok = sample_next(logits, params, None if uniforms is None else uniforms[running, step])
             tok = torch.where(live, tok, torch.full_like(tok, self.pad_token_id))
             tokens[running, step], alive[running, step] = tok, live.long()
-            versions[running, step] = logits_version
+            if versions is not None:
+                versions[running, step] = logits_version
             if log_probs is not None:
                 scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
                 log_probs[running, step] = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * live
@@ -226,7 +230,7 @@ class HFRolloutEngine:
             cache, logits = cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         return (tokens[:, :length], alive[:, :length], (log_probs[:, :length] if log_probs is not None else None),
-                ~finished, versions[:, :length])
+                ~finished, versions[:, :length] if versions is not None else None)
 
     def _new_weights(self) -> None:
         if self.weights_hook is not None:

@@ -29,6 +29,11 @@ from posttrain.rollout.base import RolloutOutput, SamplingParams
 POLL_S = 0.5  # how often a waiting call checks that the child is alive
 
 
+def on_cpu(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs to send to the child: CPU tensors, which travel as shared memory."""
+    return [(name, t.detach().cpu()) for name, t in weights]
+
+
 class RolloutProcessError(RuntimeError):
     """The rollout process died, or did not start."""
 
@@ -195,7 +200,7 @@ class RemoteEngine:
         return self.call("generate", (prompts, params, self.min_version))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.call("load_weights", [(name, t.detach().cpu()) for name, t in weights])
+        self.call("load_weights", on_cpu(weights))
 
     def send_weights(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """In-flight: hand the child `version` of the weights now, even while it generates; it loads them before
@@ -203,7 +208,7 @@ class RemoteEngine:
         if not self.process.is_alive():
             raise RolloutProcessError(self._death("a weight update"))
         with self._weights_lock:
-            self._weights.send((version, [(name, t.detach().cpu()) for name, t in weights]))
+            self._weights.send((version, on_cpu(weights)))
 
     def update_weights(self, model: torch.nn.Module) -> None:
         raise TypeError("an engine in its own process takes weights with load_weights, not a module")
