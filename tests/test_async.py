@@ -177,6 +177,53 @@ def test_verls_one_step_off_policy_keys_are_asynchronous_training_with_k_1():
         load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=2"])
 
 
+# verl's fully asynchronous trainer's keys as its scripts pass them (verl.experimental.fully_async_policy/shell/*.sh)
+VERL_FULLY_ASYNC = ["actor_rollout_ref.hybrid_engine=False", "data.train_batch_size=0", "data.gen_batch_size=1",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                    "actor_rollout_ref.rollout.calculate_log_probs=True",
+                    "rollout.nnodes=1", "rollout.n_gpus_per_node=1", "rollout.total_rollout_steps=20",
+                    "rollout.test_freq=2", "rollout.total_epochs=10", "async_training.staleness_threshold=0.5",
+                    "async_training.trigger_parameter_sync_step=2", "async_training.require_batches=2",
+                    "async_training.partial_rollout=True", "async_training.use_rollout_log_probs=True"]
+
+
+def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
+    """A weight version is mini x require x trigger prompts (2 x 2 x 2 = 8): one step of 8 prompts, 4 optimizer
+    steps; k = ceil(0.5) = 1; partial rollouts are in-flight updates (hf); the rollout's log-probs are the old
+    policy's (bypass mode); 20 prompts = ceil(20 / 8) = 3 steps."""
+    c = load_config(None, VERL_FULLY_ASYNC)
+    a = c.async_training
+    assert (a.enable, a.max_trajectory_age_steps, a.in_flight_weight_updates) == (True, 1, True)
+    assert (c.data.train_batch_size, c.actor.ppo_mini_batch_size) == (8, 2)
+    assert (c.trainer.total_training_steps, c.trainer.test_freq, c.trainer.total_epochs) == (3, 2, 10)
+    assert c.algorithm.rollout_correction.bypass_mode
+    c = load_config(None, [*VERL_FULLY_ASYNC, "async_training.staleness_threshold=0",
+                           "async_training.compute_prox_log_prob=True"])
+    assert (c.async_training.max_trajectory_age_steps, c.async_training.in_flight_weight_updates) == (0, False)
+    assert not c.algorithm.rollout_correction.bypass_mode  # the trainer computes the old log-probs: decoupled
+    with pytest.warns(UserWarning, match="samples whole batches between weight updates"):
+        c = load_config(None, [*VERL_FULLY_ASYNC, "actor_rollout_ref.rollout.name=vllm"])
+    assert not c.async_training.in_flight_weight_updates
+    with pytest.raises(ConfigError, match="make a weight version .* = 8 prompts; set data.train_batch_size=0"):
+        load_config(None, [*VERL_FULLY_ASYNC, "data.train_batch_size=16"])
+    with pytest.raises(ConfigError, match="disagree; set one of them"):
+        load_config(None, [*VERL_FULLY_ASYNC, "async_training.max_trajectory_age_steps=3"])
+    with pytest.raises(ConfigError, match="trigger_parameter_sync_step must be an integer >= 1"):
+        load_config(None, [*VERL_FULLY_ASYNC, "async_training.trigger_parameter_sync_step=0"])
+
+
+def test_a_verl_fully_asynchronous_command_runs(tmp_path, data, trained_tiny_model_dir):
+    keep = [a for a in small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 2)
+            if not a.startswith(("data.train_batch_size=", "actor.ppo_mini_batch_size=", "trainer.total_training_steps"))]
+    summary = run([*keep, *VERL_FULLY_ASYNC, "async_training.rollout_threads=1", "rollout.total_rollout_steps=16",
+                   "actor_rollout_ref.rollout.n=2"])
+    assert summary["steps"] == 2
+    steps = [line for line in read_metrics(tmp_path / "run") if "critic/score/mean" in line]
+    assert [line["async/trajectory_age"] <= 1 for line in steps] == [True, True]
+    assert all("rollout_corr/rollout_is_mean" not in line and "training/rollout_probs_diff_mean" in line
+               for line in steps)
+
+
 def test_stale_batches_without_a_correction_are_warned_about():
     with pytest.warns(UserWarning, match="without algorithm.rollout_correction"):
         load_config(None, ["async_training.enable=true"])

@@ -20,7 +20,8 @@ LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_mod
                   "rollout.lora_sync")
 VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
                   "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "rollout.trace",
-                  "ref.entropy_from_logits_with_chunking", "actor.use_orig_params")
+                  "ref.entropy_from_logits_with_chunking", "actor.use_orig_params", "data.gen_batch_size",
+                  "async_training.use_trainer_do_validate", "async_training.checkpoint_engine")
 
 # What happens to a key, as --help-config shows it; every key not named here is honoured.
 ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
@@ -35,6 +36,9 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
               **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
+              **{f"async_training.{k}": "verl's fully asynchronous trainer: translated (docs/async.md)"
+                 for k in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
+                           "use_rollout_log_probs", "compute_prox_log_prob", "total_rollout_prompts")},
               "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
               "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
               **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"

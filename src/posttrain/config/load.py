@@ -20,7 +20,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config import nemo_rl, presets
+from posttrain.config import nemo_rl, presets, verl_async
 from posttrain.config import verl as aliases
 from posttrain.config.checks import printable, repr_cut
 from posttrain.config.schema import DICT_KEYS, LIST_KEYS, SCHEMA, Config
@@ -151,10 +151,12 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
         layers.append(canonicalize(nemo_rl.layer(nemo_tree, nemo_overrides, origin, given=ours), origin))
     layers.append(ours)
+    given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
     layers.insert(0, _algorithm_layer(layers))
     if not any("model.path" in layer for layer in layers):
         layers.insert(0, preset())
     cfg = _merge(layers)
+    verl_async.resolve(cfg, given)
     validate(cfg)
     return cfg
 

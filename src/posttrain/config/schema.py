@@ -51,6 +51,7 @@ class DataConfig:
     truncation: str = "error"  # error | left | right, when not filtering
     image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
     return_raw_chat: bool = False  # verl's input for its async rollout server; posttrain tokenizes the chat itself
+    gen_batch_size: Optional[int] = None  # verl's prompts per generation request (fully async: 1); unused
     # verl's own dataset class (its RLHFDataset API): not supported, posttrain reads the parquet rows itself
     custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
     # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)

@@ -18,6 +18,10 @@ EXACT = {
     "reward_model.reward_manager": "reward.reward_manager",
     "rollout.nnodes": "async_training.rollout_nnodes",  # verl's one-step off-policy: the rollout's own devices
     "rollout.n_gpus_per_node": "async_training.rollout_n_gpus_per_node",
+    # verl's fully asynchronous trainer's rollouter: its run length in prompts, its epochs and validation period
+    "rollout.total_rollout_steps": "async_training.total_rollout_prompts",
+    "rollout.total_epochs": "trainer.total_epochs",
+    "rollout.test_freq": "trainer.test_freq",
     "global_profiler.tool": "profiler.tool",
     "global_profiler.steps": "profiler.steps",
     "global_profiler.save_path": "profiler.save_path",
@@ -62,7 +66,7 @@ PREFIXES = (
 # verl's one-step off-policy recipe: rollout and trainer on resources of their own, the rollout one update ahead
 # (posttrain's asynchronous training with k = 1, unless the run sets k itself)
 HYBRID_ENGINE = "actor_rollout_ref.hybrid_engine"
-SEPARATE_ROLLOUT = {"async_training.enable": True, "async_training.max_trajectory_age_steps": 1}
+SEPARATE_ROLLOUT = {"async_training.enable": True}  # k: async_training.max_trajectory_age_steps's default, 1
 
 # verl's custom reward is two keys; posttrain's is one: reward.custom_fn=FILE.py:FUNCTION.
 CUSTOM_REWARD_PATH = "custom_reward_function.path"
