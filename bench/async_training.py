@@ -8,6 +8,8 @@ SmolLM2 example (`--model smollm2`). Settings:
   k1, k2      sampling 1 or 2 updates ahead, the weights changing between batches (deterministic)
   k1f, k2f    the same with in-flight weight updates (new weights reach the sequences mid-batch)
   ...-tis     with token TIS (algorithm.rollout_correction.rollout_is=token, threshold 2)
+  ...-lenN    every response exactly N tokens (data.max_response_length=N, rollout.ignore_eos=true), e.g. k1f-len96:
+              generation the longer phase, so in-flight updates land mid-batch
 
     python bench/async_training.py --speed                      # tiny, 30 steps a setting, no validation
     python bench/async_training.py --speed --model smollm2 --steps 4
@@ -52,7 +54,10 @@ PHASES = {"step": "timing_s/step", "gen": "timing_s/gen", "update": "timing_s/up
 
 def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int | None, speed: bool) -> dict:
     extra = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.val_at_end=false"] if speed else []
-    cmd = posttrain("train", *base, *SETTINGS[setting], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+    keys, _, length = setting.partition("-len")
+    if length:  # every response exactly that long: generation the longer phase
+        extra += [f"data.max_response_length={length}", "rollout.ignore_eos=true"]
+    cmd = posttrain("train", *base, *SETTINGS[keys], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable", *extra,
                     *([f"trainer.total_training_steps={steps}"] if steps else []))
     lines, seconds = run_train(cmd, run_dir)
@@ -60,7 +65,10 @@ def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int 
     val = [m["val/score/mean"] for m in lines if "val/score/mean" in m]
     out = {"setting": setting, "seed": seed, "seconds": seconds, "steps": len(steps_m),
            "val_before": val[0] if val else None, "val_after": val[-1] if val else None,
-           "age": statistics.fmean(m.get("async/trajectory_age", 0.0) for m in steps_m)}
+           "age": statistics.fmean(m.get("async/trajectory_age", 0.0) for m in steps_m),
+           "token age": statistics.fmean(m.get("async/token_age_mean", m.get("async/trajectory_age", 0.0))
+                                         for m in steps_m),
+           "updated": statistics.fmean(m.get("async/in_flight_updated_share", 0.0) for m in steps_m)}
     later = steps_m[1:] or steps_m  # the first step pays for warm-up (and, async, for the first batch alone)
     for label, key in PHASES.items():
         out[label] = statistics.fmean(m.get(key, 0.0) for m in later)
@@ -68,17 +76,25 @@ def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int 
 
 
 def speed_table(runs: list[dict]) -> str:
-    sync = next((r for r in runs if r["setting"] == "sync"), None)
+    """One row a run, its ratio against the synchronous run of the same response length (sync, sync-lenN)."""
+    def sync_of(r):
+        length = r["setting"].partition("-len")[2]
+        return next((x for x in runs if x["setting"] == "sync" + (f"-len{length}" if length else "")), None)
+
     rows = []
     for r in runs:
+        sync = sync_of(r)
         ratio = f"{sync['step'] / r['step']:.2f}x" if sync else "-"
-        rows.append([r["setting"], f"{r['age']:.2f}", *(f"{r[label]:.3f}" for label in PHASES), ratio])
-    table = markdown_table(["setting", "mean age", *(f"{p} s" for p in PHASES), "sync/this"], rows)
-    if sync:
+        rows.append([r["setting"], f"{r['age']:.2f}", f"{r['token age']:.2f}", f"{r['updated']:.2f}",
+                     *(f"{r[label]:.3f}" for label in PHASES), ratio])
+    table = markdown_table(["setting", "mean age", "token age", "updated mid-batch", *(f"{p} s" for p in PHASES),
+                            "sync/this"], rows)
+    for sync in (r for r in runs if r["setting"].startswith("sync")):
         train = sync["step"] - sync["gen"]
-        table += (f"\n\nsync's phases: gen {sync['gen']:.3f} s + the rest {train:.3f} s = {sync['step']:.3f} s a step;"
-                  f" with the rollout on devices of its own (no shared cores), an overlapped step would take "
-                  f"max(gen, rest) = {max(sync['gen'], train):.3f} s: {sync['step'] / max(sync['gen'], train):.2f}x")
+        table += (f"\n\n{sync['setting']}'s phases: gen {sync['gen']:.3f} s + the rest {train:.3f} s = "
+                  f"{sync['step']:.3f} s a step; with the rollout on devices of its own (no shared cores), an "
+                  f"overlapped step would take max(gen, rest) = {max(sync['gen'], train):.3f} s: "
+                  f"{sync['step'] / max(sync['gen'], train):.2f}x")
     return table
 
 
@@ -108,7 +124,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     default = "sync,k0,k1,k2,k1f,k2f" if args.speed else "sync,k1,k1-tis,k2,k2-tis,k2f-tis"
     settings = (args.settings or default).split(",")
-    bad = [s for s in settings if s not in SETTINGS]
+    bad = [s for s in settings if s.partition("-len")[0] not in SETTINGS]
     if bad:
         raise SystemExit(f"unknown {bad}; choose from {', '.join(SETTINGS)}")
     seeds = args.seeds or ([0] if args.speed else [0, 1, 2])

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from posttrain.rollout.base import RolloutOutput
+
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))  # this venv's command
 # The whole GSM8K (tests marked shared_data): CI puts the project's shared/ folder beside the clone; a
 # user's fresh clone has none, and these tests skip there (under CI=true the skip is a failure).
@@ -138,3 +140,28 @@ def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
     skipped = {id(n) for block in ast.walk(tree) if typing_block(block) for stmt in block.body for n in ast.walk(stmt)}
     return [n for n in ast.walk(tree) if id(n) not in skipped]
+
+
+class Scripted:
+    """A model that says the given texts: each call to generate takes the next list (one text per row)."""
+
+    def __init__(self, tok, calls):
+        self.tok, self.calls, self.seen = tok, list(calls), []
+
+    def __call__(self, prompts, params):
+        self.seen.append((prompts, params))
+        texts = self.calls.pop(0)
+        assert len(texts) == len(prompts) * params.n
+        eos = self.tok.convert_tokens_to_ids("<|im_end|>")
+        rows = [self.tok.encode(t, add_special_tokens=False)[:params.max_new_tokens - 1] + [eos] if t is not None
+                else self.tok.encode("x" * 500, add_special_tokens=False)[:params.max_new_tokens] for t in texts]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+        p = [x for x in prompts for _ in range(params.n)]
+        pw = max(len(x) for x in p)
+        pids = torch.tensor([[0] * (pw - len(x)) + x for x in p])
+        pmask = torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in p])
+        return RolloutOutput(pids, pmask, ids, mask, torch.full(ids.shape, -0.5) * mask)

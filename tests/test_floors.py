@@ -28,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "batch"),
     ("rollout", "report", "deploy", "sinks"),
-    ("config", "configs", "tools", "arguments"),
+    ("config", "configs", "tools", "envs", "arguments"),
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor
     ("algorithms", "errors", "text", "redact", "quiet", "files", "yamlfile", "nonfinite", "profiling", "samples",

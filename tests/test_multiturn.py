@@ -15,6 +15,8 @@ from posttrain.algorithms import place_on_last_token
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 
+from helpers import Scripted
+
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
 PROMPT = [{"role": "user", "content": "2+2?"}]
 
@@ -22,31 +24,6 @@ PROMPT = [{"role": "user", "content": "2+2?"}]
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-class Scripted:
-    """A model that says the given texts: each call to generate takes the next list (one text per row)."""
-
-    def __init__(self, tok, calls):
-        self.tok, self.calls, self.seen = tok, list(calls), []
-
-    def __call__(self, prompts, params):
-        self.seen.append((prompts, params))
-        texts = self.calls.pop(0)
-        assert len(texts) == len(prompts) * params.n
-        eos = self.tok.convert_tokens_to_ids("<|im_end|>")
-        rows = [self.tok.encode(t, add_special_tokens=False)[:params.max_new_tokens - 1] + [eos] if t is not None
-                else self.tok.encode("x" * 500, add_special_tokens=False)[:params.max_new_tokens] for t in texts]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
-        p = [x for x in prompts for _ in range(params.n)]
-        pw = max(len(x) for x in p)
-        pids = torch.tensor([[0] * (pw - len(x)) + x for x in p])
-        pmask = torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in p])
-        return RolloutOutput(pids, pmask, ids, mask, torch.full(ids.shape, -0.5) * mask)
 
 
 class Tools:

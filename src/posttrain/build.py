@@ -31,7 +31,9 @@ from posttrain.distributed.cluster import connect
 from posttrain.distributed.group import WorkerGroup
 from posttrain.errors import ConfigError, DataError
 from posttrain.flops import ModelFlops
-from posttrain.generation import load_tool_use
+from posttrain.envs import EnvPool, InProcessEnvs
+from posttrain.envs.interactions import interaction_class, read_interaction_config
+from posttrain.generation import EnvSide, load_tool_use
 from posttrain.loop import Run
 from posttrain.debugging import announce
 from posttrain.files import cache_root
@@ -48,6 +50,7 @@ from posttrain.sinks import check_sinks
 from posttrain.specs import lora_settings, rollout_correction, sampling_params, worker_spec
 from posttrain.tiny.arith import ensure_tiny_model
 from posttrain.tools import ToolSet
+from posttrain.tools.functions import canonical_spec, import_function
 from posttrain.worker import Worker
 from posttrain.worker_spec import WorkerSpec
 
@@ -130,11 +133,38 @@ def template_kwargs(cfg, tool_schemas: list | None) -> dict:
     return kwargs
 
 
+def make_env(cfg, model_dir: str, tokenizer) -> tuple[EnvSide | None, MultiTurnSettings | None]:
+    """rollout.multi_turn.environment or interaction_config_path: -> (the environment's side of the
+    conversations, the multi-turn rollout's settings), or (None, None). The class (or the interaction config and
+    its classes) is imported here first, so that a mistake stops the run before the model loads."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable or not (mt.environment or mt.interaction_config_path):
+        return None, None
+    if mt.environment:
+        spec = canonical_spec(mt.environment)
+        import_function(spec, "rollout.multi_turn.environment", want_class=True)
+        factory, reward_from = ("class", spec, dict(mt.environment_kwargs)), mt.reward_from or "env"
+    else:
+        entries = read_interaction_config(mt.interaction_config_path)
+        for e in entries:
+            interaction_class(e["class_name"])
+        factory, reward_from = ("interactions", entries), mt.reward_from or "rule"
+    pool = (InProcessEnvs(factory) if cfg.trainer.debug else
+            EnvPool(factory, mt.environment_workers, mt.environment_timeout_s, mt.environment_memory_mb))
+    settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
+                                 max_tool_response_length=mt.max_tool_response_length,
+                                 max_response_length=cfg.data.max_response_length,
+                                 max_prompt_length=cfg.data.max_prompt_length, max_user_turns=mt.max_user_turns,
+                                 template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+                                 eos_token_ids=tuple(driver_eos_ids(model_dir, tokenizer)))
+    return EnvSide(pool, reward_from), settings
+
+
 def make_tools(cfg, model_dir: str, tokenizer) -> tuple[ToolSet | None, MultiTurnSettings | None]:
     """rollout.multi_turn.*: -> (the tools, the multi-turn rollout's settings: generation.load_tool_use),
     or (None, None)."""
     mt = cfg.rollout.multi_turn
-    if not mt.enable:
+    if not mt.enable or not (mt.tool_config_path or mt.tools):
         return None, None
     return load_tool_use(mt.tool_config_path, mt.tools, cfg.reward.timeout_s, in_process=cfg.trainer.debug,
                          max_assistant_turns=mt.max_assistant_turns or 5,
@@ -299,6 +329,7 @@ def build_run(cfg) -> Run:
     templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     tools, multi_turn = make_tools(cfg, model_dir, tokenizer)
+    env, env_turns = make_env(cfg, model_dir, tokenizer)
     train_data, val_data = load_datasets(cfg, train_files, val_files, tokenizer, templates, tools)
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     total_steps = training_steps(tr, sampler.steps_per_epoch)
@@ -325,8 +356,8 @@ def build_run(cfg) -> Run:
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
         resumed_from=resume_from, flops=flops, peak_flops=peak, peak_keys=measured_peaks(tr.peak_flops, workers),
-        profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn,
-        correction=rollout_correction(cfg),
+        profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn or env_turns,
+        env=env, correction=rollout_correction(cfg),
     )
     if cfg.async_training.enable:  # started by train(), after any resume and the first validation
         a = cfg.async_training

@@ -27,7 +27,7 @@ from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
-from posttrain.generation import rollout_and_score
+from posttrain.generation import EnvSide, rollout_and_score
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler
@@ -77,7 +77,8 @@ class Run:
     guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
     profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
     tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
-    multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools
+    multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools or an environment
+    env: EnvSide | None = None  # rollout.multi_turn.environment / interaction_config_path; train() closes it
     correction: RolloutCorrection | None = None  # algorithm.rollout_correction (config.validate_rollout.rollout_correction)
     ahead: RolloutsAhead | None = None  # async_training.enable: batches sampled ahead by the rollout process
     reward_messages_shown: set[str] = field(default_factory=set)
@@ -327,6 +328,8 @@ def close(run: Run, logger: MetricsLogger) -> None:
     run.rewards.close()  # before the rest: a failure below must not leave reward workers behind
     if run.tools is not None:
         run.tools.close()
+    if run.env is not None:
+        run.env.close()
     logger.close()
     run.writer.close()
     run.actor.shutdown()

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.generation import multi_turn_metrics, sample
+from posttrain.generation import EnvSide, env_metrics, multi_turn_metrics, sample, with_env_rewards
 from posttrain.metrics import MetricsLogger, timed
 from posttrain.rewards.pool import RewardPool
+from posttrain.rewards.scoring import ScoreResult
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.samples import val_sample_rows
@@ -24,9 +25,10 @@ if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
 @torch.no_grad()
 def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPool,
              batch_size: int | None = None, keep_samples: int = 0, tools: ToolSet | None = None,
-             multi_turn: MultiTurnSettings | None = None) -> tuple[dict[str, float], list[dict]]:
-    """Generate for every prompt of `data` (with `tools`: multi-turn, rollout.multiturn), score
-    (rewards.score_batch), and average per data source.
+             multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None
+             ) -> tuple[dict[str, float], list[dict]]:
+    """Generate for every prompt of `data` (with `tools` or an `env`: multi-turn, rollout.multiturn), score
+    (rewards.score_batch, and/or the environment's rewards), and average per data source.
 
     -> ({"val/score/mean", "val/<data_source>/score/mean", "val/response_length/mean"} (with tools also
         "val/multi_turn/*"; for a reward's dict return's other numbers "val/<key>/mean" and
@@ -38,10 +40,16 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     size = batch_size or len(items)
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
-        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn)
+        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn, env)
         trajs += turns or []
-        result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
-                                     prompts=[chunk[g].messages for g in batch.group.tolist()])
+        if env is not None and env.reward_from == "env":
+            result = ScoreResult([0.0] * len(batch))
+        else:
+            result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth,
+                                         batch.extra_info, prompts=[chunk[g].messages for g in batch.group.tolist()])
+        if env is not None:
+            result.scores = with_env_rewards(torch.tensor(result.scores, dtype=torch.float32), turns,
+                                             env.reward_from).tolist()
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
         for source, score, extra in zip(batch.data_source, result.scores, result.extras or [{}] * len(batch)):
             per_source[source].append(score)
@@ -59,7 +67,9 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
         metrics[f"val/{key}/mean" if source is None else f"val/{source}/{key}/mean"] = sum(values) / len(values)
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["val/reward_errors"] = float(errors)
-    if trajs:
+    if trajs and env is not None:
+        metrics.update(env_metrics(trajs, env.pool, "val/env/"))
+    elif trajs:
         metrics.update({"val/" + k: v for k, v in multi_turn_metrics(trajs).items()})
     return metrics, rows
 
@@ -72,7 +82,7 @@ def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
         try:
             metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
                                      run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
-                                     tools=run.tools, multi_turn=run.multi_turn)
+                                     tools=run.tools, multi_turn=run.multi_turn, env=run.env)
         finally:
             run.actor.validation_weights(False)
         m.update(metrics)

@@ -28,11 +28,21 @@ class MultiTurnConfig:
     enable: bool = False
     format: str = "hermes"  # the tool-call markup: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
     max_assistant_turns: Optional[int] = None  # null: 5
-    max_user_turns: Optional[int] = None  # verl's turns of a simulated user (interactions): not supported
+    max_user_turns: Optional[int] = None  # the environment's / simulated user's turns at most; null: no limit
     tool_config_path: Optional[str] = None  # verl's tool config YAML: tools: [{class_name, config, tool_schema}]
     tools: Optional[List[str]] = None  # Python functions as tools: [pkg.module:function, ...]
-    interaction_config_path: Optional[str] = None  # verl's simulated-user interactions: not supported
-    max_tool_response_length: int = 256  # tokens of one tool message (longer: cut)
+    # verl's simulated user: a YAML of interaction: [{name, class_name, config}] (envs.interactions)
+    interaction_config_path: Optional[str] = None
+    max_tool_response_length: int = 256  # tokens of one tool / environment message (longer: cut)
+    # an environment class (pkg.module:Class or path/file.py:Class) with reset(row) and step(text): envs.base
+    environment: Optional[str] = None
+    environment_kwargs: Dict[str, Any] = field(default_factory=dict)  # its __init__'s keyword arguments
+    environment_workers: int = 2  # worker processes running the conversations' environments
+    environment_timeout_s: float = 30.0  # each reset / step call at most (longer: that conversation fails)
+    environment_memory_mb: int = 4096  # each worker's address space (0: no limit)
+    # a conversation's score: env (the sum of the environment's turn rewards), rule (the reward function on the
+    # last answer), sum (both); null: env with an environment, rule with verl's interactions (verl's way)
+    reward_from: Optional[str] = None
 
 
 @dataclass

@@ -103,16 +103,33 @@ def unused_engine_settings(r: RolloutConfig) -> list[str]:
 
 
 def validate_multi_turn(cfg: Config) -> None:
-    """rollout.multi_turn.*: hermes tool calls, at least one tool, no simulated user."""
+    """rollout.multi_turn.*: hermes tool calls and tools, or an environment / verl's simulated user."""
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return
-    choice("rollout.multi_turn.format", mt.format, ("hermes",))
-    need(bool(mt.tool_config_path or mt.tools), "rollout.multi_turn.enable=true needs tools: "
-          "rollout.multi_turn.tool_config_path=TOOLS.yaml (verl's format) or rollout.multi_turn.tools=[pkg.mod:fn]")
-    need(mt.interaction_config_path is None and mt.max_user_turns is None,
-          "rollout.multi_turn.interaction_config_path / max_user_turns (a simulated user between turns) are not "
-          "supported; remove them (the model's turns alternate with tool messages only)")
+    key = "rollout.multi_turn"
+    choice(f"{key}.format", mt.format, ("hermes",))
+    tools, env = bool(mt.tool_config_path or mt.tools), bool(mt.environment or mt.interaction_config_path)
+    need(tools or env, f"{key}.enable=true needs the other side of the conversation: tools "
+          f"({key}.tool_config_path=TOOLS.yaml in verl's format, or {key}.tools=[pkg.mod:fn]), an environment "
+          f"({key}.environment=pkg.mod:Class) or verl's simulated user ({key}.interaction_config_path=FILE.yaml)")
+    need(not (tools and env), f"{key}: tools and an environment / interaction together are not supported yet; "
+          "give the environment the tools' work (its step() reads the model's turn), or use one of them")
+    need(not (mt.environment and mt.interaction_config_path),
+          f"{key}.environment and {key}.interaction_config_path both set; use one of them")
+    need(mt.max_user_turns is None or (whole(mt.max_user_turns, 1)),
+          f"{key}.max_user_turns must be an integer >= 1 or null, got {printable(mt.max_user_turns)}")
+    need(mt.max_user_turns is None or env, f"{key}.max_user_turns limits an environment's or simulated user's turns; "
+          "there is none (tools answer every call)")
+    if mt.reward_from is not None:
+        choice(f"{key}.reward_from", mt.reward_from, ("env", "rule", "sum"))
+        need(env, f"{key}.reward_from={mt.reward_from} is where an environment's conversations get their score; "
+             "there is no environment")
+    need(whole(mt.environment_workers, 1), f"{key}.environment_workers must be an integer >= 1, got "
+          f"{printable(mt.environment_workers)}")
+    need(mt.environment_timeout_s > 0, f"{key}.environment_timeout_s must be > 0, got {mt.environment_timeout_s}")
+    need(whole(mt.environment_memory_mb), f"{key}.environment_memory_mb must be an integer >= 0 (0: no limit), "
+          f"got {printable(mt.environment_memory_mb)}")
     need(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
           f"rollout.multi_turn.max_assistant_turns must be >= 1 or null (5), got {mt.max_assistant_turns}")
     need(mt.max_tool_response_length >= 1,

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from posttrain.data.dataset import encode_prompt
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 
 
@@ -34,6 +35,8 @@ class MultiTurnSettings:
     max_assistant_turns: int = 5  # verl's rollout.multi_turn.max_assistant_turns
     max_tool_response_length: int = 256  # tokens of one tool message's content (longer: cut, marked)
     max_response_length: int = 512  # every token after the prompt, all turns together (data.max_response_length)
+    max_prompt_length: int | None = None  # an environment's first messages, tokenized (data.max_prompt_length)
+    max_user_turns: int | None = None  # an environment's answers at most (verl's max_user_turns); None: no limit
     template_kwargs: dict = field(default_factory=dict)  # the chat template's extra arguments (tools=, ...)
     eos_token_ids: tuple = ()  # the tokens that end a turn
 
@@ -42,13 +45,16 @@ class MultiTurnSettings:
 class Trajectory:
     """One row's conversation after its prompt, and its counts."""
 
-    messages: list = field(default_factory=list)  # assistant and tool messages, in order
+    messages: list = field(default_factory=list)  # assistant and tool / user messages, in order
     turns: int = 0  # assistant turns
     tool_calls: list = field(default_factory=list)  # {"name", "arguments", "content", "error"} per call
     malformed: int = 0  # tool calls that could not be read
     generated_tokens: int = 0
-    tool_tokens: int = 0  # tool messages and template tokens between turns
-    ended: str = ""  # answer | max_turns | length
+    tool_tokens: int = 0  # tool / environment messages and template tokens between turns
+    ended: str = ""  # answer | done | max_turns | length | env_error
+    rewards: list = field(default_factory=list)  # an environment's reward for each turn it answered
+    infos: list = field(default_factory=list)  # its info for each turn
+    env_error: str | None = None  # why the environment failed this conversation
 
     @property
     def answer(self) -> str:
@@ -60,6 +66,66 @@ class Trajectory:
         return self.malformed + sum(1 for c in self.tool_calls if c["error"] is not None)
 
 
+class ToolTurns:
+    """Tools as the other side of the conversation: a turn without a tool call is the answer (the end); a turn
+    with calls gets one tool message per call (rollout_with_tools)."""
+
+    def __init__(self, tools, contexts: list[dict], n: int, tokenizer, max_tool_tokens: int):
+        self.tools, self.contexts, self.n, self.tokenizer, self.max_tokens = tools, contexts, n, tokenizer, max_tool_tokens
+
+    def respond(self, rows: list[int], texts: list[str], trajs: list[Trajectory], room: list[bool],
+                turns_left: list[bool]) -> list[tuple[list[dict], bool, str]]:
+        """-> per row (messages, done, how it ended)."""
+        from posttrain.tools import parse_tool_calls
+
+        out = []
+        for i, text, t, more_room, more_turns in zip(rows, texts, trajs, room, turns_left):
+            calls, malformed = parse_tool_calls(text)
+            if not calls and not malformed:
+                out.append(([], True, "answer"))
+            elif not more_room:
+                out.append(([], True, "length"))
+            elif not more_turns:
+                out.append(([], True, "max_turns"))
+            else:
+                out.append((tool_messages(self.tools, calls, malformed, self.contexts[i // self.n], t, self.tokenizer,
+                                          self.max_tokens), False, ""))
+        return out
+
+
+class EnvTurns:
+    """An environment as the other side (posttrain.envs): every finished turn is its action; its reward is kept
+    per turn; it ends the conversation (done), or the turns or the length run out after it answered."""
+
+    def __init__(self, pool, sessions, tokenizer, max_tokens: int, max_user_turns: int | None = None):
+        self.pool, self.sessions, self.tokenizer, self.max_tokens = pool, sessions, tokenizer, max_tokens
+        self.max_user_turns = max_user_turns
+
+    def respond(self, rows, texts, trajs, room, turns_left):
+        steps = self.pool.step([self.sessions[i] for i in rows], texts)
+        out = []
+        for i, step, t, more_room, more_turns in zip(rows, steps, trajs, room, turns_left):
+            s = self.sessions[i]
+            if s.failed:
+                t.env_error = s.error
+                out.append(([], True, "env_error"))
+                continue
+            t.rewards.append(step.reward)
+            t.infos.append(step.info)
+            messages = [{**m, "content": cut(m["content"], self.tokenizer, self.max_tokens)} for m in step.observation]
+            if step.done:
+                out.append(([], True, "done"))
+            elif self.max_user_turns is not None and len(t.rewards) >= self.max_user_turns:
+                out.append(([], True, "max_turns"))
+            elif not more_room:
+                out.append(([], True, "length"))
+            elif not more_turns:
+                out.append(([], True, "max_turns"))
+            else:
+                out.append((messages, False, ""))
+        return out
+
+
 def rollout_with_tools(generate: Callable, tokenizer, prompts: list[list[int]], prompt_messages: list[list[dict]],
                        params: SamplingParams, tools, contexts: list[dict], settings: MultiTurnSettings
                        ) -> tuple[RolloutOutput, list[Trajectory]]:
@@ -67,22 +133,62 @@ def rollout_with_tools(generate: Callable, tokenizer, prompts: list[list[int]], 
     of `prompt_messages` as the chat template gave them (with settings.template_kwargs); `tools` a
     posttrain.tools.ToolSet; `contexts[i]` what prompt i's tools may see (ground_truth, extra_info,
     data_source). -> the rows' RolloutOutput (prompt-major, params.n per prompt) and their trajectories."""
-    from posttrain.tools import parse_tool_calls
+    turns = ToolTurns(tools, contexts, params.n, tokenizer, settings.max_tool_response_length)
+    first = generate(prompts, _capped(params, settings))
+    return converse(generate, tokenizer, first, [prompts[i // params.n] for i in range(len(prompts) * params.n)],
+                    [prompt_messages[i // params.n] for i in range(len(prompts) * params.n)], params, turns, settings)
 
-    # One piece on purpose (a few lines over 60): the turn loop (generate, parse calls, run the tools, append
-    # their messages, stop) reads as the conversation it builds.
-    n, limit = params.n, settings.max_response_length
-    first = generate(prompts, dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limit)))
+
+def rollout_with_env(generate: Callable, tokenizer, prompt_messages: list[list[dict]], params: SamplingParams, pool,
+                     rows: list[dict], settings: MultiTurnSettings) -> tuple[RolloutOutput, list[Trajectory], list]:
+    """Conversations with an environment (posttrain.envs.EnvPool): params.n per row, each its own conversation
+    (reset(row) gives its first messages, tokenized with the chat template). -> (RolloutOutput, trajectories,
+    sessions); the caller finishes the sessions (pool.finish)."""
+    n = params.n
+    sessions = pool.reset([rows[i // n] for i in range(len(rows) * n)])
+    starts = [s.messages if not s.failed else prompt_messages[i // n] for i, s in enumerate(sessions)]
+    ids = [encode_prompt(tokenizer, m, settings.template_kwargs) for m in starts]
+    for i, s in enumerate(sessions):
+        if settings.max_prompt_length and len(ids[i]) > settings.max_prompt_length and not s.failed:
+            s.error, s.error_kind = (f"reset() gave {len(ids[i])} prompt tokens, over data.max_prompt_length="
+                                     f"{settings.max_prompt_length}"), "error"
+            pool.errors["error"] = pool.errors.get("error", 0) + 1
+            starts[i], ids[i] = prompt_messages[i // n], encode_prompt(tokenizer, prompt_messages[i // n],
+                                                                       settings.template_kwargs)
+    first = generate(ids, dataclasses.replace(_capped(params, settings), n=1))
+    turns = EnvTurns(pool, sessions, tokenizer, settings.max_tool_response_length, settings.max_user_turns)
+    out, trajs = converse(generate, tokenizer, first, ids, starts, dataclasses.replace(params, n=1), turns, settings,
+                          skip=[s.failed for s in sessions])
+    for t, s in zip(trajs, sessions):
+        if s.failed and t.env_error is None:
+            t.env_error, t.ended = s.error, "env_error"
+    return out, trajs, sessions
+
+
+def _capped(params: SamplingParams, settings: MultiTurnSettings) -> SamplingParams:
+    return dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, settings.max_response_length))
+
+
+def converse(generate: Callable, tokenizer, first: RolloutOutput, row_prompts: list[list[int]],
+             row_messages: list[list[dict]], params: SamplingParams, other, settings: MultiTurnSettings,
+             skip: list[bool] | None = None) -> tuple[RolloutOutput, list[Trajectory]]:
+    """The turn loop from the first turn's samples (`first`, one row per conversation): each finished turn goes
+    to `other` (ToolTurns or EnvTurns), whose messages, in the chat template's rendering, come between it and the
+    next turn; a row ends when `other` says so, its turn ran into the length limit, or no turns are left.
+    `skip[i]`: row i's conversation never started (its environment failed): its first turn is kept, no more."""
+    # One piece on purpose (a few lines over 60): the turn loop (generate, answer the turn, append the messages,
+    # stop) reads as the conversation it builds.
+    limit = settings.max_response_length
     rows = first.response_ids.shape[0]
     seq = [[] for _ in range(rows)]  # each row's response tokens so far
-    gen = [[] for _ in range(rows)]  # 1: generated, 0: a tool message or template tokens
+    gen = [[] for _ in range(rows)]  # 1: generated, 0: a tool / environment message or template tokens
     logp = [[] for _ in range(rows)]
     trajs = [Trajectory() for _ in range(rows)]
     truncated = [False] * rows
     eos = set(settings.eos_token_ids)
     active, out = list(range(rows)), first
     while active:
-        going = []
+        asking, texts, last = [], [], []
         for j, i in enumerate(active):
             keep = out.response_mask[j].bool()
             room = limit - len(seq[i])  # a row's own budget (the batch was sampled with the largest)
@@ -95,26 +201,29 @@ def rollout_with_tools(generate: Callable, tokenizer, prompts: list[list[int]], 
             t.generated_tokens += len(tokens)
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             t.messages.append({"role": "assistant", "content": text})
-            calls, malformed = parse_tool_calls(text)
-            finished = bool(tokens) and tokens[-1] in eos
-            if not calls and not malformed:
-                t.ended = "answer" if finished else "length"
-                truncated[i] = not finished
+            if skip is not None and skip[i]:
+                t.ended = "env_error"
                 continue
-            if not finished or len(seq[i]) >= limit:
+            if not (tokens and tokens[-1] in eos):  # cut off by the length limit: no answer to give
                 t.ended, truncated[i] = "length", True
                 continue
-            if t.turns >= settings.max_assistant_turns:
-                t.ended = "max_turns"
+            asking.append(i)
+            texts.append(text)
+            last.append(tokens[-1])
+        replies = other.respond(asking, texts, [trajs[i] for i in asking], [len(seq[i]) < limit for i in asking],
+                                [trajs[i].turns < settings.max_assistant_turns for i in asking])
+        going = []
+        for i, end_token, (messages, done, ended) in zip(asking, last, replies):
+            t = trajs[i]
+            if done:
+                t.ended, truncated[i] = ended, ended == "length"
                 continue
-            replies = tool_messages(tools, calls, malformed, contexts[i // n], t, tokenizer,
-                                    settings.max_tool_response_length)
-            between = continuation_ids(tokenizer, prompt_messages[i // n] + t.messages, replies,
-                                       settings.template_kwargs, tokens[-1])
+            between = continuation_ids(tokenizer, row_messages[i] + t.messages, messages, settings.template_kwargs,
+                                       end_token)
             if len(seq[i]) + len(between) >= limit:  # no room left for the model to read the answer and go on
                 t.ended, truncated[i] = "length", True
                 continue
-            t.messages += replies
+            t.messages += messages
             seq[i] += between
             gen[i] += [0] * len(between)
             logp[i] += [0.0] * len(between)
@@ -123,7 +232,7 @@ def rollout_with_tools(generate: Callable, tokenizer, prompts: list[list[int]], 
         active = going
         if active:
             budget = max(limit - len(seq[i]) for i in active)
-            out = generate([prompts[i // n] + seq[i] for i in active],
+            out = generate([row_prompts[i] + seq[i] for i in active],
                            dataclasses.replace(params, n=1, max_new_tokens=budget))
     return assemble(first, seq, gen, logp if first.log_probs is not None else None, truncated,
                     tokenizer.pad_token_id), trajs

@@ -30,8 +30,9 @@ def canonical_spec(spec: str) -> str:
     return spec.strip()
 
 
-def import_function(spec: str, where: str = "tool function"):
-    """The function a spec names; ConfigError '<where> '<spec>': <what is wrong>; <fix>' when there is none."""
+def import_function(spec: str, where: str = "tool function", want_class: bool = False):
+    """The function a spec names (want_class: the class); ConfigError '<where> '<spec>': <what is wrong>; <fix>'
+    when there is none."""
     spec = spec.strip() if isinstance(spec, str) else spec
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"{where} {spec!r} is not a function's name; write it as {FORMS}")
@@ -52,6 +53,10 @@ def import_function(spec: str, where: str = "tool function"):
             raise ConfigError(f"{where} '{spec}': {module.__name__} has no '{attr}' (its functions: "
                               f"{', '.join(defined) or 'none'}); fix the name")
         obj = getattr(obj, part)
+    if want_class:
+        if not inspect.isclass(obj):
+            raise ConfigError(f"{where} '{spec}' is a {type(obj).__name__}, not a class; name the class")
+        return obj
     if inspect.isclass(obj) or not callable(obj):
         what = "a class" if inspect.isclass(obj) else f"not callable (a {type(obj).__name__})"
         raise ConfigError(f"{where} '{spec}' is {what}; name a function, called with the tool's arguments as "
