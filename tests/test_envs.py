@@ -188,3 +188,18 @@ def test_a_few_steps_scored_by_an_environment(tmp_path, data, trained_tiny_model
         assert 1 <= m["env/turns/mean"] <= 2 and m["env/num_errors"] == 0
     val = [m for m in read_metrics(tmp_path / "run") if "val/score/mean" in m]
     assert val and all(m["val/score/mean"] == pytest.approx(m["val/env/reward/mean"]) for m in val)
+
+
+def test_skyrl_gyms_multi_turn_gsm8k_runs_as_an_environment(tok):
+    """SkyRL-gym's gsm8k_multi_turn through posttrain.envs.skyrl, in a worker process: its per-turn format score,
+    its follow-up prompt, its end on the right answer and its episode metrics."""
+    pytest.importorskip("skyrl_gym")
+    pool = EnvPool(("class", "posttrain.envs.skyrl:SkyRLGym", {"id": "gsm8k_multi_turn", "max_turns": 3}),
+                   workers=1, timeout_s=30)
+    try:
+        _, (t,), _ = converse(tok, [["#### 5"], ["#### 7"]], pool)
+    finally:
+        pool.close()
+    assert t.rewards == [pytest.approx(0.2 / 3), 1.0] and t.ended == "done"
+    assert "#### ANSWER" in t.messages[1]["content"] and t.messages[1]["role"] == "user"
+    assert t.infos[-1] == {"steps": 2}
