@@ -317,12 +317,13 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
     assert error(["model.path=/m", "actor_rollout_ref.rollout.multi_turn.enable=True"]) == (
         "rollout.multi_turn.enable=true needs the other side of the conversation: tools "
         "(rollout.multi_turn.tool_config_path=TOOLS.yaml in verl's format, or rollout.multi_turn.tools=[pkg.mod:fn]), "
-        "an environment (rollout.multi_turn.environment=pkg.mod:Class) or verl's simulated user "
-        "(rollout.multi_turn.interaction_config_path=FILE.yaml)")
+        "an environment (rollout.multi_turn.environment=pkg.mod:Class), verl's simulated user "
+        "(rollout.multi_turn.interaction_config_path=FILE.yaml) or an agent program "
+        "(rollout.multi_turn.agent=pkg.mod:function)")
     on = ["model.path=/m", "actor_rollout_ref.rollout.multi_turn.enable=True", "rollout.multi_turn.tools=[m:f]"]
     assert error([*on, "actor_rollout_ref.rollout.multi_turn.format=chatml"]) == (
         "rollout.multi_turn.format=chatml is not one of: hermes")
-    assert "tools and an environment / interaction together are not supported yet" in error(
+    assert "tools and an environment / interaction / agent together are not supported yet" in error(
         [*on, "actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"])
     assert load_config(None, on).rollout.multi_turn.tools == ["m:f"]
 

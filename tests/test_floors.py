@@ -24,10 +24,10 @@ FLOORS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
     ("build", "specs"),  # specs: config -> worker settings
     ("loop", "distributed"),
-    ("worker", "worker_spec", "engines", "async_rollout", "metrics", "generation", "validation"),  # generation, validation: the loop's sampling/scoring, evals
+    ("worker", "worker_spec", "engines", "async_rollout", "metrics", "generation", "validation", "conversations"),  # generation, validation: the loop's sampling/scoring, evals
     ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "batch"),
-    ("rollout", "report", "deploy", "sinks"),
+    ("rollout", "agents", "report", "deploy", "sinks"),
     ("config", "configs", "tools", "envs", "arguments"),
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor

@@ -33,7 +33,8 @@ from posttrain.errors import ConfigError, DataError
 from posttrain.flops import ModelFlops
 from posttrain.envs import EnvPool, InProcessEnvs
 from posttrain.envs.interactions import interaction_class, read_interaction_config
-from posttrain.generation import EnvSide, load_tool_use
+from posttrain.conversations import EnvSide
+from posttrain.generation import load_tool_use
 from posttrain.loop import Run
 from posttrain.debugging import announce
 from posttrain.files import cache_root
@@ -134,12 +135,22 @@ def template_kwargs(cfg, tool_schemas: list | None) -> dict:
 
 
 def make_env(cfg, model_dir: str, tokenizer) -> tuple[EnvSide | None, MultiTurnSettings | None]:
-    """rollout.multi_turn.environment or interaction_config_path: -> (the environment's side of the
-    conversations, the multi-turn rollout's settings), or (None, None). The class (or the interaction config and
-    its classes) is imported here first, so that a mistake stops the run before the model loads."""
+    """rollout.multi_turn.environment, interaction_config_path or agent: -> (the other side of the
+    conversations, the multi-turn rollout's settings), or (None, None). The class, function or interaction config
+    (and its classes) is imported here first, so that a mistake stops the run before the model loads."""
     mt = cfg.rollout.multi_turn
-    if not mt.enable or not (mt.environment or mt.interaction_config_path):
+    if not mt.enable or not (mt.environment or mt.interaction_config_path or mt.agent):
         return None, None
+    settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
+                                 max_tool_response_length=mt.max_tool_response_length,
+                                 max_response_length=cfg.data.max_response_length,
+                                 max_prompt_length=cfg.data.max_prompt_length, max_user_turns=mt.max_user_turns,
+                                 template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+                                 eos_token_ids=tuple(driver_eos_ids(model_dir, tokenizer)))
+    if mt.agent:
+        agent = import_function(canonical_spec(mt.agent), "rollout.multi_turn.agent")
+        return EnvSide(agent=agent, reward_from=mt.reward_from or "env", agent_workers=mt.agent_workers,
+                       agent_timeout_s=mt.agent_timeout_s, model_name=Path(model_dir).name or "policy"), settings
     if mt.environment:
         spec = canonical_spec(mt.environment)
         import_function(spec, "rollout.multi_turn.environment", want_class=True)
@@ -151,12 +162,6 @@ def make_env(cfg, model_dir: str, tokenizer) -> tuple[EnvSide | None, MultiTurnS
         factory, reward_from = ("interactions", entries), mt.reward_from or "rule"
     pool = (InProcessEnvs(factory) if cfg.trainer.debug else
             EnvPool(factory, mt.environment_workers, mt.environment_timeout_s, mt.environment_memory_mb))
-    settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns or 5,
-                                 max_tool_response_length=mt.max_tool_response_length,
-                                 max_response_length=cfg.data.max_response_length,
-                                 max_prompt_length=cfg.data.max_prompt_length, max_user_turns=mt.max_user_turns,
-                                 template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
-                                 eos_token_ids=tuple(driver_eos_ids(model_dir, tokenizer)))
     return EnvSide(pool, reward_from), settings
 
 

@@ -9,24 +9,21 @@ dynamic sampling where it is on; `sample` is shared with validation.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
-from collections import defaultdict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.algorithms import overlong_penalty, place_on_last_token, varied_groups
 from posttrain.batch import RolloutBatch
-from posttrain.envs import EnvPool
 from posttrain.metrics import timed
 from posttrain.redact import redact_text
 from posttrain.rollout.base import SamplingParams, decode_responses
-from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_env, rollout_with_tools
+from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 from posttrain.tools import ToolSet, load_tools
 
 if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
+    from posttrain.conversations import EnvSide
     from posttrain.loop import Run
 
 
@@ -83,20 +80,20 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
         prompt_lengths = batch.attention_mask[:, :batch.prompt_width].sum(-1)
         flops = run.flops.rollout(prompt_lengths, batch.response_mask.sum(-1), shared)
         m["perf/flops/rollout"] = m.get("perf/flops/rollout", 0.0) + flops
-    if trajectories and run.env is not None:  # conversations with an environment
-        for key, value in env_metrics(trajectories, run.env.pool).items():
+    if trajectories and run.env is not None:  # conversations with an environment or agent runs
+        for key, value in run.env.metrics(trajectories).items():
             m[key] = m.get(key, 0.0) + value if key.startswith("env/num_") else value
     elif trajectories:  # tool use: the metrics count it
         for key, value in multi_turn_metrics(trajectories).items():
             m[key] = m.get(key, 0.0) + value if key == "multi_turn/tool_errors" else value
     with timed(m, "reward"):
-        if run.env is not None and run.env.reward_from == "env":  # the environment scored them: no reward function
+        if run.env is not None and not run.env.needs_rule(trajectories):  # scored by the environment alone
             batch.scores, reward_metrics = torch.zeros(len(batch)), {}
         else:
             batch.scores, reward_metrics = score_responses(run, batch,
                                                            [items[g].messages for g in batch.group.tolist()])
         if run.env is not None:
-            batch.scores = with_env_rewards(batch.scores, trajectories, run.env.reward_from)
+            batch.scores = run.env.scores(batch.scores, trajectories)
         shaped = batch.scores
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
@@ -119,25 +116,6 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
     return batch
 
 
-@dataclass
-class EnvSide:
-    """An environment on the other side of the conversations (rollout.multi_turn.environment or verl's
-    interaction_config_path): its worker pool, and where a trajectory's score comes from: env (the sum of its
-    turns' rewards), rule (the reward function on the last answer) or sum (both)."""
-
-    pool: EnvPool
-    reward_from: str = "env"
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-def env_row(item) -> dict:
-    """What an environment's reset(row) sees: the row as verl writes it."""
-    return {"prompt": item.messages, "data_source": item.data_source, "extra_info": item.extra_info,
-            "reward_model": {"ground_truth": item.ground_truth}}
-
-
 def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | None = None,
            multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None
            ) -> tuple[RolloutBatch, list | None]:
@@ -148,12 +126,8 @@ def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | No
     -> (batch, the trajectories or None)."""
     prompts = [it.prompt_ids for it in items]
     if env is not None:
-        out, trajectories, sessions = rollout_with_env(engine.generate, tokenizer, [it.messages for it in items],
-                                                       params, env.pool, [env_row(it) for it in items], multi_turn)
-        env.pool.finish(sessions)
+        out, trajectories = env.converse(engine, tokenizer, items, params, multi_turn)
         texts = [t.answer for t in trajectories]
-        failed = torch.tensor([t.env_error is not None for t in trajectories], dtype=torch.bool)
-        out.response_mask = out.response_mask.masked_fill(failed.unsqueeze(-1), 0)
     elif tools is not None:
         out, trajectories = rollout_with_tools(engine.generate, tokenizer, prompts, [it.messages for it in items],
                                                params, tools, [tool_context(it) for it in items], multi_turn)
@@ -168,37 +142,6 @@ def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | No
                              **({"turn_scores": t.rewards, "env_error": t.env_error} if env is not None else {})}
                             for info, t in zip(batch.extra_info, trajectories)]
     return batch, trajectories
-
-
-def with_env_rewards(scores: torch.Tensor, trajectories, reward_from: str) -> torch.Tensor:
-    """[N] the rows' scores as rollout.multi_turn.reward_from says: the environment's (the sum of each
-    conversation's turn rewards), the reward function's (`scores`), or their sum."""
-    if reward_from == "rule":
-        return scores
-    env = torch.tensor([float(sum(t.rewards)) for t in trajectories], dtype=torch.float32)
-    return env if reward_from == "env" else scores + env
-
-
-def env_metrics(trajectories, pool: EnvPool, prefix: str = "env/") -> dict[str, float]:
-    """Conversations with an environment: turns, reward, how they ended, errors since the last call (counted by
-    the pool), and the mean of every number its info held."""
-    k = max(len(trajectories), 1)
-    m = {f"{prefix}turns/mean": sum(t.turns for t in trajectories) / k,
-         f"{prefix}reward/mean": sum(sum(t.rewards) for t in trajectories) / k,
-         f"{prefix}done_ratio": sum(1 for t in trajectories if t.ended == "done") / k,
-         f"{prefix}max_turns_ratio": sum(1 for t in trajectories if t.ended == "max_turns") / k,
-         f"{prefix}length_ratio": sum(1 for t in trajectories if t.ended == "length") / k,
-         f"{prefix}failed_ratio": sum(1 for t in trajectories if t.env_error is not None) / k}
-    for kind in ("error", "timeout", "crash"):
-        m[f"{prefix}num_{kind}s" if kind != "error" else f"{prefix}num_errors"] = float(pool.errors.pop(kind, 0))
-    infos = defaultdict(list)
-    for t in trajectories:
-        for info in t.infos:
-            for key, value in info.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    infos[key].append(float(value))
-    m.update({f"{prefix}{key}/mean": sum(v) / len(v) for key, v in infos.items()})
-    return m
 
 
 def tool_context(item) -> dict:
@@ -228,12 +171,12 @@ def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
     with timed(m, "gen_max"):  # with tools, a greedy conversation, as the samples are conversations
         batch, trajectories = sample(run.actor, run.tokenizer, items, greedy, run.tools, run.multi_turn, run.env)
     with timed(m, "reward"):
-        if run.env is not None and run.env.reward_from == "env":
+        if run.env is not None and not run.env.needs_rule(trajectories):
             scores = torch.zeros(len(batch))
         else:
             scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
         if run.env is not None:
-            scores = with_env_rewards(scores, trajectories, run.env.reward_from)
+            scores = run.env.scores(scores, trajectories)
         ob = run.cfg.reward.overlong_buffer
         if ob.enable:
             scores = scores + overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len,

@@ -27,7 +27,8 @@ from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
-from posttrain.generation import EnvSide, rollout_and_score
+from posttrain.conversations import EnvSide
+from posttrain.generation import rollout_and_score
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.generation import EnvSide, env_metrics, multi_turn_metrics, sample, with_env_rewards
+from posttrain.conversations import EnvSide
+from posttrain.generation import multi_turn_metrics, sample
 from posttrain.metrics import MetricsLogger, timed
 from posttrain.rewards.pool import RewardPool
 from posttrain.rewards.scoring import ScoreResult
@@ -42,14 +43,13 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
         chunk = items[start:start + size]
         batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn, env)
         trajs += turns or []
-        if env is not None and env.reward_from == "env":
+        if env is not None and not env.needs_rule(turns):
             result = ScoreResult([0.0] * len(batch))
         else:
             result = rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth,
                                          batch.extra_info, prompts=[chunk[g].messages for g in batch.group.tolist()])
         if env is not None:
-            result.scores = with_env_rewards(torch.tensor(result.scores, dtype=torch.float32), turns,
-                                             env.reward_from).tolist()
+            result.scores = env.scores(torch.tensor(result.scores, dtype=torch.float32), turns).tolist()
         errors += sum(result.errors_by_source.values())  # errors + timeouts + crashes
         for source, score, extra in zip(batch.data_source, result.scores, result.extras or [{}] * len(batch)):
             per_source[source].append(score)
@@ -68,7 +68,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["val/reward_errors"] = float(errors)
     if trajs and env is not None:
-        metrics.update(env_metrics(trajs, env.pool, "val/env/"))
+        metrics.update(env.metrics(trajs, "val/env/"))
     elif trajs:
         metrics.update({"val/" + k: v for k, v in multi_turn_metrics(trajs).items()})
     return metrics, rows

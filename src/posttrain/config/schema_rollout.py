@@ -40,8 +40,14 @@ class MultiTurnConfig:
     environment_workers: int = 2  # worker processes running the conversations' environments
     environment_timeout_s: float = 30.0  # each reset / step call at most (longer: that conversation fails)
     environment_memory_mb: int = 4096  # each worker's address space (0: no limit)
-    # a conversation's score: env (the sum of the environment's turn rewards), rule (the reward function on the
-    # last answer), sum (both); null: env with an environment, rule with verl's interactions (verl's way)
+    # an agent program (pkg.module:function or path/file.py:function), agent(row, client) -> reward or None, that
+    # talks to the policy through an OpenAI-compatible endpoint (client: base_url, api_key, model): posttrain.agents
+    agent: Optional[str] = None
+    agent_workers: int = 64  # agent runs at once (threads; the engine samples their requests together)
+    agent_timeout_s: float = 600.0  # one agent run at most (longer: that sample fails)
+    # a conversation's score: env (the sum of the environment's turn rewards, or the agent's number), rule (the
+    # reward function on the last answer), sum (both); null: env with an environment or an agent, rule with verl's
+    # interactions (verl's way)
     reward_from: Optional[str] = None
 
 

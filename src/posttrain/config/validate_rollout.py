@@ -109,18 +109,22 @@ def validate_multi_turn(cfg: Config) -> None:
         return
     key = "rollout.multi_turn"
     choice(f"{key}.format", mt.format, ("hermes",))
-    tools, env = bool(mt.tool_config_path or mt.tools), bool(mt.environment or mt.interaction_config_path)
+    tools, env = bool(mt.tool_config_path or mt.tools), bool(mt.environment or mt.interaction_config_path or mt.agent)
     need(tools or env, f"{key}.enable=true needs the other side of the conversation: tools "
           f"({key}.tool_config_path=TOOLS.yaml in verl's format, or {key}.tools=[pkg.mod:fn]), an environment "
-          f"({key}.environment=pkg.mod:Class) or verl's simulated user ({key}.interaction_config_path=FILE.yaml)")
-    need(not (tools and env), f"{key}: tools and an environment / interaction together are not supported yet; "
-          "give the environment the tools' work (its step() reads the model's turn), or use one of them")
-    need(not (mt.environment and mt.interaction_config_path),
-          f"{key}.environment and {key}.interaction_config_path both set; use one of them")
+          f"({key}.environment=pkg.mod:Class), verl's simulated user ({key}.interaction_config_path=FILE.yaml) or an "
+          f"agent program ({key}.agent=pkg.mod:function)")
+    need(not (tools and env), f"{key}: tools and an environment / interaction / agent together are not supported "
+          "yet; give the environment or agent the tools' work (an agent passes its tools to the endpoint itself), "
+          "or use one of them")
+    given = [k for k in ("environment", "interaction_config_path", "agent") if getattr(mt, k)]
+    need(len(given) <= 1, f"{key}.{' and '.join(given)} both set; use one of them")
+    need(whole(mt.agent_workers, 1), f"{key}.agent_workers must be an integer >= 1, got {printable(mt.agent_workers)}")
+    need(mt.agent_timeout_s > 0, f"{key}.agent_timeout_s must be > 0, got {mt.agent_timeout_s}")
     need(mt.max_user_turns is None or (whole(mt.max_user_turns, 1)),
           f"{key}.max_user_turns must be an integer >= 1 or null, got {printable(mt.max_user_turns)}")
-    need(mt.max_user_turns is None or env, f"{key}.max_user_turns limits an environment's or simulated user's turns; "
-          "there is none (tools answer every call)")
+    need(mt.max_user_turns is None or (env and not mt.agent), f"{key}.max_user_turns limits an environment's or "
+          "simulated user's turns; there is none (tools answer every call; an agent runs its own loop)")
     if mt.reward_from is not None:
         choice(f"{key}.reward_from", mt.reward_from, ("env", "rule", "sum"))
         need(env, f"{key}.reward_from={mt.reward_from} is where an environment's conversations get their score; "
