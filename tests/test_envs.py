@@ -204,3 +204,30 @@ def test_skyrl_gyms_multi_turn_gsm8k_runs_as_an_environment(tok):
     assert t.rewards == [pytest.approx(0.2 / 3), 1.0] and t.ended == "done"
     assert "#### ANSWER" in t.messages[1]["content"] and t.messages[1]["role"] == "user"
     assert t.infos[-1] == {"steps": 2}
+
+
+def test_the_built_in_games_hint_and_score_as_documented():
+    from posttrain.envs.games import AnswerWithHints, GuessTheNumber
+
+    env = AnswerWithHints(tries=3, discount=0.5)
+    assert env.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "68"}}) == PROMPT
+    assert env.step("60") == Step([{"role": "user", "content": "higher"}], 0.0, False, {"first_try": 0.0})
+    assert env.step("no idea") == Step([{"role": "user", "content": "no number"}], 0.0, False, {})
+    assert env.step("it is 68") == Step([], 0.25, True, {"solved": 1.0, "tries": 3})
+    env.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "68"}})
+    assert env.step("68").reward == 1.0
+    env.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "68"}})
+    assert [env.step("70").done for _ in range(3)] == [False, False, True]
+
+    game = GuessTheNumber(low=1, high=16, tries=2)
+    ask = game.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "9"}})
+    assert "from 1 to 16" in ask[0]["content"] and game.secret == 9
+    assert game.step("8").observation == [{"role": "user", "content": "higher"}]
+    assert game.step("10") == Step([], 0.0, True, {"solved": 0.0, "guesses": 2})
+    row = {"prompt": PROMPT, "reward_model": {"ground_truth": "68"}}  # out of range: drawn from the prompt
+    drawn = set()
+    for _ in range(3):
+        g = GuessTheNumber()
+        g.reset(row)
+        drawn.add(g.secret)
+    assert len(drawn) == 1 and 1 <= drawn.pop() <= 16  # the same game every time the row comes

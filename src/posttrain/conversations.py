@@ -80,6 +80,7 @@ class EnvSide:
         k = max(len(trajectories), 1)
         m = {f"{prefix}turns/mean": sum(t.turns for t in trajectories) / k,
              f"{prefix}reward/mean": sum(sum(t.rewards or []) for t in trajectories) / k,
+             f"{prefix}success_ratio": sum(1 for t in trajectories if sum(t.rewards or []) > 0) / k,
              f"{prefix}done_ratio": sum(1 for t in trajectories if t.ended in ("done", "answer")) / k,
              f"{prefix}max_turns_ratio": sum(1 for t in trajectories if t.ended == "max_turns") / k,
              f"{prefix}length_ratio": sum(1 for t in trajectories if t.ended == "length") / k,
