@@ -231,3 +231,29 @@ def test_the_built_in_games_hint_and_score_as_documented():
         g.reset(row)
         drawn.add(g.secret)
     assert len(drawn) == 1 and 1 <= drawn.pop() <= 16  # the same game every time the row comes
+
+
+def test_the_sliding_puzzle_plays_by_nemo_rls_rules():
+    from posttrain.envs.sliding_puzzle import SlidingPuzzle, solved
+
+    env = SlidingPuzzle(size=2, shuffle_moves=1, max_moves=3)  # one move away: 2x2, the blank moved once
+    first = env.reset({"prompt": PROMPT, "extra_info": {"seed": 5}})
+    assert "SLIDING PUZZLE" in first[0]["content"] and "<action>your_action</action>" in first[0]["content"]
+    grid = [row[:] for row in env.grid]
+    assert not solved(grid) and sum(row.count(0) for row in grid) == 1
+    assert env.step("<action>view</action>").observation[0]["content"].endswith("No move made.</environment>\n")
+    # the one move that solves it: slide the tile that sits where the blank belongs
+    (r, c), = [(r, c) for r in range(2) for c in range(2) if grid[r][c] == 0]
+    move = {(0, 1): "up", (1, 0): "left"}[(r, c)]
+    assert env.step(f"thinking... <action>{move}</action>") == Step([], 1.0, True, {"solved": 1.0, "moves": 1})
+    env.reset({"prompt": PROMPT, "extra_info": {"seed": 5}})
+    assert env.grid == grid  # a seed is one puzzle
+    assert env.step("no action").done  # NeMo-RL ends a turn without <action> as a failure
+    env.reset({"prompt": PROMPT, "extra_info": {"seed": 5}})
+    env.grid = [[1, 0], [3, 2]]  # by hand: "up" solves it; "right" and "left" move the blank back and forth
+    said = [env.step(f"<action>{a}</action>").observation[0]["content"]
+            for a in ("slide 2 1", "slide 3 3", "down", "right", "left", "right")]
+    assert "Tile must be adjacent" in said[0] and "Row/column must be between 1 and 2" in said[1]
+    assert "Cannot slide down" in said[2] and "Slid tile 1 right" in said[3] and "Slid tile 1 left" in said[4]
+    last = env.step("<action>up</action>")  # three moves made: the game is over before this one
+    assert last.done and last.reward == 0.0 and "Maximum moves (3) reached" in last.observation[0]["content"]

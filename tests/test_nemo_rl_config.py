@@ -36,7 +36,7 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_1B_megatron_single_controller": "grpo.async_grpo",
     "grpo_math_8B_megatron_nixl": "async_training.enable",
     "grpo_multiple_datasets": "data.train",
-    "grpo_sliding_puzzle": "env.sliding_puzzle_game",
+    "grpo_sliding_puzzle": LOADS,
 }
 
 
@@ -141,7 +141,7 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
     cases = {
         "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true": "recompute_kv_cache_after_weight_updates=True",
         "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
-        "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .* set it to 1",
+        "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .*turns after the first need an environment",
         "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
         "policy.dtensor_cfg.tensor_parallel_size=2": "tensor_parallel_size=2",
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
@@ -151,12 +151,39 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "++policy.hf_config_overrides={rope_scaling: {rope_type: yarn}}": r"hf_config_overrides=\{'rope_scaling'.* set "
                                                                           r"it to \{\} or null",
         "++env.reward_model.model_name=rm": "no data.*.env_name names it",  # set, but scoring nothing
-        "++env.sliding_puzzle_game.cfg.size=3": "other than math and reward_model",
+        "++env.penguin.cfg.size=3": "other than math, reward_model and sliding_puzzle_game",
     }
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=message) as e:
             layer(BASE, override)
         assert "\n" not in str(e.value)
+
+
+def test_nemo_rls_sliding_puzzle_is_the_built_in_game_on_its_seeds(tmp_path, monkeypatch, trained_tiny_model_dir):
+    """env.sliding_puzzle_game -> posttrain.envs.sliding_puzzle with its game_config and max_moves, the turns from
+    grpo.max_rollout_turns, the sliding_puzzle dataset (its script reads no data.* dataset or prompt file); and
+    NeMo-RL's grpo_sliding_puzzle.yaml (resolved, as tests/data/nemo_rl holds it) runs two steps on the tiny model."""
+    got = layer(BASE, "++env.sliding_puzzle_game.cfg.game_config.size=3", "++env.sliding_puzzle_game.cfg.max_moves=9",
+                "grpo.max_rollout_turns=4", "++data.add_system_prompt=false")
+    assert got["rollout.multi_turn.environment"] == "posttrain.envs.sliding_puzzle:SlidingPuzzle"
+    assert got["rollout.multi_turn.environment_kwargs"] == {"size": 3, "shuffle_moves": 10, "max_moves": 9}
+    assert (got["rollout.multi_turn.max_assistant_turns"], got["data.dataset_name"]) == (4, "sliding_puzzle")
+    assert got["data.apply_chat_template_kwargs"] == {"add_system_prompt": False}
+    from posttrain.build import build_run
+    from posttrain.data.preprocess import sliding_puzzle
+    from posttrain.loop import train
+
+    monkeypatch.setenv("POSTTRAIN_DATA", str(tmp_path / "data"))
+    sliding_puzzle.run(tmp_path / "data" / "sliding-puzzle", num_train=8, num_test=2)
+    path = tmp_path / "grpo_sliding_puzzle.yaml"
+    path.write_text(json.dumps(examples()["configs"]["grpo_sliding_puzzle.yaml"]))  # JSON is YAML
+    small = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "grpo.max_rollout_turns=2",
+             "grpo.max_num_steps=2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4",
+             "policy.logprob_batch_size=4", "policy.max_total_sequence_length=900", "policy.generation.backend=hf",
+             "grpo.val_period=2", "checkpointing.enabled=false", f"logger.log_dir={tmp_path / 'logs'}",
+             f"model.path={trained_tiny_model_dir}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_before_train=false",
+             "rollout.multi_turn.environment_workers=1", "data.max_response_length=24"]  # posttrain's keys mix in
+    assert train(build_run(load_config(str(path), small)))["steps"] == 2
 
 
 IS = "loss_fn.use_importance_sampling_correction=true"

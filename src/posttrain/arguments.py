@@ -68,7 +68,7 @@ def add_preprocess(sub) -> None:
     """posttrain preprocess DATASET ..."""
     from posttrain.data.preprocess import register as register_preprocessors
 
-    pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown)")
+    pre = sub.add_parser("preprocess", help="write a dataset as parquet rows (gsm8k, arith, countdown, sliding-puzzle, ...)")
     register_preprocessors(pre.add_subparsers(dest="dataset", required=True))
 
 

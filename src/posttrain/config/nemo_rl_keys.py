@@ -61,7 +61,6 @@ RENAMES = {
 
 # accepted only with the value(s) that mean "off" (what posttrain does); any other is refused
 OFF = {
-    "grpo.max_rollout_turns": (1,),
     "grpo.val_start_at": (-1, 0, None),
     "grpo.advantage_clip_low": (None,), "grpo.advantage_clip_high": (None,),
     "grpo.stop_at_validation_metric": (None,), "grpo.stop_at_validation_threshold": (None,),

@@ -357,6 +357,9 @@ def _data(f: _Leaves, out: dict, origin: str) -> None:
             raise ConfigError(f"data.{split} is a list of datasets ({origin}): give posttrain their parquet files, "
                               f"data.{'train' if split == 'train' else 'val'}_files=[a.parquet,b.parquet] (`posttrain "
                               "preprocess` writes them), instead of NeMo-RL's per-dataset entries")
+    if f.has("data.add_system_prompt"):  # NeMo-RL hands it to the chat template; so does posttrain
+        out["data.apply_chat_template_kwargs"] = {**out.get("data.apply_chat_template_kwargs", {}),
+                                                  "add_system_prompt": f.get("data.add_system_prompt")}
     repeat = f.get("data.validation.repeat")
     if repeat:  # each validation prompt k times: k samples per prompt
         out["rollout.val_kwargs.n"] = repeat * out.get("rollout.val_kwargs.n", 1)
@@ -402,13 +405,40 @@ def _env(f: _Leaves, out: dict, origin: str) -> None:
         for key in ("data.default.env_name", "data.train.env_name", "data.validation.env_name"):
             f.get(key)
         envs.discard("reward_model")
+    if "sliding_puzzle_game" in envs:  # NeMo-RL's game, built in: posttrain.envs.sliding_puzzle
+        _sliding_puzzle(f, out)
+        envs.discard("sliding_puzzle_game")
+    turns = f.get("grpo.max_rollout_turns")
+    if turns not in (None, 1) and not out.get("rollout.multi_turn.environment"):
+        raise ConfigError(f"grpo.max_rollout_turns={turns} ({origin}): turns after the first need an environment "
+                          "(env.sliding_puzzle_game, or posttrain's rollout.multi_turn.environment); set it to 1")
     other = sorted(envs - {"math"})
     if other == ["reward_model"]:  # set, but no data split scores with it
         raise ConfigError(f"env.reward_model ({origin}) is set but no data.*.env_name names it; set "
                           "data.default.env_name=reward_model to score with it, or drop env.reward_model")
     if other:
         raise ConfigError(f"env.{other[0]} ({origin}): posttrain scores with reward functions by data_source (math, "
-                          "gsm8k, ...); NeMo-RL environments other than math and reward_model are not supported")
+                          "gsm8k, ...) and built-in environments; NeMo-RL environments other than math, "
+                          "reward_model and sliding_puzzle_game are not supported")
+
+
+def _sliding_puzzle(f: _Leaves, out: dict) -> None:
+    """env.sliding_puzzle_game.cfg.{game_config.size, game_config.shuffle_moves, max_moves} -> the built-in game;
+    grpo.max_rollout_turns -> its turns; its data: the sliding_puzzle dataset of seeds (NeMo-RL's example script
+    generates its puzzles and reads no data.* dataset either)."""
+    g = "env.sliding_puzzle_game.cfg."
+    kwargs = {"size": f.get(g + "game_config.size", 3), "shuffle_moves": f.get(g + "game_config.shuffle_moves", 10),
+              "max_moves": f.get(g + "max_moves", 30)}
+    f.under("env.sliding_puzzle_game")
+    out.update({"rollout.multi_turn.enable": True,
+                "rollout.multi_turn.environment": "posttrain.envs.sliding_puzzle:SlidingPuzzle",
+                "rollout.multi_turn.environment_kwargs": kwargs})
+    if f.get("grpo.max_rollout_turns") is not None:
+        out["rollout.multi_turn.max_assistant_turns"] = f.get("grpo.max_rollout_turns")
+    for key in ("data.train_files", "data.val_files", "data.val_dataset_name", "data.prompt_file",
+                "data.system_prompt_file"):  # its script reads no data.* dataset or prompt
+        out.pop(key, None)
+    out["data.dataset_name"] = "sliding_puzzle"
 
 
 def _nearest(key: str) -> str:

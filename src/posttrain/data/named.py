@@ -77,6 +77,9 @@ TABLE = (
           note="generated: the embedded addition task"),
     Named("countdown", "countdown", {"train": "train.parquet", "test": "test.parquet"}, prepare=("countdown",),
           val="test", note="generated: TinyZero's countdown task"),
+    Named("sliding_puzzle", "sliding-puzzle", {"train": "train.parquet", "test": "test.parquet"},
+          prepare=("sliding-puzzle",), val="test",
+          note="generated: seeds of NeMo-RL's sliding-puzzle game (posttrain.envs.sliding_puzzle)"),
 )
 ALIASES = {"gsm8k": "GSM8K"}  # NeMo-RL registers both spellings
 BY_NAME = {n.name: n for n in TABLE}

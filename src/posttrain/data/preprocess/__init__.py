@@ -6,6 +6,7 @@
     posttrain preprocess countdown --output-dir data/countdown --num-train 10000 --num-test 500
     posttrain preprocess math --input data/MATH --output-dir data/math
     posttrain preprocess products --output-dir data/products   # a * b with the calculator tool (multi-turn)
+    posttrain preprocess sliding-puzzle --output-dir data/sliding_puzzle   # seeds of the sliding-puzzle game
     posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
@@ -50,6 +51,12 @@ def _countdown(args) -> int:
     return _report(countdown.run(args.output_dir, args.num_train, args.num_test, args.seed,
                                  (args.min_operands, args.max_operands), args.max_number, args.max_target,
                                  args.min_number))
+
+
+def _sliding_puzzle(args) -> int:
+    from posttrain.data.preprocess import sliding_puzzle
+
+    return _report(sliding_puzzle.run(args.output_dir, args.num_train, args.num_test, args.seed))
 
 
 def _products(args) -> int:
@@ -116,6 +123,14 @@ def register(subparsers) -> None:
     c.add_argument("--max-number", type=int, default=99)
     c.add_argument("--max-target", type=int, default=1000, help="targets are whole numbers in 1..this")
     c.set_defaults(func=_countdown)
+
+    sp = subparsers.add_parser("sliding-puzzle", help="seeds of puzzles for the sliding-puzzle environment "
+                               "(posttrain.envs.sliding_puzzle; NeMo-RL's game)")
+    sp.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
+    sp.add_argument("--num-train", type=int, default=10000)
+    sp.add_argument("--num-test", type=int, default=64)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=_sliding_puzzle)
 
 
 __all__ = ["register"]
