@@ -8,8 +8,9 @@ SmolLM2 example (`--model smollm2`). Settings:
   k1, k2      sampling 1 or 2 updates ahead, the weights changing between batches (deterministic)
   k1f, k2f    the same with in-flight weight updates (new weights reach the sequences mid-batch)
   ...-tis     with token TIS (algorithm.rollout_correction.rollout_is=token, threshold 2)
-  ...-lenN    every response exactly N tokens (data.max_response_length=N, rollout.ignore_eos=true), e.g. k1f-len96:
-              generation the longer phase, so in-flight updates land mid-batch
+  ...-lenN    every response exactly N tokens (data.max_response_length=N, rollout.ignore_eos=true), e.g. k1f-len96
+  ...-lenN-mbM  and the batch sampled M sequences at a time (rollout.micro_batch_size=M): a slower engine, so
+              generation is the longer phase and in-flight updates land mid-batch (k1f-len96-mb16)
 
     python bench/async_training.py --speed                      # tiny, 30 steps a setting, no validation
     python bench/async_training.py --speed --model smollm2 --steps 4
@@ -55,8 +56,11 @@ PHASES = {"step": "timing_s/step", "gen": "timing_s/gen", "update": "timing_s/up
 def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int | None, speed: bool) -> dict:
     extra = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.val_at_end=false"] if speed else []
     keys, _, length = setting.partition("-len")
-    if length:  # every response exactly that long: generation the longer phase
+    length, _, chunk = length.partition("-mb")
+    if length:  # every response exactly that long
         extra += [f"data.max_response_length={length}", "rollout.ignore_eos=true"]
+    if chunk:  # the batch sampled in chunks of that many sequences, one after another: a slower engine
+        extra += [f"rollout.micro_batch_size={chunk}"]
     cmd = posttrain("train", *base, *SETTINGS[keys], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable", *extra,
                     *([f"trainer.total_training_steps={steps}"] if steps else []))
@@ -78,7 +82,7 @@ def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int 
 def speed_table(runs: list[dict]) -> str:
     """One row a run, its ratio against the synchronous run of the same response length (sync, sync-lenN)."""
     def sync_of(r):
-        length = r["setting"].partition("-len")[2]
+        length = r["setting"].partition("-len")[2]  # with its -mbM, if any
         return next((x for x in runs if x["setting"] == "sync" + (f"-len{length}" if length else "")), None)
 
     rows = []

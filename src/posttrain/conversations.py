@@ -50,6 +50,7 @@ class EnvSide:
         if self.agent is not None:
             if self.server is None:
                 self.server = CompletionServer(engine.generate, tokenizer, settings, self.model_name)
+            self.server.generate = engine.generate  # this call's engine (validation's may not be the step's)
             self.server.defaults = params  # what a request does not set: the run's sampling (or validation's)
             out, trajectories = rollout_with_agent(self.server, self.agent, rows, params.n, self.agent_workers,
                                                    self.agent_timeout_s, [it.prompt_ids for it in items], self.errors)

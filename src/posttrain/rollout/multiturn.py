@@ -1,11 +1,19 @@
-"""Multi-turn rollouts with tools: the model answers, or calls a tool in
-hermes format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`),
-reads the tool's answer as a `tool` message and goes on, until it answers
-without a call, reaches `max_assistant_turns`, or the response (every token
-after the prompt, all turns) reaches `max_response_length`.
+"""Multi-turn rollouts, one turn loop (`converse`) for two kinds of other side:
+
+- tools (ToolTurns): the model answers, or calls a tool in hermes format
+  (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), reads the
+  tool's answer as a `tool` message and goes on, until it answers without a
+  call;
+- an environment (EnvTurns, posttrain.envs): every finished turn is its
+  action; it answers with messages and a reward, until it says done;
+
+either way until `max_assistant_turns`, or the response (every token after
+the prompt, all turns) reaches `max_response_length`.
 
     out, trajectories = rollout_with_tools(actor.generate, tokenizer, prompt_ids, prompt_messages, params,
                                            tools, contexts, settings)   # settings: limits, template kwargs, EOS
+    out, trajectories, sessions = rollout_with_env(actor.generate, tokenizer, prompt_messages, params, pool, rows,
+                                                   settings)            # each sample its own conversation
 
 The response of a row is its turns' tokens in order: what the model
 generated (response_mask 1) and, between turns, the tool messages and the
@@ -15,7 +23,8 @@ advantage on them. The generated tokens are kept as sampled (never
 re-tokenized); what comes between turns is the chat template's own
 rendering of the tool messages: the text the template adds after the
 assistant turn, tokenized. Malformed calls, unknown tools and tool errors
-become a tool message saying so (counted), never a failure of the rollout.
+become a tool message saying so (counted), never a failure of the rollout;
+an environment's failure ends its own conversation (envs.pool).
 """
 
 from __future__ import annotations
