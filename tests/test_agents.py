@@ -81,7 +81,7 @@ def test_many_runs_requests_are_sampled_together_and_a_follow_up_extends_the_seq
         return engine.generate(prompts, params)
 
     settings = MultiTurnSettings(max_response_length=40, eos_token_ids=(tok.eos_token_id,))
-    server = CompletionServer(generate, tok, settings, batch_wait_s=2.0,
+    server = CompletionServer(generate, tok, settings, batch_wait_s=30.0,  # it waits for all eight, not this long
                               defaults=SamplingParams(max_new_tokens=40, do_sample=False))
     try:
         out, trajs = rollout_with_agent(server, agent_examples.ask_twice, rows_of([(2, 3)] * 4), 2, 8, 120,
@@ -102,12 +102,12 @@ def test_a_failing_agent_fails_its_own_sample(tools_engine):
     errors = {}
     server = serve(engine, tok, 20)
     try:
-        out, trajs = rollout_with_agent(server, agent_examples.misbehaving, rows, 1, 8, 3.0, [[1, 2]] * 5, errors)
+        out, trajs = rollout_with_agent(server, agent_examples.misbehaving, rows, 1, 8, 8.0, [[1, 2]] * 5, errors)
     finally:
         server.close()
     why = [t.env_error for t in trajs]
     assert "RuntimeError: the agent broke" in why[0] and "return a number or None" in why[1]
-    assert "ran past 3 s" in why[2] and "made no request" in why[3] and why[4] is None
+    assert "ran past 8 s" in why[2] and "made no request" in why[3] and why[4] is None
     assert errors == {"error": 3, "timeout": 1}
     assert out.prompt_ids[3][out.prompt_mask[3].bool()].tolist() == [1, 2]  # no request: the row's own prompt
 
