@@ -257,3 +257,22 @@ def test_the_sliding_puzzle_plays_by_nemo_rls_rules():
     assert "Cannot slide down" in said[2] and "Slid tile 1 right" in said[3] and "Slid tile 1 left" in said[4]
     last = env.step("<action>up</action>")  # three moves made: the game is over before this one
     assert last.done and last.reward == 0.0 and "Maximum moves (3) reached" in last.observation[0]["content"]
+
+
+def test_a_run_with_verls_interaction_config_scores_with_the_reward_function(tmp_path, data, trained_tiny_model_dir):
+    """verl's keys as its example passes them: the simulated user answers each turn, the reward function (arith,
+    the rows' own) scores the last answer, and the interaction's turn scores are logged."""
+    from posttrain.build import build_run
+    from posttrain.loop import train
+
+    config = write(tmp_path / "interaction.yaml", f"interaction:\n  - name: gsm8k\n    class_name: {GSM8K}\n")
+    args = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 1,
+                               "actor_rollout_ref.rollout.multi_turn.enable=True",
+                               f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={config}",
+                               "actor_rollout_ref.rollout.multi_turn.max_user_turns=2", "data.max_response_length=48",
+                               f"{MT}environment_workers=1", "trainer.test_freq=-1", "trainer.val_at_end=false")
+    assert train(build_run(load_config(None, args)))["steps"] == 1
+    (m,) = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
+    assert m["env/num_errors"] == 0 and 1 <= m["env/turns/mean"] <= 3
+    assert m["env/reward/mean"] == 0.0  # the tiny model writes no '#### answer': the interaction never says correct
+    assert m["critic/score/mean"] > 0  # ... while the arith reward scores its last answers
