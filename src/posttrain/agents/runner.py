@@ -19,10 +19,9 @@ import queue
 import threading
 import time
 
-import torch
-
 from posttrain.rollout.base import RolloutOutput
-from posttrain.rollout.multiturn import Trajectory
+from posttrain.rollout.hf import left_pad
+from posttrain.rollout.multiturn import Trajectory, assemble
 from posttrain.text import one_line
 
 
@@ -109,23 +108,6 @@ def _number(value) -> bool:
 
 def _output(sessions, pad: int) -> RolloutOutput:
     """The sessions' chains as one RolloutOutput: prompts left-padded, responses right-padded."""
-    rows = len(sessions)
-    p = max(len(s.prompt_ids) for s in sessions)
-    r = max([len(s.seq) for s in sessions] + [1])
-    prompt_ids = torch.full((rows, p), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((rows, p), dtype=torch.long)
-    ids = torch.full((rows, r), pad, dtype=torch.long)
-    mask = torch.zeros((rows, r), dtype=torch.long)
-    seen = torch.zeros((rows, r), dtype=torch.long)
-    logp = torch.zeros((rows, r))
-    for i, s in enumerate(sessions):
-        k, q = len(s.seq), len(s.prompt_ids)
-        prompt_ids[i, p - q:] = torch.tensor(s.prompt_ids, dtype=torch.long)
-        prompt_mask[i, p - q:] = 1
-        if k:
-            ids[i, :k] = torch.tensor(s.seq, dtype=torch.long)
-            mask[i, :k] = torch.tensor(s.gen, dtype=torch.long)
-            seen[i, :k] = 1
-            logp[i, :k] = torch.tensor(s.logp)
-    truncated = torch.tensor([s.truncated for s in sessions], dtype=torch.bool)
-    return RolloutOutput(prompt_ids, prompt_mask, ids, mask, logp, truncated, response_attention_mask=seen)
+    prompt_ids, prompt_mask = left_pad([s.prompt_ids for s in sessions], pad, max(len(s.prompt_ids) for s in sessions))
+    return assemble(prompt_ids, prompt_mask, [s.seq for s in sessions], [s.gen for s in sessions],
+                    [s.logp for s in sessions], [s.truncated for s in sessions], pad)

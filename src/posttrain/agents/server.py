@@ -60,10 +60,6 @@ class Session:
     last_token: int | None = None
     closed: bool = False
 
-    @property
-    def answer(self) -> str:
-        return next((m.get("content") or "" for m in reversed(self.messages) if m.get("role") == "assistant"), "")
-
 
 class RequestError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):

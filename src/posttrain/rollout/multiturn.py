@@ -243,8 +243,8 @@ def converse(generate: Callable, tokenizer, first: RolloutOutput, row_prompts: l
             budget = max(limit - len(seq[i]) for i in active)
             out = generate([row_prompts[i] + seq[i] for i in active],
                            dataclasses.replace(params, n=1, max_new_tokens=budget))
-    return assemble(first, seq, gen, logp if first.log_probs is not None else None, truncated,
-                    tokenizer.pad_token_id), trajs
+    return assemble(first.prompt_ids, first.prompt_mask, seq, gen, logp if first.log_probs is not None else None,
+                    truncated, tokenizer.pad_token_id), trajs
 
 
 def tool_messages(tools, calls, malformed: list[str], context: dict, t: Trajectory, tokenizer,
@@ -286,8 +286,9 @@ def continuation_ids(tokenizer, messages: list[dict], replies: list[dict], templ
     return tokenizer.encode(tail + after[len(before):], add_special_tokens=False)
 
 
-def assemble(first: RolloutOutput, seq, gen, logp, truncated, pad_token_id: int) -> RolloutOutput:
-    """The rows' turns as one RolloutOutput: responses right-padded to the longest."""
+def assemble(prompt_ids, prompt_mask, seq, gen, logp, truncated, pad_token_id: int) -> RolloutOutput:
+    """The rows' turns as one RolloutOutput (the prompts as given, [N, P] left-padded): responses (seq: token
+    ids; gen: 1 where generated; logp: their log-probs, or None) right-padded to the longest."""
     rows, width = len(seq), max([len(s) for s in seq] + [1])
     ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.long)
@@ -300,5 +301,5 @@ def assemble(first: RolloutOutput, seq, gen, logp, truncated, pad_token_id: int)
         seen[i, :k] = 1
         if probs is not None:
             probs[i, :k] = torch.tensor(logp[i])
-    return RolloutOutput(first.prompt_ids, first.prompt_mask, ids, mask, probs,
-                         torch.tensor(truncated, dtype=torch.bool), response_attention_mask=seen)
+    return RolloutOutput(prompt_ids, prompt_mask, ids, mask, probs, torch.tensor(truncated, dtype=torch.bool),
+                         response_attention_mask=seen)

@@ -66,6 +66,16 @@ def _products(args) -> int:
                                 not args.no_system_prompt))
 
 
+def _generated(subparsers, name: str, help: str, num_train: int, num_test: int):
+    """A generated dataset's sub-command with the arguments they all take: where, how many rows, the seed."""
+    p = subparsers.add_parser(name, help=help)
+    p.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
+    p.add_argument("--num-train", type=int, default=num_train)
+    p.add_argument("--num-test", type=int, default=num_test)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
 def register(subparsers) -> None:
     """Add one sub-command per preprocessor to an argparse subparsers object."""
     g = subparsers.add_parser("gsm8k", help="GSM8K jsonl/parquet -> train/test parquet (verl's row content)")
@@ -100,23 +110,16 @@ def register(subparsers) -> None:
                          "for a chat model)")
     ar.set_defaults(func=_arith)
 
-    pr = subparsers.add_parser("products", help="a * b of 3-digit numbers, with the calculator tool described "
-                                                "(a multi-turn task: rollout.multi_turn.tools=[calculator])")
-    pr.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
-    pr.add_argument("--num-train", type=int, default=2000)
-    pr.add_argument("--num-test", type=int, default=100)
-    pr.add_argument("--seed", type=int, default=0)
+    pr = _generated(subparsers, "products", "a * b of 3-digit numbers, with the calculator tool described "
+                                            "(a multi-turn task: rollout.multi_turn.tools=[calculator])", 2000, 100)
     pr.add_argument("--digits", type=int, default=3, help="digits of each operand (default 3)")
     pr.add_argument("--no-system-prompt", action="store_true",
                     help="leave out the system message that describes the calculator (a chat template with tool "
                          "support describes it from the tools themselves)")
     pr.set_defaults(func=_products)
 
-    c = subparsers.add_parser("countdown", help="Countdown: reach a target with given numbers (TinyZero's task)")
-    c.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
-    c.add_argument("--num-train", type=int, default=10000)
-    c.add_argument("--num-test", type=int, default=500)
-    c.add_argument("--seed", type=int, default=0)
+    c = _generated(subparsers, "countdown", "Countdown: reach a target with given numbers (TinyZero's task)", 10000,
+                   500)
     c.add_argument("--min-operands", type=int, default=3, help="fewest numbers per instance (default 3)")
     c.add_argument("--max-operands", type=int, default=4, help="most numbers per instance (default 4)")
     c.add_argument("--min-number", type=int, default=1)
@@ -124,13 +127,8 @@ def register(subparsers) -> None:
     c.add_argument("--max-target", type=int, default=1000, help="targets are whole numbers in 1..this")
     c.set_defaults(func=_countdown)
 
-    sp = subparsers.add_parser("sliding-puzzle", help="seeds of puzzles for the sliding-puzzle environment "
-                               "(posttrain.envs.sliding_puzzle; NeMo-RL's game)")
-    sp.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")
-    sp.add_argument("--num-train", type=int, default=10000)
-    sp.add_argument("--num-test", type=int, default=64)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.set_defaults(func=_sliding_puzzle)
+    _generated(subparsers, "sliding-puzzle", "seeds of puzzles for the sliding-puzzle environment "
+               "(posttrain.envs.sliding_puzzle; NeMo-RL's game)", 10000, 64).set_defaults(func=_sliding_puzzle)
 
 
 __all__ = ["register"]
