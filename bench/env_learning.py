@@ -1,20 +1,29 @@
-"""Learning in an environment that talks back: the embedded tiny model on its arith task with
-posttrain.envs.games:AnswerWithHints (a wrong answer gets "higher" or "lower" and another try, 3 tries; reward 1
-for a right first answer, halved for each try after), against the plain single-turn run on the same steps.
+"""Learning in an environment that talks back, on the embedded tiny model, 3 settings:
 
-    python bench/env_learning.py                      # 100 steps, seeds 0 1 2, both settings
-    python bench/env_learning.py --settings hints --seeds 0 --steps 10
+- guess: examples/tiny_guess_number.yaml: the tiny model warmed up on number guessing (`posttrain tiny-model
+  --task games`) plays posttrain.envs.games:GuessTheNumber (1 to 16, 4 guesses, "higher"/"lower" after each;
+  reward 1 for finding it), validated sampled (temperature 1) on 256 held-out games, every secret 16 times. A
+  first guess finds the number 1 time in 16 whatever the player does: what is won beyond that is won on later
+  turns, by the answers' use;
+- hints: the arith task with posttrain.envs.games:AnswerWithHints (a wrong answer gets "higher" or "lower" and
+  another try, 3 tries; reward 1 for a right first answer, halved for each try after), against
+- single: the plain single-turn run on the same steps (both validated greedy on the held-out sums).
 
-Each (setting, seed) is one `posttrain train` subprocess. Figures from the validation (greedy, the held-out split):
-- first try: the share answered right at once (hints: val/env/first_try/mean; single: val/score/mean);
-- solved in 3: the share answered right within the three tries (hints only: val/env/success_ratio);
-- score: val/score/mean (hints: the discounted reward above).
+    python bench/env_learning.py                      # 100 steps, seeds 0 1 2, every setting
+    python bench/env_learning.py --settings guess --seeds 0 --steps 10
+
+Each (setting, seed) is one `posttrain train` subprocess. Figures from the validation:
+- solved: the share of conversations that reached the answer (val/env/success_ratio; single: val/score/mean);
+- first try (hints, single): the share answered right at once (val/env/first_try/mean; single: val/score/mean);
+- inside bounds (guess): the share of guesses the answers so far allowed (val/env/consistent/mean);
+- turns: assistant turns per training conversation.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,15 +35,30 @@ from common import markdown_table  # noqa: E402
 from rollout_mismatch import posttrain, record, run_train  # noqa: E402
 
 MT = "rollout.multi_turn."
+GUESS_DATA = "data/guess_number"  # under the workdir
 SETTINGS = {
+    "guess": [str(ROOT / "examples" / "tiny_guess_number.yaml")],
     "single": [],
     "hints": [f"{MT}enable=true", f"{MT}environment=posttrain.envs.games:AnswerWithHints",
               "data.max_response_length=64"],
 }
 
 
+def guess_args(workdir: Path) -> list[str]:
+    """The guessing game's data (made once in the workdir) and the shipped number-guessing model."""
+    data = workdir / GUESS_DATA
+    if not (data / "test.parquet").exists():
+        subprocess.run(posttrain("preprocess", "guess-number", "--output-dir", str(data), "--num-test", "256"),
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    model = subprocess.run(posttrain("tiny-model", "--task", "games"), check=True, cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return [f"model.path={model}", f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}"]
+
+
 def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
-    cmd = posttrain("train", *SETTINGS[setting], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+    extra = guess_args(run_dir.parent) if setting == "guess" else []
+    cmd = posttrain("train", *SETTINGS[setting], *extra, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable",
                     *([f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}"] if steps else []))
     lines, seconds = run_train(cmd, run_dir)
@@ -42,11 +66,15 @@ def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
     steps_m = [m for m in lines if "critic/score/mean" in m]
 
     def first_try(m):
-        return m.get("val/env/first_try/mean", m["val/score/mean"])
+        return m.get("val/env/first_try/mean", m["val/score/mean"]) if setting != "guess" else None
+
+    def solved(m):
+        return m.get("val/env/success_ratio", m["val/score/mean"])
 
     return {"setting": setting, "seed": seed, "seconds": seconds, "steps": len(steps_m),
             "first_before": first_try(val[0]), "first_after": first_try(val[-1]),
-            "solved_before": val[0].get("val/env/success_ratio"), "solved_after": val[-1].get("val/env/success_ratio"),
+            "solved_before": solved(val[0]), "solved_after": solved(val[-1]),
+            "bounds_before": val[0].get("val/env/consistent/mean"), "bounds_after": val[-1].get("val/env/consistent/mean"),
             "score_before": val[0]["val/score/mean"], "score_after": val[-1]["val/score/mean"],
             "turns": statistics.fmean(m.get("env/turns/mean", 1.0) for m in steps_m),
             "s_per_step": statistics.fmean(m["timing_s/step"] for m in steps_m)}
@@ -60,17 +88,18 @@ def table(runs: list[dict]) -> str:
     rows = []
     for setting in dict.fromkeys(r["setting"] for r in runs):
         rs = [r for r in runs if r["setting"] == setting]
-        rows.append([setting, len(rs), span([r["first_before"] for r in rs]), span([r["first_after"] for r in rs]),
-                     span([r["solved_before"] for r in rs]), span([r["solved_after"] for r in rs]),
+        rows.append([setting, len(rs), span([r["solved_before"] for r in rs]), span([r["solved_after"] for r in rs]),
+                     span([r["first_before"] for r in rs]), span([r["first_after"] for r in rs]),
+                     span([r["bounds_before"] for r in rs]), span([r["bounds_after"] for r in rs]),
                      f"{statistics.fmean(r['turns'] for r in rs):.2f}",
                      f"{statistics.fmean(r['s_per_step'] for r in rs):.2f}"])
-    return markdown_table(["setting", "seeds", "first try before", "first try after", "solved in 3 before",
-                           "solved in 3 after", "turns (train)", "s/step"], rows)
+    return markdown_table(["setting", "seeds", "solved before", "solved after", "first try before", "first try after",
+                           "inside bounds before", "inside bounds after", "turns (train)", "s/step"], rows)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="single,hints", help=f"comma list of {', '.join(SETTINGS)}")
+    p.add_argument("--settings", default="guess,single,hints", help=f"comma list of {', '.join(SETTINGS)}")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="trainer.total_training_steps (default: the run's 100)")
     p.add_argument("--workdir", type=Path)

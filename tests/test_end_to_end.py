@@ -118,6 +118,27 @@ def test_the_tool_use_example_runs_as_the_docs_say(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_guessing_game_example_runs_as_the_docs_say(tmp_path):
+    """docs/environments.md, "Learning a game": the guess-number data, the shipped number-guessing model and
+    examples/tiny_guess_number.yaml, for 2 steps: games of several turns are played through the environment's
+    worker processes, trained on, and their success and use of the answers logged."""
+    posttrain(["preprocess", "guess-number", "--output-dir", "data/guess_number", "--num-test", "16"], tmp_path)
+    model = posttrain(["tiny-model", "--task", "games"], tmp_path).stdout.strip()
+    posttrain(["train", str(REPO / "examples" / "tiny_guess_number.yaml"), f"model.path={model}",
+               "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.run_dir=runs/guess",
+               "trainer.log_samples_freq=1"], tmp_path)
+    lines = read_metrics(tmp_path / "runs" / "guess")
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    for key in ("val/env/success_ratio", "val/env/consistent/mean", "val/env/guesses/mean"):
+        assert key in lines[0] and key in lines[2], key
+    assert lines[0]["val/env/consistent/mean"] > 0.7 and lines[0]["val/env/failed_ratio"] == 0.0
+    assert lines[1]["env/turns/mean"] > 2.0 and lines[1]["actor/grad_norm"] > 0
+    assert lines[1]["critic/score/mean"] == lines[1]["env/success_ratio"]  # the game's reward: 1 for a win
+    samples = [json.loads(x) for x in (tmp_path / "runs" / "guess" / "samples.jsonl").read_text().splitlines()]
+    assert any("higher" in s.get("turns", "") or "lower" in s.get("turns", "") for s in samples)
+
+
+@pytest.mark.slow
 def test_grpo_with_the_calculator_raises_correct_tool_use_and_the_held_out_score(tmp_path):
     """The tool-use run of docs/multi-turn-tools.md (examples/tiny_tools.yaml, 40 steps, 500 held-out pairs), about 2 minutes.
 

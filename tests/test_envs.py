@@ -218,12 +218,25 @@ def test_the_built_in_games_hint_and_score_as_documented():
     assert env.step("68").reward == 1.0
     env.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "68"}})
     assert [env.step("70").done for _ in range(3)] == [False, False, True]
+    env.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "68"}})
+    assert env.step("70-68").reward == 1.0  # the last integer as the arith reward reads it: 68, not -68
 
     game = GuessTheNumber(low=1, high=16, tries=2)
     ask = game.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "9"}})
     assert "from 1 to 16" in ask[0]["content"] and game.secret == 9
-    assert game.step("8").observation == [{"role": "user", "content": "higher"}]
-    assert game.step("10") == Step([], 0.0, True, {"solved": 0.0, "guesses": 2})
+    assert game.step("8") == Step([{"role": "user", "content": "higher"}], 0.0, False, {"consistent": 1.0})
+    assert game.step("10") == Step([], 0.0, True, {"consistent": 1.0, "solved": 0.0, "guesses": 2})
+    # consistent: inside the bounds the answers so far allow (9 is higher than 8 and lower than 12: 9..11)
+    game = GuessTheNumber(low=1, high=16, tries=6)
+    game.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "9"}})
+    steps = [game.step(g) for g in ("12", "8", "8", "no idea", "12", "11", "9")[:6]]
+    assert [s.info["consistent"] for s in steps] == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert [s.observation[0]["content"] if s.observation else None for s in steps] == \
+        ["lower", "higher", "higher", "no number", "lower", None]
+    assert steps[-1].done and steps[-1].info["solved"] == 0.0 and game.bounds == (9, 11)
+    game.reset({"prompt": PROMPT, "reward_model": {"ground_truth": "9"}})
+    assert game.bounds == (1, 16) and game.step("9") == Step([], 1.0, True, {"consistent": 1.0, "solved": 1.0,
+                                                                              "guesses": 1})
     row = {"prompt": PROMPT, "reward_model": {"ground_truth": "68"}}  # out of range: drawn from the prompt
     drawn = set()
     for _ in range(3):

@@ -157,7 +157,7 @@ def rebuild_says(said: str, out: Path) -> str:
     return "same" if same else "other"
 
 
-@pytest.mark.parametrize("task", ["arith", "tools"])
+@pytest.mark.parametrize("task", ["arith", "tools", "games"])
 @pytest.mark.parametrize("weights", ["same", "other"])
 def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys, monkeypatch, task, weights):
     """`posttrain tiny-model --rebuild`'s last line, with the build replaced by a copy of the shipped model,
@@ -167,9 +167,9 @@ def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys,
     from safetensors.torch import save_file
 
     from posttrain.cli import main
-    from posttrain.tiny import tools as tiny_tools
+    from posttrain.tiny import games as tiny_games, tools as tiny_tools
 
-    shipped_dir = shipped.EMBEDDED_DIR if task == "arith" else shipped.TOOLS_DIR
+    shipped_dir = {"arith": shipped.EMBEDDED_DIR, "tools": shipped.TOOLS_DIR, "games": shipped.GAMES_DIR}[task]
 
     def build(out, seed=0, **_):
         shutil.copytree(shipped_dir, out, dirs_exist_ok=True)
@@ -183,6 +183,7 @@ def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys,
 
     monkeypatch.setattr(arith, "build_tiny_model", build)
     monkeypatch.setattr(tiny_tools, "build_tools_model", build)
+    monkeypatch.setattr(tiny_games, "build_games_model", build)
     out = tmp_path / "m"
     assert main(["tiny-model", "--task", task, "--rebuild", "--output", str(out)]) == 0
     assert (weights_sha(out) == weights_sha(shipped_dir)) == (weights == "same")
@@ -248,3 +249,69 @@ def test_the_tool_warm_up_builds_a_loadable_model_from_the_shipped_one(tmp_path)
     before, after = load_file(shipped.EMBEDDED_DIR / "model.safetensors"), load_file(tmp_path / "m" / "model.safetensors")
     assert set(before) == set(after) and any(not torch.equal(before[k], after[k]) for k in before)
     assert load_tokenizer(tmp_path / "m").eos_token_id == load_model(tmp_path / "m").config.eos_token_id
+
+
+GAMES_WEIGHTS_SHA256 = "a07ccb420ecf1957f7d5af71073991eed2ef42369d76cf73c8e29099a01c21a2"
+
+
+def test_the_number_guessing_model_ships_and_keeps_to_the_answers_without_a_plan(tmp_path, capsys):
+    """`posttrain tiny-model --task games` prints the shipped directory (its bytes checked) or copies it;
+    greedy, it plays every secret keeping to "higher"/"lower" nearly always, and wins far less often than
+    halving the range would (15 in 16): what the game demonstration starts from."""
+    import hashlib
+
+    import posttrain.tiny.games as tiny_games
+    from posttrain.cli import main
+
+    assert main(["tiny-model", "--task", "games"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == shipped.GAMES_DIR
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == GAMES_WEIGHTS_SHA256
+    meta = json.loads((path / "posttrain_tiny.json").read_text())
+    assert meta["version"] == tiny_games.VERSION and meta["spec"] == asdict(tiny_games.GamesSpec())
+    assert main(["tiny-model", "--task", "games", "--output", str(tmp_path / "m")]) == 0
+    assert directory_digest(tmp_path / "m") == shipped.GAMES_DIGEST
+    assert main(["tiny-model", "--task", "games", "--seed", "1"]) == 2  # ships for seed 0 only
+    scores = tiny_games.game_scores(load_model(path), load_tokenizer(path), list(range(1, 17)), sample=False)
+    assert scores["consistent"] >= 0.8 and 0.15 <= scores["success"] <= 0.75, scores
+    assert 2.0 <= scores["guesses"] <= 4.0
+
+
+def test_a_warm_up_game_is_the_rollouts_conversation_with_the_loss_on_the_guesses():
+    """conversation(): the chat template's rendering of the game token for token (the assistant's turns
+    ending at EOS), labels on the guesses and their EOS only; uniform_game keeps to the answers."""
+    import random
+
+    import posttrain.tiny.games as tiny_games
+
+    tok = load_tokenizer(shipped.embedded_model())
+    ids, labels = tiny_games.conversation(tok, 9, [12, 9])
+    ask = tiny_games.game_row(9)["ask"]
+    messages = ask + [{"role": "assistant", "content": "12"}, {"role": "user", "content": "lower"},
+                      {"role": "assistant", "content": "9"}]
+    assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False).rstrip("\n")
+    assert tok.decode([t for t, lab in zip(ids, labels) if lab != -100]) == "12<|im_end|>9<|im_end|>"
+    assert all(lab in (-100, t) for t, lab in zip(ids, labels))
+    rng = random.Random(0)
+    for secret in (1, 7, 16):
+        for _ in range(50):
+            guesses = tiny_games.uniform_game(secret, rng, 1, 16, 4)
+            lo, hi = 1, 16
+            for g in guesses:
+                assert lo <= g <= hi
+                lo, hi = (g + 1, hi) if g < secret else (lo, g - 1) if g > secret else (g, g)
+            assert len(guesses) <= 4 and (guesses[-1] == secret or len(guesses) == 4)
+    assert tiny_games.uniform_game(2, random.Random(0), 1, 2, 1) in ([1], [2])
+
+
+def test_the_games_warm_up_builds_a_loadable_model_from_the_shipped_one(tmp_path):
+    """build_games_model's path, 2 steps (the shipped one took 400; `posttrain tiny-model --task games
+    --rebuild --output DIR` runs it all): the weights moved, the directory loads, its record says what was built."""
+    import posttrain.tiny.games as tiny_games
+
+    spec = tiny_games.GamesSpec(max_steps=2, eval_every=1, dev_games=4, games=40, batch_size=8)
+    meta = tiny_games.build_games_model(tmp_path / "m", spec=spec, progress=False)
+    assert (meta["sft_steps"], meta["base"], meta["spec"]) == (2, arith.VERSION, asdict(spec))
+    before, after = load_file(shipped.EMBEDDED_DIR / "model.safetensors"), load_file(tmp_path / "m" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert 0.0 <= meta["greedy_success"] <= 1.0 and load_model(tmp_path / "m").config.eos_token_id == 258

@@ -181,3 +181,26 @@ def test_countdown_instances_are_solvable_and_seeded(tmp_path):
     assert not (tmp_path / "e" / "test.parquet").exists()
     with pytest.raises(DataError, match="num_operands"):
         countdown.run(tmp_path / "f", 1, 1, num_operands=(4, 3))
+
+
+def test_guess_number_rows_hold_the_secrets(tmp_path, capsys):
+    """Train secrets drawn (seeded) from low..high; test rows hold every secret in turn; the game reads them."""
+    from posttrain.envs.games import GuessTheNumber
+
+    assert cli(["guess-number", "--output-dir", str(tmp_path / "a"), "--num-train", "200", "--num-test", "10",
+                "--low", "3", "--high", "6"]) == 0
+    assert "train.parquet (200 rows)" in capsys.readouterr().out
+    train, test = read_rows(tmp_path / "a" / "train.parquet"), read_rows(tmp_path / "a" / "test.parquet")
+    assert [r["reward_model"]["ground_truth"] for r in test] == ["3", "4", "5", "6", "3", "4", "5", "6", "3", "4"]
+    assert {r["reward_model"]["ground_truth"] for r in train} == {"3", "4", "5", "6"}
+    assert train[7] == {"data_source": "guess_number", "prompt": [{"role": "user", "content": "Guess the number: game 7"}],
+                        "ability": "game", "reward_model": {"style": "env", "ground_truth": train[7]["reward_model"]
+                                                            ["ground_truth"]}, "extra_info": {"split": "train",
+                                                                                              "index": 7}}
+    game = GuessTheNumber(low=3, high=6)
+    game.reset(test[2])
+    assert game.secret == 5
+    again = cli(["guess-number", "--output-dir", str(tmp_path / "b"), "--num-train", "200", "--low", "3", "--high", "6"])
+    assert again == 0 and read_rows(tmp_path / "b" / "train.parquet") == train  # the same seed, the same secrets
+    with pytest.raises(DataError, match="--low below --high"):
+        cli(["guess-number", "--output-dir", str(tmp_path / "c"), "--low", "5", "--high", "5"])

@@ -133,15 +133,16 @@ def add_compare(sub) -> None:
 
 
 def add_tiny_model(sub) -> None:
-    """posttrain tiny-model [--task arith|tools]"""
+    """posttrain tiny-model [--task arith|tools|games]"""
     tm = sub.add_parser("tiny-model", help="the embedded tiny model's directory (shipped with posttrain)",
                         description="Print the directory of an embedded tiny model (its weights ship inside "
                                     "posttrain), or copy it to --output; with --rebuild, build it anew with "
                                     "posttrain's own build code instead. --task tools: the tiny model warmed up on "
-                                    "calculator calls (the multi-turn tool-use demonstration's start).")
-    tm.add_argument("--task", choices=["arith", "tools"], default="arith",
+                                    "calculator calls (the multi-turn tool-use demonstration's start); --task games: "
+                                    "warmed up on number guessing (the multi-turn game demonstration's start).")
+    tm.add_argument("--task", choices=["arith", "tools", "games"], default="arith",
                     help="arith: the default model (addition); tools: warmed up on products conversations with "
-                         "the calculator tool")
+                         "the calculator tool; games: warmed up on games of envs.games:GuessTheNumber")
     tm.add_argument("--output", help="copy (or with --rebuild, build) the directory here (new or empty); "
                                      "without it, print the shipped directory: model.path=$(posttrain tiny-model)")
     tm.add_argument("--rebuild", action="store_true",

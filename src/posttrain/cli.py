@@ -128,32 +128,35 @@ def cmd_tiny_model(args) -> int:
 
     from posttrain.files import directory_digest
     from posttrain.models import shipped
-    from posttrain.tiny import arith, tools as tiny_tools
+    from posttrain.tiny import arith, games as tiny_games, tools as tiny_tools
 
-    tools = args.task == "tools"
-    if tools and args.seed != 0 and not args.rebuild:
-        raise PosttrainError("the tool-using tiny model ships for seed 0 only; build another with --rebuild --output DIR")
+    # --task -> (what it is, the shipped directory or None, its checked directory, its build)
+    tasks = {"arith": ("", shipped.EMBEDDED_DIR, lambda: arith.ensure_tiny_model(seed=args.seed),
+                       arith.build_tiny_model),
+             "tools": ("tool-using ", shipped.TOOLS_DIR, shipped.tools_model, tiny_tools.build_tools_model),
+             "games": ("number-guessing ", shipped.GAMES_DIR, shipped.games_model, tiny_games.build_games_model)}
+    what, shipped_dir, ready, build = tasks[args.task]
+    if args.task != "arith" and args.seed != 0 and not args.rebuild:
+        raise PosttrainError(f"the {what}tiny model ships for seed 0 only; build another with --rebuild --output DIR")
     if args.output is None:
         if args.rebuild:
             raise PosttrainError("--rebuild needs --output DIR (a new or empty directory to build into)")
-        print(shipped.tools_model() if tools else arith.ensure_tiny_model(seed=args.seed))
+        print(ready())
         return 0
     out = Path(args.output)
     if out.exists() and any(out.iterdir()):
         raise PosttrainError(f"output directory '{out}' is not empty; choose a new --output")
     if not args.rebuild:
-        shutil.copytree(shipped.tools_model() if tools else arith.ensure_tiny_model(seed=args.seed), out,
-                        dirs_exist_ok=True)
-        print(f"wrote the {'tool-using ' if tools else ''}embedded tiny model to {out}; use it with "
-              f"actor_rollout_ref.model.path={out}")
+        shutil.copytree(ready(), out, dirs_exist_ok=True)
+        print(f"wrote the {what}embedded tiny model to {out}; use it with actor_rollout_ref.model.path={out}")
         return 0
-    meta = (tiny_tools.build_tools_model if tools else arith.build_tiny_model)(out, seed=args.seed)
-    shipped_dir = shipped.TOOLS_DIR if tools else shipped.EMBEDDED_DIR
+    meta = build(out, seed=args.seed)
     weights = [hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() for d in (out, shipped_dir)]
     same = "the same weights as" if weights[0] == weights[1] else "other weights than"
-    print(f"built the tiny model into {out} in {meta['seconds']:.0f} s: {meta['sft_steps']} warm-up steps, dev accuracy "
-          f"{meta['dev_accuracy']:.3f}, test accuracy {meta['test_accuracy']:.3f}; {same} the shipped model "
-          f"(seed 0; rounding differs between CPUs). Its digest: {directory_digest(out)}")
+    scores = ", ".join(f"{k} {v:.3f}" for k, v in meta.items() if k.endswith(("_accuracy", "_success")))
+    print(f"built the {what}tiny model into {out} in {meta['seconds']:.0f} s: {meta['sft_steps']} warm-up steps, "
+          f"{scores}; {same} the shipped model (seed 0; rounding differs between CPUs). "
+          f"Its digest: {directory_digest(out)}")
     return 0
 
 

@@ -80,6 +80,9 @@ TABLE = (
     Named("sliding_puzzle", "sliding-puzzle", {"train": "train.parquet", "test": "test.parquet"},
           prepare=("sliding-puzzle",), val="test",
           note="generated: seeds of NeMo-RL's sliding-puzzle game (posttrain.envs.sliding_puzzle)"),
+    Named("guess_number", "guess-number", {"train": "train.parquet", "test": "test.parquet"},
+          prepare=("guess-number",), val="test",
+          note="generated: secrets of the number-guessing game (posttrain.envs.games:GuessTheNumber)"),
 )
 ALIASES = {"gsm8k": "GSM8K"}  # NeMo-RL registers both spellings
 BY_NAME = {n.name: n for n in TABLE}

@@ -11,21 +11,16 @@ info: first_try (on the first turn), solved and tries (on the last).
 GuessTheNumber: the environment asks ("I am thinking of a number from 1 to 16 ...") and answers each guess with
 "higher" or "lower"; the secret is the row's ground truth when it is an integer in range, else drawn from the
 row's prompt text (so a row always plays the same game). Reward 1 when found within `tries` guesses, else 0.
+info: consistent (each guess: 1 when it lies between the bounds the answers so far allow, else 0; the share of
+guesses that use the feedback), solved and guesses (on the last).
 """
 
 from __future__ import annotations
 
 import random
-import re
 
 from posttrain.envs.base import Step
-
-_INT = re.compile(r"-?\d+")
-
-
-def last_integer(text: str) -> int | None:
-    found = _INT.findall(text)
-    return int(found[-1]) if found else None
+from posttrain.rewards.arith import last_integer  # a turn's answer, read as the arith reward reads it
 
 
 class AnswerWithHints:
@@ -63,7 +58,7 @@ class GuessTheNumber:
             self.secret = int(truth)
         else:
             self.secret = random.Random(str(row.get("prompt"))).randint(self.low, self.high)
-        self.turn = 0
+        self.turn, self.bounds = 0, (self.low, self.high)
         ask = (f"I am thinking of a number from {self.low} to {self.high}. Guess it: answer with one number, and I "
                f"will say higher or lower. You have {self.tries} guesses.")
         return [{"role": "user", "content": ask}]
@@ -71,9 +66,14 @@ class GuessTheNumber:
     def step(self, action: str) -> Step:
         self.turn += 1
         guess = last_integer(action)
+        lo, hi = self.bounds
+        info = {"consistent": float(guess is not None and lo <= guess <= hi)}
         if guess == self.secret:
-            return Step([], 1.0, True, {"solved": 1.0, "guesses": self.turn})
+            return Step([], 1.0, True, {**info, "solved": 1.0, "guesses": self.turn})
         if self.turn >= self.tries:
-            return Step([], 0.0, True, {"solved": 0.0, "guesses": self.turn})
-        hint = "no number" if guess is None else ("higher" if guess < self.secret else "lower")
-        return Step([{"role": "user", "content": hint}], 0.0, False, {})
+            return Step([], 0.0, True, {**info, "solved": 0.0, "guesses": self.turn})
+        if guess is None:
+            return Step([{"role": "user", "content": "no number"}], 0.0, False, info)
+        higher = guess < self.secret
+        self.bounds = (max(lo, guess + 1), hi) if higher else (lo, min(hi, guess - 1))
+        return Step([{"role": "user", "content": "higher" if higher else "lower"}], 0.0, False, info)

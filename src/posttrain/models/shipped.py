@@ -3,10 +3,11 @@ the bytes posttrain shipped (a few milliseconds).
 
     embedded/        the embedded tiny model (arithmetic; `posttrain train`'s default)
     embedded_tools/  the same model warmed up on calculator calls (the tool-use demonstration)
+    embedded_games/  the same model warmed up on number guessing (the multi-turn game demonstration)
 
-The code that built them lives a floor higher, in tiny/ (tiny/arith.py, tiny/tools.py): it trains
+The code that built them lives a floor higher, in tiny/ (tiny/arith.py, tiny/tools.py, tiny/games.py): it trains
 with the rollout engine and the data, which this room must not import. To replace a shipped model,
-rebuild it into its directory (`posttrain tiny-model [--task tools] --rebuild --output DIR`) and set
+rebuild it into its directory (`posttrain tiny-model [--task tools|games] --rebuild --output DIR`) and set
 its digest here to the one that command prints.
 """
 
@@ -23,6 +24,9 @@ EMBEDDED_DIGEST = "4a09583d34fe4752b0f8949c3a42c9acf47b7a92cb3480676d335f361f2bf
 TOOLS_DIR = Path(__file__).with_name("embedded_tools")
 # directory_digest(TOOLS_DIR): the shipped tool-using model's bytes, every file of it
 TOOLS_DIGEST = "ca5c8aaee5b23c8ebb6508f7125c4678bdd22a0d203c014cd77c2663861cac5d"
+GAMES_DIR = Path(__file__).with_name("embedded_games")
+# directory_digest(GAMES_DIR): the shipped number-guessing model's bytes, every file of it
+GAMES_DIGEST = "949836955e8c7c6cf5775ba5c68de48d17ddb4dd51a4e6748442f1a4476eeed2"
 
 
 def embedded_model() -> Path:
@@ -35,6 +39,12 @@ def tools_model() -> Path:
     """The shipped tool-using tiny model's directory, checked against TOOLS_DIGEST."""
     return checked_directory(TOOLS_DIR, TOOLS_DIGEST, "the tool-using tiny model",
                              "posttrain tiny-model --task tools --rebuild --output DIR")
+
+
+def games_model() -> Path:
+    """The shipped number-guessing tiny model's directory, checked against GAMES_DIGEST."""
+    return checked_directory(GAMES_DIR, GAMES_DIGEST, "the number-guessing tiny model",
+                             "posttrain tiny-model --task games --rebuild --output DIR")
 
 
 def checked_directory(path: Path, digest: str, what: str, rebuild: str) -> Path:

@@ -17,11 +17,17 @@ import re
 _INT = re.compile(r"(?<!\d)-?\d+")
 
 
+def last_integer(text: str) -> int | None:
+    """The last integer in `text` as this reward reads it ("10-3" ends with 3), or None."""
+    found = _INT.findall(text)
+    return int(found[-1]) if found else None
+
+
 def compute_score(solution_str: str, ground_truth) -> float:
-    found = _INT.findall(solution_str)
-    if not found:
+    found = last_integer(solution_str)
+    if found is None:
         return 0.0
     try:
-        return 1.0 if int(found[-1]) == int(str(ground_truth).strip()) else 0.0
+        return 1.0 if found == int(str(ground_truth).strip()) else 0.0
     except ValueError:  # a ground truth that is not an integer never matches
         return 0.0

@@ -7,6 +7,7 @@
     posttrain preprocess math --input data/MATH --output-dir data/math
     posttrain preprocess products --output-dir data/products   # a * b with the calculator tool (multi-turn)
     posttrain preprocess sliding-puzzle --output-dir data/sliding_puzzle   # seeds of the sliding-puzzle game
+    posttrain preprocess guess-number --output-dir data/guess_number       # secrets of the number-guessing game
     posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
@@ -57,6 +58,12 @@ def _sliding_puzzle(args) -> int:
     from posttrain.data.preprocess import sliding_puzzle
 
     return _report(sliding_puzzle.run(args.output_dir, args.num_train, args.num_test, args.seed))
+
+
+def _guess_number(args) -> int:
+    from posttrain.data.preprocess import guess_number
+
+    return _report(guess_number.run(args.output_dir, args.num_train, args.num_test, args.seed, args.low, args.high))
 
 
 def _products(args) -> int:
@@ -129,6 +136,12 @@ def register(subparsers) -> None:
 
     _generated(subparsers, "sliding-puzzle", "seeds of puzzles for the sliding-puzzle environment "
                "(posttrain.envs.sliding_puzzle; NeMo-RL's game)", 10000, 64).set_defaults(func=_sliding_puzzle)
+
+    gn = _generated(subparsers, "guess-number", "secrets for the number-guessing game "
+                    "(posttrain.envs.games:GuessTheNumber)", 10000, 64)
+    gn.add_argument("--low", type=int, default=1, help="smallest secret (default 1; the game's low)")
+    gn.add_argument("--high", type=int, default=16, help="largest secret (default 16; the game's high)")
+    gn.set_defaults(func=_guess_number)
 
 
 __all__ = ["register"]
