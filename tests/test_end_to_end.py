@@ -118,24 +118,31 @@ def test_the_tool_use_example_runs_as_the_docs_say(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_guessing_game_example_runs_as_the_docs_say(tmp_path):
+def test_the_guessing_game_example_learns_as_the_docs_say(tmp_path):
     """docs/environments.md, "Learning a game": the guess-number data, the shipped number-guessing model and
-    examples/tiny_guess_number.yaml, for 2 steps: games of several turns are played through the environment's
-    worker processes, trained on, and their success and use of the answers logged."""
+    examples/tiny_guess_number.yaml, 40 steps (about 90 s): games of several turns are played through the
+    environment's worker processes and trained on, their success and use of the answers logged, and the games
+    won rise.
+
+    Measured (bench/env_learning.py's runs, trainer.seed 0, 1; the share of training games won): steps 1-10
+    0.433 / 0.440, steps 31-40 0.554 / 0.559 (+0.121 / +0.119). The threshold sits at under half the lowest
+    gain (each mean is over 1280 games: standard error ~0.014)."""
     posttrain(["preprocess", "guess-number", "--output-dir", "data/guess_number", "--num-test", "16"], tmp_path)
     model = posttrain(["tiny-model", "--task", "games"], tmp_path).stdout.strip()
     posttrain(["train", str(REPO / "examples" / "tiny_guess_number.yaml"), f"model.path={model}",
-               "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.run_dir=runs/guess",
-               "trainer.log_samples_freq=1"], tmp_path)
+               "trainer.total_training_steps=40", "trainer.test_freq=40", "trainer.run_dir=runs/guess",
+               "trainer.log_samples_freq=20"], tmp_path)
     lines = read_metrics(tmp_path / "runs" / "guess")
-    assert [x["step"] for x in lines] == [0, 1, 2]
+    assert [x["step"] for x in lines] == list(range(41))
     for key in ("val/env/success_ratio", "val/env/consistent/mean", "val/env/guesses/mean"):
-        assert key in lines[0] and key in lines[2], key
+        assert key in lines[0] and key in lines[40], key
     assert lines[0]["val/env/consistent/mean"] > 0.7 and lines[0]["val/env/failed_ratio"] == 0.0
     assert lines[1]["env/turns/mean"] > 2.0 and lines[1]["actor/grad_norm"] > 0
     assert lines[1]["critic/score/mean"] == lines[1]["env/success_ratio"]  # the game's reward: 1 for a win
     samples = [json.loads(x) for x in (tmp_path / "runs" / "guess" / "samples.jsonl").read_text().splitlines()]
     assert any("higher" in s.get("turns", "") or "lower" in s.get("turns", "") for s in samples)
+    won = [x["critic/score/mean"] for x in lines[1:]]
+    assert sum(won[30:]) / 10 - sum(won[:10]) / 10 >= 0.05, won
 
 
 @pytest.mark.slow
