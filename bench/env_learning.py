@@ -74,7 +74,8 @@ def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
     return {"setting": setting, "seed": seed, "seconds": seconds, "steps": len(steps_m),
             "first_before": first_try(val[0]), "first_after": first_try(val[-1]),
             "solved_before": solved(val[0]), "solved_after": solved(val[-1]),
-            "bounds_before": val[0].get("val/env/consistent/mean"), "bounds_after": val[-1].get("val/env/consistent/mean"),
+            "bounds_before": val[0].get("val/env/consistent/mean"),
+            "bounds_after": val[-1].get("val/env/consistent/mean"),
             "score_before": val[0]["val/score/mean"], "score_after": val[-1]["val/score/mean"],
             "turns": statistics.fmean(m.get("env/turns/mean", 1.0) for m in steps_m),
             "s_per_step": statistics.fmean(m["timing_s/step"] for m in steps_m)}

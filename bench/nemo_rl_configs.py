@@ -1,6 +1,7 @@
-"""NeMo-RL's example GRPO configs through `posttrain train --config FILE`'s loading and checks.
+"""NeMo-RL's example configs through `posttrain train --config FILE`'s loading and checks.
 
-Every `examples/configs/grpo_*.yaml` of a NeMo-RL checkout goes through what
+Every top-level `examples/configs/*.yaml` of a NeMo-RL checkout (GRPO's, and the other trainers' files,
+which are refused naming their section) goes through what
 `posttrain train` does before it builds anything: the CLI's parser,
 split_train_args and load_config (the file with its `defaults:` files, its
 keys mapped onto posttrain's, the result validated). That opens no model and no
@@ -38,7 +39,7 @@ from posttrain.config import load_config, nemo_rl
 from posttrain.errors import ConfigError
 
 SOURCE = "https://github.com/NVIDIA-NeMo/RL"
-TOP, RECIPES = "examples/configs/grpo_*.yaml", "examples/configs/recipes/llm/grpo-*.yaml"
+TOP, RECIPES = "examples/configs/*.yaml", "examples/configs/recipes/llm/grpo-*.yaml"
 LOADS, SWITCHED, REFUSED = "loads", "loads with the FSDP2 switch", "refused"
 MEGATRON = "policy.megatron_cfg.enabled=true"  # how the Megatron refusal starts
 SWITCH = ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"]
@@ -115,7 +116,7 @@ def commit_of(checkout: Path) -> str:
 def generate(checkout: Path, files: list[str], commit: str, out_dir: str) -> Path:
     """out_dir/examples_COMMIT.json: the header, then one line per file (its merged tree)."""
     about = {
-        "what": "NeMo-RL's examples/configs/grpo_*.yaml as posttrain's loader reads each one "
+        "what": "NeMo-RL's top-level examples/configs/*.yaml as posttrain's loader reads each one "
                 "(posttrain.config.nemo_rl.load_tree): its `defaults:` files merged in, `${...}` interpolations "
                 "as written, YAML comments dropped. tests/test_nemo_rl_config.py writes each back to a YAML file.",
         "source": SOURCE,

@@ -146,3 +146,20 @@ def test_concat_repads_prompts_left_and_responses_right():
     assert c.response_mask.tolist() == [[1, 0, 0], [1, 0, 0], [1, 1, 1]]
     assert c.group.tolist() == [0, 0, 1] and c.scores.tolist() == [0.0, 1.0, 0.0]
     assert c.response_text == ["[9]", "[9]", "[1, 2, 3]"] and c.old_log_probs is None
+
+
+def test_truncated_scale_scales_only_the_responses_that_hit_the_limit(tiny_model_dir):
+    """ProRL v2's stop-properly penalty (reward.truncated_scale): limit 3 tokens, every response scored 1; "333"
+    ran into the limit without an EOS, so it keeps a quarter; the reward function's own scores stay as they were."""
+    run = make_run(tiny_model_dir, ["reward.truncated_scale=0.25"], [])
+    run.rewards = in_process(lambda source, text, truth, extra=None: 1.0)
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    assert batch.scores.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert batch.token_level_scores.sum(-1).tolist() == [1.0, 1.0, 0.25, 1.0]
+    assert m["reward/truncated_ratio"] == 0.25 and "reward/overlong_penalty/mean" not in m
+    for bad, said in (("reward.truncated_scale=1.5", "reward.truncated_scale must be in 0..1"),
+                      ("reward.overlong_buffer.enable=true", "reward.truncated_scale and reward.overlong_buffer.enable"
+                                                             "=true both shape the scores of long responses")):
+        with pytest.raises(Exception, match=said):
+            make_run(tiny_model_dir, ["reward.truncated_scale=0.25", bad], [])

@@ -15,13 +15,15 @@ from posttrain.arguments import split_train_args
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 
+from helpers import read_metrics
+
 HERE = Path(__file__).parent / "data" / "nemo_rl"
 BASE, SEED = str(HERE / "grpo_base.yaml"), str(HERE / "grpo_seed.yaml")
 FSDP2 = ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true", "++policy.optimizer.kwargs.lr=2e-6"]
 GUIDE = Path(__file__).parents[1] / "docs" / "coming-from-nemo-rl.md"
 
-# NeMo-RL's own examples/configs/grpo_*.yaml, each as the loader reads it (its `defaults:` merged in), written by
-# `python bench/nemo_rl_configs.py --nemo-rl DIR --generate tests/data/nemo_rl` from a checkout at the named commit
+# NeMo-RL's own top-level examples/configs/*.yaml, each as the loader reads it (its `defaults:` merged in), written
+# by `python bench/nemo_rl_configs.py --nemo-rl DIR --generate tests/data/nemo_rl` from a checkout at the named commit
 EXAMPLES = HERE / "examples_7ea279a.json"
 LOADS, SWITCHED = "loads", "loads with the FSDP2 switch"
 # What `posttrain train --config FILE` makes of each, as the guide's section 6 lists them: it loads, it loads with
@@ -37,6 +39,14 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_8B_megatron_nixl": "async_training.enable",
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": LOADS,
+    "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": "loss_fn.force_on_policy_ratio",
+    "gdpo_math_1B": "grpo.adv_estimator.name",
+    "ppo_math_1B": "ppo", "ppo_math_1B_megatron": "ppo",
+    "sft": "sft", "sft_avlm": "sft", "sft_openmathinstruct2": "sft", "sft_openmathinstruct2_megatron": "sft",
+    "sft_vlm_3B": "sft", "dpo": "dpo", "rm": "rm",
+    "distillation_math": "distillation", "distillation_math_megatron": "distillation",
+    "xtoken_off_policy_distillation": "distillation", "xtoken_multiteacher_off_policy_distillation": "distillation",
+    "audio_grpo_3B_megatron": "env", "vlm_grpo_3B": "env", "vlm_grpo_3B_megatron": "env",
 }
 
 
@@ -64,6 +74,19 @@ def test_a_file_in_nemo_rl_layout_maps_onto_posttrain_keys():
     assert cfg.rollout.val_kwargs.temperature == 0.0 and cfg.rollout.val_kwargs.do_sample is False
     assert cfg.trainer.run_dir == "results/grpo" and cfg.trainer.save_freq == 10
     assert cfg.reward.num_workers == 0 and cfg.trainer.logger == ["console"]
+
+
+def test_prorl_v2s_stop_properly_penalty_replaces_the_overlong_buffer():
+    """NeMo-RL's apply_reward_shaping: with reward_shaping enabled, stop_properly_penalty_coef scales truncated
+    responses' rewards and the DAPO buffer's settings are ignored; disabled, neither shapes anything."""
+    on = layer(None, "++grpo.reward_shaping.enabled=true", "++grpo.reward_shaping.stop_properly_penalty_coef=0.1",
+               "++grpo.reward_shaping.overlong_buffer_length=128")
+    assert on["reward.truncated_scale"] == 0.1 and on["reward.overlong_buffer.enable"] is False
+    assert "reward.overlong_buffer.len" not in on
+    off = layer(None, "++grpo.reward_shaping.enabled=false", "++grpo.reward_shaping.stop_properly_penalty_coef=0.1")
+    assert "reward.truncated_scale" not in off and off["reward.overlong_buffer.enable"] is False
+    dapo = layer(None, "++grpo.reward_shaping.enabled=true", "++grpo.reward_shaping.stop_properly_penalty_coef=null")
+    assert "reward.truncated_scale" not in dapo and dapo["reward.overlong_buffer.enable"] is True
 
 
 def test_train_global_batch_size_counts_samples_not_prompts():
@@ -184,6 +207,30 @@ def test_nemo_rls_sliding_puzzle_is_the_built_in_game_on_its_seeds(tmp_path, mon
              f"model.path={trained_tiny_model_dir}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_before_train=false",
              "rollout.multi_turn.environment_workers=1", "data.max_response_length=24"]  # posttrain's keys mix in
     assert train(build_run(load_config(str(path), small)))["steps"] == 2
+
+
+def test_nemo_rls_prorl_v2_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
+    """prorlv2.v2.yaml (resolved, as tests/data/nemo_rl holds it) runs two steps on the tiny model and the arith
+    task: dynamic sampling, REINFORCE++ with a baseline, ICE-POP and the stop-properly scale, as the file sets."""
+    from posttrain.build import build_run
+    from posttrain.data.preprocess import arith
+    from posttrain.loop import train
+
+    train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
+    path = tmp_path / "prorlv2.v2.yaml"
+    path.write_text(json.dumps(examples()["configs"]["prorlv2.v2.yaml"]))  # JSON is YAML
+    small = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=2",
+             "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16", "policy.logprob_batch_size=16",
+             "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",
+             "grpo.val_period=2", "checkpointing.enabled=false", f"logger.log_dir={tmp_path / 'logs'}",
+             f"model.path={trained_tiny_model_dir}", f"trainer.run_dir={tmp_path / 'run'}",
+             "trainer.val_before_train=false", f"data.train_files=[{train_file}]", f"data.val_files=[{test_file}]",
+             "data.prompt_file=null", "data.max_response_length=3"]  # posttrain's keys mix in
+    cfg = load_config(str(path), small)
+    assert cfg.reward.truncated_scale == 0.0 and cfg.algorithm.filter_groups.enable
+    assert train(build_run(cfg))["steps"] == 2
+    steps = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
+    assert len(steps) == 2 and all("reward/truncated_ratio" in x and "train/num_gen_batches" in x for x in steps)
 
 
 IS = "loss_fn.use_importance_sampling_correction=true"
@@ -375,6 +422,12 @@ def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tm
     rc = cfg.algorithm.rollout_correction
     if name.endswith("_fp8"):  # use_importance_sampling_correction without a type: pi_old / pi_rollout as it is
         assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs) == ("token", None, None)
+    elif name == "prorlv2.v2":  # ProRL v2: REINFORCE++ with a baseline, ICE-POP, dynamic sampling, stop properly
+        assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold_lower) == \
+            ("token", 5.0, "token", 0.5)
+        assert cfg.algorithm.adv_estimator == "reinforce_plus_plus_baseline" and cfg.algorithm.filter_groups.enable
+        assert cfg.reward.truncated_scale == 0.0 and not cfg.reward.overlong_buffer.enable
+        assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.kl_loss_type) == (0.2, 0.27, "k2")
     else:
         assert rc.rollout_is is None and rc.rollout_rs is None
 
@@ -393,7 +446,7 @@ def test_the_guides_section_6_lists_each_example_config_as_it_loads():
         kind = next(k for start, k in (("load as they are", LOADS), ("load with the FSDP2 switch", SWITCHED),
                                        ("refused", "refused")) if head.startswith(start))
         names: list[str] = []
-        for m in re.finditer(r"`(grpo_\w+)`|\(([^()]*)\)", body):
+        for m in re.finditer(r"`([\w.]+)`|\(([^()]*)\)", body):
             if m.group(1):
                 names.append(m.group(1))
                 assert m.group(1) not in listed, f"{m.group(1)} is listed twice"
@@ -403,7 +456,7 @@ def test_the_guides_section_6_lists_each_example_config_as_it_loads():
                 for n in [n for n in names if listed[n] == "refused"]:
                     listed[n] = EXAMPLE_OUTCOMES[n] if EXAMPLE_OUTCOMES.get(n) in keys else f"refused ({m.group(2)})"
                 names = []
-        assert int(count) == len(re.findall(r"`grpo_\w+`", body)), bullet
+        assert int(count) == len(re.findall(r"`[\w.]+`", re.sub(r"\([^()]*\)", "", body))), bullet
     assert listed == EXAMPLE_OUTCOMES
 
 

@@ -4,7 +4,6 @@
 import pytest
 import torch
 
-from posttrain.data.schema import write_rows
 from posttrain.data.sft import SFTDataSettings, collate, conversation_ids, load_examples
 from posttrain.errors import DataError
 from posttrain.models import load_tokenizer, shipped

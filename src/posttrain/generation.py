@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.algorithms import overlong_penalty, place_on_last_token, varied_groups
+from posttrain.algorithms import (
+    overlong_penalty, place_on_last_token, scale_truncated, truncated_rows, varied_groups,
+)
 from posttrain.batch import RolloutBatch
 from posttrain.metrics import timed
 from posttrain.redact import redact_text
@@ -94,14 +96,7 @@ def generate_and_score(run: Run, items, m: dict) -> RolloutBatch:
                                                            [items[g].messages for g in batch.group.tolist()])
         if run.env is not None:
             batch.scores = run.env.scores(batch.scores, trajectories)
-        shaped = batch.scores
-        ob = run.cfg.reward.overlong_buffer
-        if ob.enable:  # DAPO: a soft penalty for responses that run into the length limit
-            penalty = overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len, ob.penalty_factor)
-            shaped = shaped + penalty
-            if ob.log:
-                reward_metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
-                reward_metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
+        shaped = shape_scores(run, batch, batch.scores, reward_metrics)
         # an empty response (only EOS or special tokens) scored 0 unjudged, so it carries no signal: a zero mask
         # gives it no reward token (place_on_last_token), no advantage (estimators multiply by the mask) and
         # no loss (agg_loss leaves fully masked rows out of its means)
@@ -177,10 +172,27 @@ def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
             scores, _ = score_responses(run, batch, [it.messages for it in items])  # failures printed, not counted
         if run.env is not None:
             scores = run.env.scores(scores, trajectories)
-        ob = run.cfg.reward.overlong_buffer
-        if ob.enable:
-            scores = scores + overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len,
-                                               ob.penalty_factor)
+        scores = shape_scores(run, batch, scores)
+    return scores
+
+
+def shape_scores(run: Run, batch: RolloutBatch, scores: torch.Tensor, metrics: dict | None = None) -> torch.Tensor:
+    """[N] scores -> [N] the scores the advantages see: DAPO's soft penalty for responses that run into the
+    length limit (reward.overlong_buffer), or ProRL v2's scale for truncated ones (reward.truncated_scale); its
+    figures into `metrics` (when given)."""
+    rw = run.cfg.reward
+    ob = rw.overlong_buffer
+    if ob.enable:
+        penalty = overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len, ob.penalty_factor)
+        scores = scores + penalty
+        if ob.log and metrics is not None:
+            metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+            metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean())
+    if rw.truncated_scale is not None:
+        cut = truncated_rows(batch.truncated, batch.response_mask, run.cfg.data.max_response_length)  # [N]
+        scores = scale_truncated(scores, cut, rw.truncated_scale)
+        if metrics is not None:
+            metrics["reward/truncated_ratio"] = float(cut.float().mean())
     return scores
 
 

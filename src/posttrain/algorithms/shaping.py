@@ -24,6 +24,16 @@ def overlong_penalty(response_lengths: torch.Tensor, max_response_length: int, b
     return torch.clamp(-exceed / buffer_length * penalty_factor, max=0.0)
 
 
+def scale_truncated(scores: torch.Tensor, truncated: torch.Tensor, scale: float) -> torch.Tensor:
+    """ProRL v2's "stop properly" penalty (NeMo-RL's grpo.reward_shaping.stop_properly_penalty_coef): [B]
+    scores, [B] bool truncated (no EOS within the response limit) -> [B] scores, the truncated ones times
+    `scale` (0: a truncated response earns nothing; 1: no penalty).
+
+    Example: scores [1, 1, 0.5], truncated [F, T, T], scale 0.1 -> [1, 0.1, 0.05].
+    """
+    return torch.where(truncated.bool(), scores * scale, scores)
+
+
 def varied_groups(metric: torch.Tensor, index) -> torch.Tensor:
     """DAPO's dynamic sampling: which rows to keep. [B] metric (a score per
     sequence), B group ids -> [B] bool: True for every row of a group whose

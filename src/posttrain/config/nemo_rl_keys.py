@@ -9,7 +9,15 @@ The guide docs/coming-from-nemo-rl.md lists the same keys for people.
 
 # top-level sections only NeMo-RL has (posttrain and verl have `data` too)
 SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "env", "reward_penalties",
-            "data_plane", "on_policy_distillation")
+            "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo")
+# NeMo-RL's other trainers, each known by its own section: what a file with one runs (refused by posttrain train)
+OTHER_TRAINERS = {
+    "sft": "NeMo-RL's supervised fine-tuning (examples/run_sft.py)",
+    "dpo": "NeMo-RL's DPO (examples/run_dpo.py)",
+    "rm": "NeMo-RL's reward-model training (examples/run_rm.py)",
+    "distillation": "NeMo-RL's distillation (examples/run_distillation*.py)",
+    "ppo": "NeMo-RL's PPO with a value model (examples/run_ppo.py, its ppo.* layout)",
+}
 # data.* keys only NeMo-RL has (its newer per-split layout and loader settings)
 DATA_KEYS = ("data.max_input_seq_length", "data.num_workers", "data.use_multiple_dataloader", "data.train.",
              "data.validation.", "data.default.")
@@ -66,7 +74,6 @@ OFF = {
     "grpo.stop_at_validation_metric": (None,), "grpo.stop_at_validation_threshold": (None,),
     "grpo.seq_logprob_error_threshold": (None,),
     "grpo.invalid_tool_call_advantage": (None,), "grpo.malformed_thinking_advantage": (None,),
-    "grpo.reward_shaping.stop_properly_penalty_coef": (None,),
     "loss_fn.kl_input_clamp_value": (20, None), "loss_fn.kl_output_clamp_value": (10, None),  # posttrain's k3 clamps
     "loss_fn.use_on_policy_kl_approximation": (False,),
     "loss_fn.force_on_policy_ratio": (False,), "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),

@@ -23,8 +23,8 @@ import fnmatch
 from typing import Any
 
 from posttrain.algorithms.rollout_corr import from_nemo_rl
-from posttrain.config.nemo_rl_keys import (BACKENDS, IS_CORRECTION, KL_IN_REWARD, KL_TYPES, METRICS, OFF, RENAMES,
-                                            SWITCHED, TUNING, WHOLE)
+from posttrain.config.nemo_rl_keys import (BACKENDS, IS_CORRECTION, KL_IN_REWARD, KL_TYPES, METRICS, OFF,
+                                            OTHER_TRAINERS, RENAMES, SWITCHED, TUNING, WHOLE)
 from posttrain.errors import ConfigError
 
 _ABSENT = object()
@@ -74,6 +74,10 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
     posttrain cannot honour."""
     f = _Leaves(tree)
     out: dict[str, Any] = {}
+    for section, what in OTHER_TRAINERS.items():
+        if f.under(section):
+            raise ConfigError(f"{section}.* ({origin}): {what} is not supported by posttrain train, which runs "
+                              "NeMo-RL's GRPO layout (grpo.*)")
     for section, why in SWITCHED.items():
         if f.get(f"{section}.enabled") is True:
             raise ConfigError(f"{section}.enabled=true ({origin}): {why}")
@@ -117,8 +121,12 @@ def _grpo(f: _Leaves, out: dict, origin: str) -> None:
             raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo or "
                               "reinforce_plus_plus (posttrain's algorithm.adv_estimator lists more)")
     f.get("grpo.adv_estimator.minus_baseline")
+    coef = f.get("grpo.reward_shaping.stop_properly_penalty_coef")
     if f.has("grpo.reward_shaping.enabled"):
         out["reward.overlong_buffer.enable"] = bool(f.get("grpo.reward_shaping.enabled"))
+        if out["reward.overlong_buffer.enable"] and coef is not None:  # ProRL v2: it replaces the overlong buffer
+            out["reward.truncated_scale"] = coef
+            out["reward.overlong_buffer.enable"] = False
         if not out["reward.overlong_buffer.enable"]:  # its other settings then do nothing
             for key in ("len", "penalty_factor", "max_resp_len"):
                 out.pop(f"reward.overlong_buffer.{key}", None)

@@ -281,6 +281,9 @@ class RewardConfig:
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # a truncated response's score (no EOS within data.max_response_length) times this: 0 earns nothing, 1 no
+    # penalty; null: none (ProRL v2; NeMo-RL's grpo.reward_shaping.stop_properly_penalty_coef)
+    truncated_scale: Optional[float] = None
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 

@@ -187,6 +187,13 @@ def validate_overlong(cfg: Config) -> None:
         need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
               f"max_resp_len={max_len} (the penalty grows over the last len tokens before it)")
         need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
+    scale = cfg.reward.truncated_scale
+    if scale is not None:
+        need(0 <= scale <= 1, f"reward.truncated_scale must be in 0..1 (a truncated response's score times it), "
+                              f"got {scale}")
+        need(not ob.enable, "reward.truncated_scale and reward.overlong_buffer.enable=true both shape the scores of "
+                            "long responses: pick one (NeMo-RL's stop_properly_penalty_coef turns the overlong "
+                            "buffer off)")
 
 
 def validate_algorithm(cfg: Config) -> None:

@@ -126,7 +126,9 @@ def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | No
         prompt = encode_prompt(tokenizer, messages[:-1])
         answer = tokenizer.encode(messages[-1]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
         return prompt + answer, [0] * len(prompt) + [1] * len(answer)
-    render = lambda ms, gen: tokenizer.apply_chat_template(ms, tokenize=False, add_generation_prompt=gen, **kw)  # noqa: E731
+    def render(ms: list[dict], gen: bool) -> str:
+        return tokenizer.apply_chat_template(ms, tokenize=False, add_generation_prompt=gen, **kw)
+
     full = render(messages, False)
     ids, mask, pos = [], [], 0
     for i, m in enumerate(messages):
