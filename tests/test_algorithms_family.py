@@ -172,13 +172,14 @@ def test_gae_lam_zero_is_one_step_td_and_empty_cases():
 
 def test_dispatcher_registry_and_errors():
     assert set(ADV_ESTIMATORS) == {"grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                   "grpo_passk", "remax", "gpg", "grpo_loo"}
+                                   "grpo_passk", "remax", "gpg", "grpo_loo", "gdpo"}
     assert NEEDS_CRITIC == frozenset({"gae"})
     rewards, mask = T([[0.0, 1.0], [0.0, 0.0]]), torch.ones(2, 2)
     # every estimator gets only the arguments it takes (no TypeError for the extras)
     for name in ADV_ESTIMATORS:
         adv, ret = compute_advantages(name, rewards, mask, [0, 0], values=torch.zeros(2, 2), gamma=0.9, lam=0.9,
-                                      norm_adv_by_std_in_grpo=False, epsilon=1e-3, reward_baselines=torch.zeros(2))
+                                      norm_adv_by_std_in_grpo=False, epsilon=1e-3, reward_baselines=torch.zeros(2),
+                                      reward_components=torch.eye(2))
         assert adv.shape == ret.shape == (2, 2) and torch.isfinite(adv).all()
     with pytest.raises(ValueError, match="needs the critic's values"):
         compute_advantages("gae", rewards, mask, [0, 0])

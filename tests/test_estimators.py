@@ -250,3 +250,61 @@ def test_varied_groups():
     assert keep.tolist() == [False, False, True, True, True]  # group 0 all equal; group 2 has one sample
     assert varied_groups(T([0.5, 0.5]), torch.tensor([3, 3])).tolist() == [False, False]
     assert varied_groups(torch.zeros(0), []).tolist() == []
+
+
+def test_gdpo_normalizes_each_reward_in_its_group_then_whitens_the_weighted_sum():
+    """GDPO by hand: one group of 3, correctness [1, 0, 0], format [1, 1, 0] (the docstring's example), then
+    weights [2, 1]; a second group of one gets 0 from every component; leave-one-out per component."""
+    from posttrain.algorithms import compute_advantages
+    from posttrain.algorithms.advantages import gdpo_advantages
+
+    comps = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]], dtype=torch.float32)
+    adv, ret = gdpo_advantages(comps, mask, [0, 0, 0])
+    assert torch.allclose(adv, torch.tensor([[1.0, 1.0], [0.0, 0.0], [-1.0, -1.0]]), atol=1e-5) and adv is ret
+    # weights [2, 1]: sum [2.3094 + 0.5774, -1.1547 + 0.5774, -1.1547 - 1.1547] = [2.8868, -0.5774, -2.3094],
+    # mean 0, std sqrt(7) = 2.6458 -> [1.0911, -0.2182, -0.8729]
+    adv, _ = gdpo_advantages(comps, torch.ones(3, 1), [0, 0, 0], reward_weights=[2.0, 1.0])
+    assert torch.allclose(adv[:, 0], torch.tensor([1.0911, -0.2182, -0.8729]), atol=1e-4)
+    # a group of one (row 3) adds 0 before the whitening: [1.7321, 0, -1.7321, 0] -> mean 0, std sqrt(2) = 1.4142
+    four = torch.cat([comps, torch.tensor([[1.0, 0.0]])])
+    adv, _ = gdpo_advantages(four, torch.ones(4, 1), [0, 0, 0, 1])
+    assert torch.allclose(adv[:, 0], torch.tensor([1.2247, 0.0, -1.2247, 0.0]), atol=1e-4)
+    # leave one out: correctness [1, 0, 0] -> [1, -0.7071, -0.7071]; format [1, 1, 0] -> [0.7071, 0.7071, -1]
+    # (each row against the other two: baselines [0, 0.5, 0.5] / [0.5, 0.5, 1], stds [0, 0.7071, 0.7071] /
+    # [0.7071, 0.7071, 0]: divided where > 0); sum [1.7071, 0, -1.7071] whitens to [1, 0, -1]
+    from posttrain.algorithms.advantages import grpo_loo_advantages
+
+    loo, _ = grpo_loo_advantages(torch.tensor([[1.0], [0.0], [0.0]]), torch.ones(3, 1), [0, 0, 0])
+    assert torch.allclose(loo[:, 0], torch.tensor([1.0, -0.7071, -0.7071]), atol=1e-4)
+    adv, _ = gdpo_advantages(comps, torch.ones(3, 1), [0, 0, 0], leave_one_out=True)
+    assert torch.allclose(adv[:, 0], torch.tensor([1.0, 0.0, -1.0]), atol=1e-4)
+    # through the dispatcher, which insists on the components
+    got, _ = compute_advantages("gdpo", torch.zeros(3, 2), mask, [0, 0, 0], reward_components=comps)
+    assert torch.allclose(got, torch.tensor([[1.0, 1.0], [0.0, 0.0], [-1.0, -1.0]]), atol=1e-5)
+    with pytest.raises(ValueError, match="needs reward_components"):
+        compute_advantages("gdpo", torch.zeros(3, 2), mask, [0, 0, 0])
+    with pytest.raises(ValueError, match="1 reward weights for 2 reward components"):
+        gdpo_advantages(comps, mask, [0, 0, 0], reward_weights=[1.0])
+
+
+def test_gdpo_components_come_from_the_rewards_dict_returns_by_name():
+    """generation.reward_components: each row's numbers beside "score", in name order (or the keys given); a
+    row without one counts 0; fewer than two parts, or a key no reward returned, is a RewardError with the fix."""
+    from posttrain.errors import RewardError
+    from posttrain.generation import reward_components
+
+    class Rows(list):
+        @property
+        def reward_extras(self):
+            return list(self)
+
+    batch = Rows([{"format": 1.0, "correctness": 0.0}, {"correctness": 1.0}, {}])
+    comps, names = reward_components(batch, [])
+    assert names == ["correctness", "format"] and comps.tolist() == [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]
+    comps, names = reward_components(batch, ["format", "correctness"])
+    assert names == ["format", "correctness"] and comps.tolist() == [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    with pytest.raises(RewardError, match=r"returned 1 beside its score \(acc\).*reward.data_source=math_multi_reward"):
+        reward_components(Rows([{"acc": 1.0}, {"acc": 0.0}]), [])
+    with pytest.raises(RewardError, match="reward_keys names length, which no response's reward returned"):
+        reward_components(batch, ["format", "length"])

@@ -40,7 +40,7 @@ EXAMPLE_OUTCOMES = {
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": LOADS,
     "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": "loss_fn.force_on_policy_ratio",
-    "gdpo_math_1B": "grpo.adv_estimator.name",
+    "gdpo_math_1B": LOADS,
     "ppo_math_1B": "ppo", "ppo_math_1B_megatron": "ppo",
     "sft": "sft", "sft_avlm": "sft", "sft_openmathinstruct2": "sft", "sft_openmathinstruct2_megatron": "sft",
     "sft_vlm_3B": "sft", "dpo": "dpo", "rm": "rm",
@@ -231,6 +231,52 @@ def test_nemo_rls_prorl_v2_file_runs_on_the_tiny_model(tmp_path, trained_tiny_mo
     assert train(build_run(cfg))["steps"] == 2
     steps = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
     assert len(steps) == 2 and all("reward/truncated_ratio" in x and "train/num_gen_batches" in x for x in steps)
+
+
+COMPONENTS = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = float(solution_str.strip() == str(ground_truth).strip())
+    return {"score": right, "correctness": right, "short": float(len(solution_str.strip()) <= 2)}
+"""
+
+
+def test_nemo_rls_gdpo_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
+    """gdpo_math_1B.yaml: the GDPO estimator over math_multi_reward's components; here two steps on the tiny model
+    and the arith task, scored by a reward file whose components the tiny model can vary (right, short): the
+    components are logged, each normalized in its group, and the weights move."""
+    from posttrain.build import build_run
+    from posttrain.data.preprocess import arith
+    from posttrain.loop import train
+
+    cfg = load_config(None, [f"model.path={trained_tiny_model_dir}", "algorithm.adv_estimator=gdpo"])
+    assert cfg.algorithm.adv_estimator == "gdpo" and cfg.algorithm.gdpo.reward_keys == []
+    with pytest.raises(ConfigError, match="algorithm.gdpo.reward_weights has 1 weights for the 2 algorithm.gdpo"):
+        load_config(None, ["algorithm.adv_estimator=gdpo", "algorithm.gdpo.reward_keys=[a,b]",
+                           "algorithm.gdpo.reward_weights=[1.0]"])
+    with pytest.raises(ConfigError, match="reward.data_source=nope: no built-in reward for data_source 'nope'"):
+        load_config(None, ["reward.data_source=nope"])
+    got = layer(None, "++grpo.adv_estimator.name=gdpo", "++grpo.adv_estimator.use_leave_one_out_baseline=true",
+                "++grpo.adv_estimator.reward_weights=[2,1,1]")
+    assert (got["algorithm.adv_estimator"], got["algorithm.gdpo.leave_one_out"]) == ("gdpo", True)
+    assert got["algorithm.gdpo.reward_weights"] == [2, 1, 1]
+    train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
+    (tmp_path / "parts.py").write_text(COMPONENTS)
+    path = tmp_path / "gdpo_math_1B.yaml"
+    path.write_text(json.dumps(examples()["configs"]["gdpo_math_1B.yaml"]))  # JSON is YAML
+    small = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=2",
+             "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16", "policy.logprob_batch_size=16",
+             "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",
+             "grpo.val_period=2", "checkpointing.enabled=false",
+             f"logger.log_dir={tmp_path / 'logs'}", f"model.path={trained_tiny_model_dir}",
+             f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_before_train=false", "data.system_prompt_file=null",
+             f"data.train_files=[{train_file}]", f"data.val_files=[{test_file}]", "data.max_response_length=4",
+             f"reward.custom_fn={tmp_path / 'parts.py'}", "reward.num_workers=0"]
+    cfg = load_config(str(path), small)
+    assert (cfg.algorithm.adv_estimator, cfg.reward.data_source) == ("gdpo", "math_multi_reward")
+    assert train(build_run(cfg))["steps"] == 2
+    steps = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
+    assert all("reward/correctness/mean" in x and "reward/short/mean" in x for x in steps)
+    assert all(x["actor/grad_norm"] > 0 for x in steps)
 
 
 IS = "loss_fn.use_importance_sampling_correction=true"

@@ -151,7 +151,7 @@ def test_dispatch():
     assert set(REWARD_FNS) >= {"openai/gsm8k", "countdown", "arith"}
     with pytest.raises(ValueError, match=r"no built-in reward for data_source 'my/data': pass reward.custom_fn="
                                          r"FILE.py:FUNCTION \(built-in: openai/gsm8k, gsm8k, countdown, arith, products, "
-                                         r"DigitalLearningGmbH/MATH-lighteval"):
+                                         r"math_multi_reward, DigitalLearningGmbH/MATH-lighteval"):
         compute_score("my/data", "x", "y")
 
 
@@ -294,3 +294,30 @@ def test_gsm8k_sample_file_is_the_start_of_the_test_split():
     first = json.loads((HERE / "data" / "gsm8k_sample.jsonl").read_text().splitlines()[0])
     assert first["answer"].endswith("#### 18")
     assert (HERE / "data" / "GSM8K_LICENSE").read_text().startswith("MIT License")
+
+
+def test_math_multi_reward_scores_its_three_parts_as_nemo_rl_does():
+    """NeMo-RL's math_multi_reward (GDPO's example): correctness of the <answer>, an integer answer, and the
+    <think>...</think>\\n<answer>...</answer> format, each 0 or 1; the score is their sum (NeMo-RL's total)."""
+    ok = "<think>6 * 7</think>\n<answer>42</answer>"
+    assert compute_score("math_multi_reward", ok, "42") == {"score": 3.0, "correctness": 1.0, "integer": 1.0,
+                                                            "format": 1.0}
+    assert compute_score("math_multi_reward", ok, "41") == {"score": 2.0, "correctness": 0.0, "integer": 1.0,
+                                                            "format": 1.0}
+    assert compute_score("math_multi_reward", "<answer> 42 </answer>", "42")["format"] == 0.0  # no <think>
+    assert compute_score("math_multi_reward", "<think>x</think>\n<answer>4.5</answer>", "4.5")["integer"] == 0.0
+    two = "<think>x</think>\n<answer>1</answer><answer>42</answer>"
+    assert compute_score("math_multi_reward", two, "42") == {"score": 2.0, "correctness": 1.0, "integer": 1.0,
+                                                             "format": 0.0}  # the last answer; two is bad form
+    assert compute_score("math_multi_reward", "it is 42", "42")["correctness"] == 0.0  # no tags: the whole text
+
+
+def test_reward_data_source_scores_every_row_as_that_source():
+    """reward.data_source: the pool calls the reward with that name for every row, whatever the row says."""
+    from posttrain.rewards.pool import RewardPool, builtin_rewards
+
+    pool = RewardPool(builtin_rewards, num_workers=0, timeout_s=5.0, data_source="math_multi_reward")
+    result = pool.score_batch(["openai/gsm8k", "arith"], ["<think>a</think>\n<answer>7</answer>", "7"], ["7", "7"],
+                              [{}, {}])
+    assert result.scores == [3.0, 2.0] and result.extras[0] == {"correctness": 1.0, "integer": 1.0, "format": 1.0}
+    assert result.extras[1]["format"] == 0.0

@@ -11,6 +11,7 @@ adjacent). P = padded prompt length, R = padded response length.
     group           [N]       prompt index within the step: GRPO's groups
     truncated       [N] bool  the response ran out of tokens before an EOS (None: the engine did not say)
     scores          [N]       the reward function's score of each sequence (before any shaping)
+    reward_extras   N dicts   the other numbers a reward function returned beside "score" (GDPO's components)
     reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
     rollout_log_probs / rollout_is_weights   [N, R]  the engine's log-probs, rollout correction's weights
     weight_versions [N, R]    in-flight weight updates: the weights version that chose each token
@@ -44,6 +45,7 @@ class RolloutBatch:
     ground_truth: list[Any] = field(default_factory=list)
     extra_info: list[Any] = field(default_factory=list)
     response_text: list[str] = field(default_factory=list)
+    reward_extras: list[dict] = field(default_factory=list)  # per row, a dict return's other numbers ({} if none)
     truncated: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None

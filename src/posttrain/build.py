@@ -275,7 +275,9 @@ def make_rewards(cfg) -> RewardPool | ModelRewards:
         sf = r.sandbox_fusion
         sandbox = SandboxSettings(sf.url, sf.max_concurrent, sf.memory_limit_mb)
     if not r.model.enable:
-        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug)
+        pool = make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug)
+        pool.data_source = r.data_source
+        return pool
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
     model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
                         max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code,

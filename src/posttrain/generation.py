@@ -18,6 +18,7 @@ from posttrain.algorithms import (
     overlong_penalty, place_on_last_token, scale_truncated, truncated_rows, varied_groups,
 )
 from posttrain.batch import RolloutBatch
+from posttrain.errors import RewardError
 from posttrain.metrics import timed
 from posttrain.redact import redact_text
 from posttrain.rollout.base import SamplingParams, decode_responses
@@ -202,6 +203,7 @@ def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch
     (and a reward model's mean score). prompts: each row's prompt messages."""
     result = run.rewards.score_batch(batch.data_source, batch.response_text, batch.ground_truth, batch.extra_info,
                                      prompts=prompts)
+    batch.reward_extras = list(result.extras) if result.extras else [{} for _ in range(len(batch))]
     report_reward_errors(run, result)
     metrics = {"reward/num_errors": float(result.num_errors), "reward/num_timeouts": float(result.num_timeouts),
                "reward/num_crashes": float(result.num_crashes)}
@@ -212,6 +214,24 @@ def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch
     for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
         metrics[f"reward/{source}/num_errors"] = float(count)
     return torch.tensor(result.scores, dtype=torch.float32), metrics
+
+
+def reward_components(batch: RolloutBatch, keys: list[str]) -> tuple[torch.Tensor, list[str]]:
+    """GDPO's [N, K] reward components: the numbers `keys` of each row's reward_extras (a row without one: 0),
+    or, with no keys, every number any row's reward returned, sorted by name. -> (components, their names)."""
+    returned = {k for extra in batch.reward_extras for k in extra}
+    names = list(keys) or sorted(returned)
+    fix = ("score with a reward that returns its parts, {'score': ..., 'correctness': ..., 'format': ...} "
+           "(e.g. reward.data_source=math_multi_reward), or use grpo")
+    if len(names) < 2:
+        raise RewardError(f"algorithm.adv_estimator=gdpo normalizes several rewards one by one, but the reward "
+                          f"function returned {len(names)} beside its score ({', '.join(names) or 'none'}); {fix}")
+    missing = [k for k in names if k not in returned]
+    if missing:
+        raise RewardError(f"algorithm.gdpo.reward_keys names {', '.join(missing)}, which no response's reward "
+                          f"returned (it returned: {', '.join(sorted(returned)) or 'none'}); fix the keys, or {fix}")
+    rows = [[float(extra.get(k, 0.0)) for k in names] for extra in batch.reward_extras]
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(batch), len(names)), names
 
 
 def report_reward_errors(run: Run, result) -> None:

@@ -28,7 +28,7 @@ from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
 from posttrain.conversations import EnvSide
-from posttrain.generation import rollout_and_score
+from posttrain.generation import reward_components, rollout_and_score
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler
@@ -149,10 +149,14 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             m.update(kl_metrics)
         else:
             batch.token_level_rewards = batch.token_level_scores
+        gdpo = cfg.algorithm.gdpo if cfg.algorithm.adv_estimator == "gdpo" else None  # the reward's components
+        components = reward_components(batch, gdpo.reward_keys)[0] if gdpo else None  # [N, K]
         batch.advantages, batch.returns = compute_advantages(
             cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=batch.reward_baselines)
+            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=batch.reward_baselines,
+            reward_components=components, reward_weights=gdpo.reward_weights if gdpo else None,
+            leave_one_out=bool(gdpo and gdpo.leave_one_out))
         if batch.reward_baselines is not None:  # ReMax: the greedy responses' scores, one per row
             m["critic/reward_baseline/mean"] = float(batch.reward_baselines.mean())
         if cfg.algorithm.use_pf_ppo:  # PF-PPO: the update trains on rows redrawn by how reliable their reward is

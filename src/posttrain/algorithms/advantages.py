@@ -349,6 +349,56 @@ def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, resp
     return adv, returns
 
 
+def gdpo_advantages(reward_components: torch.Tensor, response_mask: torch.Tensor, index,
+                    reward_weights: Sequence[float] | None = None, epsilon: float = 1e-6,
+                    norm_adv_by_std_in_grpo: bool = True, leave_one_out: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (group reward-decoupled normalization, arXiv:2601.05242; NeMo-RL's `gdpo` estimator): each reward
+    component against its group on its own, then their weighted sum, whitened over the batch.
+
+    Args:
+        reward_components: [B, K] one column per reward (e.g. correctness, format), K >= 1.
+        response_mask: [B, T]; index: B group ids, as `grpo_advantages`.
+        reward_weights: K weights of the sum (None: all 1).
+        norm_adv_by_std_in_grpo: divide each component's centred score by its group's unbiased std (where > 0).
+        leave_one_out: each component's baseline the other samples of the group (as `grpo_loo_advantages`).
+
+    Per component k, in a group of n >= 2: A_k = (r_k - mean_g) / (std_g + epsilon) (not divided where the
+    group's std is 0); a group of one has A_k = 0 (nothing to compare with, as NeMo-RL). A = sum_k w_k A_k over
+    the components, then (A - mean) / std over the B sequences (unbiased std; only centred when it is 0), on
+    every response token. -> (advantages [B, T], the same tensor as returns).
+
+    Example: one group of 3, correctness [1, 0, 0], format [1, 1, 0]: each component's advantages are
+    [1.1547, -0.5774, -0.5774] and [0.5774, 0.5774, -1.1547]; their sum [1.7321, 0, -1.7321] has mean 0 and
+    std 1.7321, so A = [1, 0, -1].
+    """
+    with torch.no_grad():
+        rows, k = reward_components.shape
+        ones = torch.ones(rows, 1, dtype=reward_components.dtype)
+        parts = []
+        for c in range(k):
+            r = reward_components[:, c]
+            if leave_one_out:
+                loo, _ = grpo_loo_advantages(r.unsqueeze(-1), ones, index, epsilon, norm_adv_by_std_in_grpo)
+                parts.append(loo[:, 0])
+                continue
+            adv = torch.zeros_like(r)  # a group of one: 0
+            for group in _group_rows(index, rows):
+                if len(group) > 1:
+                    centred = r[group] - r[group].mean()
+                    std = r[group].std()
+                    adv[group] = centred / (std + epsilon) if norm_adv_by_std_in_grpo and std > 0 else centred
+            parts.append(adv)
+        weights = torch.ones(k) if reward_weights is None else torch.tensor(list(reward_weights), dtype=torch.float32)
+        if weights.numel() != k:
+            raise ValueError(f"{weights.numel()} reward weights for {k} reward components")
+        total = (torch.stack(parts, dim=-1) * weights.to(reward_components.dtype)).sum(-1)  # [B]
+        std = total.std() if rows > 1 else torch.zeros(())
+        total = (total - total.mean()) / std if std > 0 else total - total.mean()
+        adv = total.unsqueeze(-1) * response_mask  # [B, T]
+    return adv, adv
+
+
 ADV_ESTIMATORS: dict[str, Callable] = {
     "grpo": grpo_advantages,
     "gae": gae_advantages,
@@ -359,6 +409,7 @@ ADV_ESTIMATORS: dict[str, Callable] = {
     "remax": remax_advantages,
     "gpg": gpg_advantages,
     "grpo_loo": grpo_loo_advantages,
+    "gdpo": gdpo_advantages,
 }
 NEEDS_CRITIC = frozenset({"gae"})
 
@@ -366,9 +417,11 @@ NEEDS_CRITIC = frozenset({"gae"})
 def compute_advantages(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, *,
                        values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
-                       reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       reward_baselines: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
+                       reward_weights: Sequence[float] | None = None,
+                       leave_one_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The estimator `name` with the arguments it takes (from these;
-    reward_baselines [B]: ReMax's greedy scores).
+    reward_baselines [B]: ReMax's greedy scores; reward_components [B, K], reward_weights, leave_one_out: GDPO's).
     -> (advantages [B, T], returns [B, T])."""
     fn = get_adv_estimator(name)
     if name in NEEDS_CRITIC and values is None:
@@ -377,9 +430,12 @@ def compute_advantages(name: str, token_level_rewards: torch.Tensor, response_ma
     if "reward_baselines" in wanted and reward_baselines is None:
         raise ValueError(f"the '{name}' estimator needs reward_baselines: one per row, the score of its "
                          "prompt's greedy response")
+    if "reward_components" in wanted and reward_components is None:
+        raise ValueError(f"the '{name}' estimator needs reward_components: each row's reward components")
     given = {"token_level_rewards": token_level_rewards, "response_mask": response_mask, "index": index,
              "values": values, "gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-             "epsilon": epsilon, "reward_baselines": reward_baselines}
+             "epsilon": epsilon, "reward_baselines": reward_baselines, "reward_components": reward_components,
+             "reward_weights": reward_weights, "leave_one_out": leave_one_out}
     return fn(**{k: v for k, v in given.items() if k in wanted})
 
 

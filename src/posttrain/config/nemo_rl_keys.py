@@ -94,8 +94,9 @@ OFF = {
     "grpo.async_grpo": (None,),  # null: NeMo-RL's single-controller path (async_rl.*) decides instead
     "policy.optimizer.kwargs.eps": (1e-8,),  # torch's AdamW default, posttrain's
     "data.use_multiple_dataloader": (False,),
-    "data.default.env_name": ("math", "reward_model", None), "data.train.env_name": ("math", "reward_model", None),
-    "data.validation.env_name": ("math", "reward_model", None),
+    "data.default.env_name": ("math", "reward_model", "math_multi_reward", None),
+    "data.train.env_name": ("math", "reward_model", "math_multi_reward", None),
+    "data.validation.env_name": ("math", "reward_model", "math_multi_reward", None),
     "data.default.processor": ("math_hf_data_processor", "math_data_processor", None),
     "data.train.processor": ("math_hf_data_processor", "math_data_processor", None),
     "data.validation.processor": ("math_hf_data_processor", "math_data_processor", None),

@@ -92,6 +92,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
     _checkpointing_and_logger(f, out, origin)
     _data(f, out, origin)
     _env(f, out, origin)
+    _splits(f, origin)
     for key, value in f.left().items():
         allowed = next((v for pattern, v in OFF.items() if fnmatch.fnmatchcase(key, pattern)), None)
         if allowed is not None and value in allowed:
@@ -117,8 +118,14 @@ def _grpo(f: _Leaves, out: dict, origin: str) -> None:
         elif name == "reinforce_plus_plus":
             baseline = f.get("grpo.adv_estimator.minus_baseline", True)
             out["algorithm.adv_estimator"] = "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus"
+        elif name == "gdpo":  # each reward component normalized in its group (the rewards' dict: math_multi_reward)
+            out["algorithm.adv_estimator"] = "gdpo"
+            out["algorithm.norm_adv_by_std_in_grpo"] = bool(normalize)
+            out["algorithm.gdpo.leave_one_out"] = bool(loo)
+            if f.get("grpo.adv_estimator.reward_weights") is not None:
+                out["algorithm.gdpo.reward_weights"] = list(f.get("grpo.adv_estimator.reward_weights"))
         else:
-            raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo or "
+            raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo, gdpo or "
                               "reinforce_plus_plus (posttrain's algorithm.adv_estimator lists more)")
     f.get("grpo.adv_estimator.minus_baseline")
     coef = f.get("grpo.reward_shaping.stop_properly_penalty_coef")
@@ -388,12 +395,24 @@ def _data(f: _Leaves, out: dict, origin: str) -> None:
             out[ours] = name
         if f.get(f"data.{split}.seed") is not None:
             out["data.seed"] = f.get(f"data.{split}.seed")
+
     for key in ("prompt_file", "system_prompt_file"):  # a split's own first (validation's), then the defaults
         for where in ("validation", "train", "default", None):
             spelled = f"data.{where}.{key}" if where else f"data.{key}"
             if f.has(spelled):
                 out.setdefault(f"data.{key}", f.get(spelled))
     f.get("data.validation")
+
+
+def _splits(f: _Leaves, origin: str) -> None:
+    """data.train.split / data.validation.split: a named dataset's split; posttrain's train on their train split
+    and validate on their test split (checked after the environments, whose refusals say more)."""
+    for split, allowed in (("train", ("train",)), ("validation", ("test", "validation"))):
+        part = f.get(f"data.{split}.split")
+        if part is not None and part not in allowed:
+            raise ConfigError(f"data.{split}.split={clipped(part)} ({origin}): posttrain's named datasets "
+                              f"{'train on their train' if split == 'train' else 'validate on their test'} split; "
+                              "give the file instead (data.train_files / data.val_files)")
 
 
 def _env(f: _Leaves, out: dict, origin: str) -> None:
@@ -413,6 +432,16 @@ def _env(f: _Leaves, out: dict, origin: str) -> None:
         for key in ("data.default.env_name", "data.train.env_name", "data.validation.env_name"):
             f.get(key)
         envs.discard("reward_model")
+    if "math_multi_reward" in envs and "math_multi_reward" in used:  # GDPO's: correctness, integer and format
+        impl = f.get("env.math_multi_reward.math_verify_impl", "hf_math_verify")
+        if impl != "hf_math_verify":
+            raise ConfigError(f"env.math_multi_reward.math_verify_impl={clipped(impl)} ({origin}) is not supported; "
+                              "posttrain's math_multi_reward is NeMo-RL's hf_math_verify")
+        if f.get("env.math_multi_reward.num_workers") is not None:
+            out.setdefault("reward.num_workers", f.get("env.math_multi_reward.num_workers"))
+        f.under("env.math_multi_reward")
+        out["reward.data_source"] = "math_multi_reward"
+        envs.discard("math_multi_reward")
     if "sliding_puzzle_game" in envs:  # NeMo-RL's game, built in: posttrain.envs.sliding_puzzle
         _sliding_puzzle(f, out)
         envs.discard("sliding_puzzle_game")

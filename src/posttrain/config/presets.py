@@ -60,6 +60,9 @@ ALGORITHMS: dict[str, Preset] = {
         "NeMo-RL's GRPO: a leave-one-out baseline and std (the baseline of RLOO, Ahmadian et al. 2024, "
         "arXiv:2402.14740)",
         {"algorithm.adv_estimator": "grpo_loo", "algorithm.norm_adv_by_std_in_grpo": True}),
+    "gdpo": Preset(
+        "GDPO: group reward-decoupled normalization (arXiv:2601.05242; NeMo-RL's gdpo estimator)",
+        {"algorithm.adv_estimator": "gdpo", "algorithm.norm_adv_by_std_in_grpo": True}),
 }
 
 

@@ -216,6 +216,17 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class GDPOConfig:
+    """GDPO (algorithm.adv_estimator=gdpo): the reward's components, each normalized in its group, then summed."""
+
+    # the numbers a reward function returns beside "score" ({"score": ..., "correctness": ..., "format": ...})
+    # that are GDPO's components; []: every one it returns, in sorted order
+    reward_keys: List[str] = field(default_factory=list)
+    reward_weights: Optional[List[float]] = None  # one per component, in reward_keys' order; null: all 1
+    leave_one_out: bool = False  # each component's baseline: the other samples of the group (NeMo-RL's LOO)
+
+
+@dataclass
 class AlgorithmConfig:
     name: Optional[str] = None  # a preset: one of ALGORITHMS (presets.py); your keys win
     adv_estimator: str = "grpo"  # grpo | grpo_loo | gae | rloo | ...: algorithms.ADV_ESTIMATORS
@@ -231,6 +242,7 @@ class AlgorithmConfig:
     # truncated responses (no EOS within data.max_response_length) count in their group's advantages, but add
     # nothing to the policy loss, KL loss or token counts (NeMo-RL's grpo.overlong_filtering)
     overlong_filtering: bool = False
+    gdpo: GDPOConfig = field(default_factory=GDPOConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
@@ -281,6 +293,8 @@ class RewardConfig:
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # every row scored by this data_source's built-in reward (e.g. math_multi_reward) instead of its own; null: its own
+    data_source: Optional[str] = None
     # a truncated response's score (no EOS within data.max_response_length) times this: 0 earns nothing, 1 no
     # penalty; null: none (ProRL v2; NeMo-RL's grpo.reward_shaping.stop_properly_penalty_coef)
     truncated_scale: Optional[float] = None

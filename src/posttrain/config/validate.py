@@ -173,6 +173,13 @@ def validate_reward(cfg: Config) -> None:
           f"got {printable(sf.url)}")
     for key in ("max_concurrent", "memory_limit_mb"):
         need(getattr(sf, key) > 0, f"reward.sandbox_fusion.{key} must be > 0, got {getattr(sf, key)}")
+    if rw.data_source is not None and not rw.custom_fn:  # a custom function reads the name as it likes
+        from posttrain.rewards import reward_fn_for
+
+        try:
+            reward_fn_for(rw.data_source)
+        except ValueError as e:
+            need(False, f"reward.data_source={printable(rw.data_source)}: {e}")
     validate_overlong(cfg)
 
 
@@ -210,6 +217,13 @@ def validate_algorithm(cfg: Config) -> None:
           f"{alg.gamma} and {alg.lam}")
     need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
+    g = alg.gdpo
+    need(alg.adv_estimator != "gdpo" or r.n >= 2,
+          f"algorithm.adv_estimator=gdpo compares each reward component within a prompt's samples: it needs "
+          f"rollout.n >= 2, got {r.n}")
+    need(g.reward_weights is None or not g.reward_keys or len(g.reward_weights) == len(g.reward_keys),
+          f"algorithm.gdpo.reward_weights has {len(g.reward_weights or [])} weights for the "
+          f"{len(g.reward_keys)} algorithm.gdpo.reward_keys: give one per key, in the same order")
     need(alg.adv_estimator != "grpo_loo" or r.n >= 2,
           f"algorithm.adv_estimator=grpo_loo compares each sample with the other samples of its prompt: it needs "
           f"rollout.n >= 2 (with one sample every advantage is 0), got {r.n}")

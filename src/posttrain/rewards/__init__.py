@@ -8,6 +8,7 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("openai/gsm8k", "... #### 18", "18")                              # 1.0
     compute_score("countdown", "<answer>4*6*1</answer>", {"target": 24, "numbers": [4, 6, 1]})  # 1.0
     compute_score("arith", "68", "68")                                              # 1.0
+    compute_score("math_multi_reward", "<think>..</think>\n<answer>4</answer>", "4")   # {"score": 3.0, "format": 1.0, ...}
     compute_score("products", "287663", "287663", {"tool_calls": [...]})            # {"score": 1.0, "tool_correct": ...}
     compute_score("HuggingFaceH4/MATH-500", "... \\boxed{\\frac{1}{2}}", "0.5")          # 1.0
     compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")   # 1.0
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from posttrain.rewards import arith, countdown, gsm8k, math, products, sandbox
+from posttrain.rewards import arith, countdown, gsm8k, math, multi_reward, products, sandbox
 
 # data_source -> fn(solution_str, ground_truth) -> float
 REWARD_FNS: dict[str, Callable] = {
@@ -35,6 +36,8 @@ REWARD_FNS: dict[str, Callable] = {
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
     "products": products.compute_score,  # (solution_str, ground_truth, extra_info) -> {"score", "tool_correct"}
+    # NeMo-RL's math_multi_reward (GDPO's example): {"score", "correctness", "integer", "format"}
+    "math_multi_reward": multi_reward.compute_score,
     # MATH-style: the last \boxed{} answer, checked for equivalence by math-verify
     # (verl 0.9.1's default_compute_score scores these names with its math reward)
     "DigitalLearningGmbH/MATH-lighteval": math.compute_score,  # written by `posttrain preprocess math`
@@ -79,8 +82,8 @@ def reward_fn_for(data_source: str) -> Callable:
 def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, sandbox_fusion_url=None,
                   concurrent_semaphore=None, memory_limit_mb=None) -> float | dict:
     """The score of one response by its row's data_source. The signature is verl's
-    default_compute_score's: extra_info is accepted (only READS_EXTRA_INFO's rewards use it; they
-    return verl's dict, {"score": ..., other numbers}),
+    default_compute_score's: extra_info is accepted (only READS_EXTRA_INFO's rewards use it); those and
+    math_multi_reward return verl's dict, {"score": ..., other numbers},
     and verl's sandbox_fusion_url (with concurrent_semaphore and memory_limit_mb), when given,
     scores a code source in that sandbox."""
     if sandbox_fusion_url and data_source in SANDBOX_SOURCES:
@@ -88,7 +91,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=
                                      memory_limit_mb=memory_limit_mb, semaphore=concurrent_semaphore)
     if data_source in READS_EXTRA_INFO:
         return reward_fn_for(data_source)(solution_str, ground_truth, extra_info)
-    return float(reward_fn_for(data_source)(solution_str, ground_truth))
+    score = reward_fn_for(data_source)(solution_str, ground_truth)
+    return score if isinstance(score, dict) else float(score)  # a dict: verl's, with the reward's components
 
 
 __all__ = ["READS_EXTRA_INFO", "REWARD_FNS", "SANDBOX_SOURCES", "compute_score", "reward_fn_for"]

@@ -81,9 +81,11 @@ def in_process(fn) -> RewardPool:
 class RewardPool:
     """score_batch(...) -> ScoreResult, as `scoring.score_batch`, in num_workers processes."""
 
-    def __init__(self, loader, num_workers: int, timeout_s: float | None, raise_errors: bool = False):
+    def __init__(self, loader, num_workers: int, timeout_s: float | None, raise_errors: bool = False,
+                 data_source: str | None = None):
         self.loader, self.num_workers, self.timeout_s = loader, num_workers, timeout_s
         self.raise_errors = raise_errors  # num_workers=0 only: see in_process
+        self.data_source = data_source  # reward.data_source: every row scored as this source (None: its own)
         self._fn = None
         self._workers: list[_Worker] = []  # changed in place: the finalizer below holds this list
         # if close() is missed: stopped when collected, or at exit before multiprocessing joins (forever) its children
@@ -98,6 +100,8 @@ class RewardPool:
 
     def score_batch(self, data_sources, solution_strs, ground_truths, extra_infos, prompts=None) -> ScoreResult:
         """prompts: each response's prompt, unused here (a reward model reads them: rewards.model)."""
+        if self.data_source is not None:
+            data_sources = [self.data_source] * len(data_sources)
         calls = parallel_calls(data_sources, solution_strs, ground_truths, extra_infos)
         outcomes = [UNSCORED] * len(calls)
         todo = [i for i, call in enumerate(calls) if call[1] != ""]  # only EOS/special tokens: nothing to score
