@@ -39,7 +39,7 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_8B_megatron_nixl": "async_training.enable",
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": LOADS,
-    "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": "loss_fn.force_on_policy_ratio",
+    "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": LOADS,
     "gdpo_math_1B": LOADS,
     "ppo_math_1B": "ppo", "ppo_math_1B_megatron": "ppo",
     "sft": "sft", "sft_avlm": "sft", "sft_openmathinstruct2": "sft", "sft_openmathinstruct2_megatron": "sft",
@@ -87,6 +87,17 @@ def test_prorl_v2s_stop_properly_penalty_replaces_the_overlong_buffer():
     assert "reward.truncated_scale" not in off and off["reward.overlong_buffer.enable"] is False
     dapo = layer(None, "++grpo.reward_shaping.enabled=true", "++grpo.reward_shaping.stop_properly_penalty_coef=null")
     assert "reward.truncated_scale" not in dapo and dapo["reward.overlong_buffer.enable"] is True
+
+
+def test_force_on_policy_ratio_is_the_update_taking_its_own_log_probs_and_needs_one_update_per_step():
+    """loss_fn.force_on_policy_ratio (ProRL v2's MoE file): old log-probs = the update's own, detached
+    (actor.reuse_on_policy_log_probs); NeMo-RL asserts one update per step, so does the mapping."""
+    one = layer(BASE, "++loss_fn.force_on_policy_ratio=true")  # BASE: 16 samples = 4 prompts x 4, one update
+    assert one["actor.reuse_on_policy_log_probs"] is True and one["actor.ppo_epochs"] == 1
+    with pytest.raises(ConfigError, match=r"force_on_policy_ratio=true .* needs one update per step: "
+                                          r"policy.train_global_batch_size = .*\(now 2 of 4 prompts per update\)"):
+        layer(BASE, "++loss_fn.force_on_policy_ratio=true", "policy.train_global_batch_size=8")
+    assert "actor.reuse_on_policy_log_probs" not in layer(BASE, "++loss_fn.force_on_policy_ratio=false")
 
 
 def test_train_global_batch_size_counts_samples_not_prompts():
@@ -174,7 +185,7 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "++policy.hf_config_overrides={rope_scaling: {rope_type: yarn}}": r"hf_config_overrides=\{'rope_scaling'.* set "
                                                                           r"it to \{\} or null",
         "++env.reward_model.model_name=rm": "no data.*.env_name names it",  # set, but scoring nothing
-        "++env.penguin.cfg.size=3": "other than math, reward_model and sliding_puzzle_game",
+        "++env.penguin.cfg.size=3": "other than math, math_multi_reward, reward_model and sliding_puzzle_game",
     }
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=message) as e:
@@ -474,6 +485,9 @@ def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tm
         assert cfg.algorithm.adv_estimator == "reinforce_plus_plus_baseline" and cfg.algorithm.filter_groups.enable
         assert cfg.reward.truncated_scale == 0.0 and not cfg.reward.overlong_buffer.enable
         assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.kl_loss_type) == (0.2, 0.27, "k2")
+    elif name == "prorlv2_1_moe.v2":  # its ratio forced to 1; seq-mask-tis: the geometric mean's bounds
+        assert (rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower) == ("geometric", 1.002, 0.999)
+        assert cfg.actor.reuse_on_policy_log_probs and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
     else:
         assert rc.rollout_is is None and rc.rollout_rs is None
 

@@ -76,7 +76,7 @@ OFF = {
     "grpo.invalid_tool_call_advantage": (None,), "grpo.malformed_thinking_advantage": (None,),
     "loss_fn.kl_input_clamp_value": (20, None), "loss_fn.kl_output_clamp_value": (10, None),  # posttrain's k3 clamps
     "loss_fn.use_on_policy_kl_approximation": (False,),
-    "loss_fn.force_on_policy_ratio": (False,), "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),
+    "loss_fn.use_cispo": (False,), "loss_fn.disable_ppo_ratio": (False,),
     "loss_fn.positive_example_nll_weight": (0,),
     "checkpointing.checkpoint_must_save_by": (None,),
     "checkpointing.save_optimizer": (True,),  # posttrain always saves it: resume is exact

@@ -89,6 +89,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
     _async(f, out, origin)
     _loss(f, out, origin)
     _policy(f, out, origin)
+    _force_on_policy(f, out, origin)
     _checkpointing_and_logger(f, out, origin)
     _data(f, out, origin)
     _env(f, out, origin)
@@ -182,6 +183,22 @@ def _loss(f: _Leaves, out: dict, origin: str) -> None:
     if seq_ratio:
         out["actor.policy_loss.loss_mode"] = "gspo"  # one importance ratio per sequence: GSPO
     _is_correction(f, out, origin, seq_ratio)
+
+
+def _force_on_policy(f: _Leaves, out: dict, origin: str) -> None:
+    """loss_fn.force_on_policy_ratio: the update's old log-probs are its own forward's, detached (ratio 1):
+    posttrain's actor.reuse_on_policy_log_probs, which needs one mini-batch per step, as NeMo-RL asserts."""
+    force = f.get("loss_fn.force_on_policy_ratio", False)
+    if force is True:
+        prompts, mini = out.get("data.train_batch_size"), out.get("actor.ppo_mini_batch_size")
+        if prompts is not None and mini is not None and mini < prompts:
+            raise ConfigError(f"loss_fn.force_on_policy_ratio=true ({origin}) needs one update per step: "
+                              "policy.train_global_batch_size = grpo.num_prompts_per_step x "
+                              f"grpo.num_generations_per_prompt (now {mini} of {prompts} prompts per update)")
+        out["actor.reuse_on_policy_log_probs"] = True
+        out["actor.ppo_epochs"] = 1
+    elif force is not False:
+        raise ConfigError(f"loss_fn.force_on_policy_ratio={clipped(force)} ({origin}): true or false")
 
 
 def _is_correction(f: _Leaves, out: dict, origin: str, sequence_level) -> None:
@@ -456,7 +473,7 @@ def _env(f: _Leaves, out: dict, origin: str) -> None:
     if other:
         raise ConfigError(f"env.{other[0]} ({origin}): posttrain scores with reward functions by data_source (math, "
                           "gsm8k, ...) and built-in environments; NeMo-RL environments other than math, "
-                          "reward_model and sliding_puzzle_game are not supported")
+                          "math_multi_reward, reward_model and sliding_puzzle_game are not supported")
 
 
 def _sliding_puzzle(f: _Leaves, out: dict) -> None:
