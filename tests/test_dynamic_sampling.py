@@ -163,3 +163,21 @@ def test_truncated_scale_scales_only_the_responses_that_hit_the_limit(tiny_model
                                                              "=true both shape the scores of long responses")):
         with pytest.raises(Exception, match=said):
             make_run(tiny_model_dir, ["reward.truncated_scale=0.25", bad], [])
+
+
+def test_reward_scaling_clamps_then_maps_the_scores_before_other_shaping(tiny_model_dir):
+    """reward.scaling (NeMo-RL's grpo.reward_scaling): source [0, 1] -> target [-1, 1], then ProRL's truncated
+    scale: "1" -> 1, "22" -> 1, "333" (truncated) -> 1 * 0.5; scores 2.0 clamp to 1 first."""
+    from posttrain.algorithms import rescale
+
+    assert rescale(torch.tensor([0.0, 0.25, 1.0, 3.0]), (0.0, 1.0), (-1.0, 1.0)).tolist() == [-1.0, -0.5, 1.0, 1.0]
+    run = make_run(tiny_model_dir, ["reward.scaling.enable=true", "reward.scaling.target_min=-1",
+                                    "reward.truncated_scale=0.5"], [])
+    run.rewards = in_process(lambda source, text, truth, extra=None: {"1": 0.0, "22": 0.5}.get(text, 2.0))
+    m = {}
+    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    assert batch.scores.tolist() == [0.0, 0.5, 2.0, 0.0]  # the reward function's own
+    assert batch.token_level_scores.sum(-1).tolist() == [-1.0, 0.0, 0.5, -1.0]
+    assert m["reward/scaling_clipped_ratio"] == 0.25
+    with pytest.raises(Exception, match="reward.scaling.source_max=0.0 must be above reward.scaling.source_min=0.0"):
+        make_run(tiny_model_dir, ["reward.scaling.enable=true", "reward.scaling.source_max=0"], [])

@@ -89,6 +89,15 @@ def test_prorl_v2s_stop_properly_penalty_replaces_the_overlong_buffer():
     assert "reward.truncated_scale" not in dapo and dapo["reward.overlong_buffer.enable"] is True
 
 
+def test_reward_scaling_maps_onto_reward_scaling():
+    got = layer(None, "++grpo.reward_scaling.enabled=true", "++grpo.reward_scaling.target_min=-1.0",
+                "++grpo.reward_scaling.source_max=2.0")
+    assert (got["reward.scaling.enable"], got["reward.scaling.target_min"], got["reward.scaling.source_max"]) == \
+        (True, -1.0, 2.0)
+    assert not any(k.startswith("reward.scaling") for k in layer(None, "++grpo.reward_scaling.enabled=false",
+                                                                   "++grpo.reward_scaling.target_min=-1.0"))
+
+
 def test_force_on_policy_ratio_is_the_update_taking_its_own_log_probs_and_needs_one_update_per_step():
     """loss_fn.force_on_policy_ratio (ProRL v2's MoE file): old log-probs = the update's own, detached
     (actor.reuse_on_policy_log_probs); NeMo-RL asserts one update per step, so does the mapping."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from posttrain.algorithms import (
-    overlong_penalty, place_on_last_token, scale_truncated, truncated_rows, varied_groups,
+    overlong_penalty, place_on_last_token, rescale, scale_truncated, truncated_rows, varied_groups,
 )
 from posttrain.batch import RolloutBatch
 from posttrain.errors import RewardError
@@ -178,10 +178,11 @@ def greedy_baselines(run: Run, items, m: dict) -> torch.Tensor:
 
 
 def shape_scores(run: Run, batch: RolloutBatch, scores: torch.Tensor, metrics: dict | None = None) -> torch.Tensor:
-    """[N] scores -> [N] the scores the advantages see: DAPO's soft penalty for responses that run into the
-    length limit (reward.overlong_buffer), or ProRL v2's scale for truncated ones (reward.truncated_scale); its
-    figures into `metrics` (when given)."""
+    """[N] scores -> [N] the scores the advantages see: rescaled (reward.scaling), then DAPO's soft penalty for
+    responses that run into the length limit (reward.overlong_buffer), or ProRL v2's scale for truncated ones
+    (reward.truncated_scale); its figures into `metrics` (when given)."""
     rw = run.cfg.reward
+    scores = scaled(rw.scaling, scores, metrics)
     ob = rw.overlong_buffer
     if ob.enable:
         penalty = overlong_penalty(batch.response_mask.sum(-1), ob.max_resp_len, ob.len, ob.penalty_factor)
@@ -214,6 +215,16 @@ def score_responses(run: Run, batch: RolloutBatch, prompts: list) -> tuple[torch
     for source, count in sorted(result.errors_by_source.items()):  # errors + timeouts + crashes
         metrics[f"reward/{source}/num_errors"] = float(count)
     return torch.tensor(result.scores, dtype=torch.float32), metrics
+
+
+def scaled(sc, scores: torch.Tensor, metrics: dict | None = None) -> torch.Tensor:
+    """reward.scaling (`sc`) applied to [N] or [N, K] scores; the share clamped into `metrics` (when given)."""
+    if not sc.enable:
+        return scores
+    if metrics is not None:
+        metrics["reward/scaling_clipped_ratio"] = float(((scores < sc.source_min) | (scores > sc.source_max))
+                                                        .float().mean())
+    return rescale(scores, (sc.source_min, sc.source_max), (sc.target_min, sc.target_max))
 
 
 def reward_components(batch: RolloutBatch, keys: list[str]) -> tuple[torch.Tensor, list[str]]:

@@ -28,7 +28,7 @@ from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
 from posttrain.conversations import EnvSide
-from posttrain.generation import reward_components, rollout_and_score
+from posttrain.generation import reward_components, rollout_and_score, scaled
 from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
 from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.profiling import StepProfiler
@@ -150,7 +150,8 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
         else:
             batch.token_level_rewards = batch.token_level_scores
         gdpo = cfg.algorithm.gdpo if cfg.algorithm.adv_estimator == "gdpo" else None  # the reward's components
-        components = reward_components(batch, gdpo.reward_keys)[0] if gdpo else None  # [N, K]
+        # GDPO: [N, K] each row's reward components, rescaled as the scores are (reward.scaling)
+        components = scaled(cfg.reward.scaling, reward_components(batch, gdpo.reward_keys)[0]) if gdpo else None
         batch.advantages, batch.returns = compute_advantages(
             cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,

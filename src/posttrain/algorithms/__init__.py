@@ -15,7 +15,7 @@ from posttrain.algorithms.losses import (
 )
 from posttrain.algorithms.masks import place_on_last_token, truncated_rows
 from posttrain.algorithms.shaping import (
-    PF_PPO_METHODS, overlong_penalty, pf_ppo_resample, pf_ppo_weights, scale_truncated, varied_groups,
+    PF_PPO_METHODS, overlong_penalty, pf_ppo_resample, pf_ppo_weights, rescale, scale_truncated, varied_groups,
 )
 
 __all__ = [
@@ -26,6 +26,6 @@ __all__ = [
     "AdaptiveKLController", "FixedKLController",
     "apply_kl_penalty", "kl_penalty", "make_kl_controller", "LOSS_AGG_MODES", "POLICY_LOSSES", "agg_loss",
     "entropy_from_logits", "get_policy_loss", "gpg_policy_loss", "gspo_policy_loss", "masked_mean", "ppo_policy_loss",
-    "overlong_penalty", "scale_truncated", "varied_groups", "PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_resample",
+    "overlong_penalty", "rescale", "scale_truncated", "varied_groups", "PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_resample",
     "place_on_last_token", "truncated_rows",
 ]

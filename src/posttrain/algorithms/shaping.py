@@ -24,6 +24,17 @@ def overlong_penalty(response_lengths: torch.Tensor, max_response_length: int, b
     return torch.clamp(-exceed / buffer_length * penalty_factor, max=0.0)
 
 
+def rescale(scores: torch.Tensor, source: tuple[float, float], target: tuple[float, float]) -> torch.Tensor:
+    """NeMo-RL's reward scaling (grpo.reward_scaling): [B] scores clamped to the source range, then mapped
+    linearly onto the target range.
+
+    Example: source (0, 1), target (-1, 1): scores [0, 0.25, 1, 3] -> [-1, -0.5, 1, 1].
+    """
+    lo, hi = source
+    r = scores.clamp(min=lo, max=hi)
+    return target[0] + (r - lo) / (hi - lo) * (target[1] - target[0])
+
+
 def scale_truncated(scores: torch.Tensor, truncated: torch.Tensor, scale: float) -> torch.Tensor:
     """ProRL v2's "stop properly" penalty (NeMo-RL's grpo.reward_shaping.stop_properly_penalty_coef): [B]
     scores, [B] bool truncated (no EOS within the response limit) -> [B] scores, the truncated ones times

@@ -119,8 +119,6 @@ SWITCHED = {
     "policy.megatron_cfg": "posttrain trains with FSDP2, not Megatron; set policy.megatron_cfg.enabled=false "
                            "policy.dtensor_cfg.enabled=true (FSDP2 shards every weight over all workers: Megatron's "
                            "tensor/pipeline sizes have no counterpart)",
-    "grpo.reward_scaling": "reward scaling is not supported; set grpo.reward_scaling.enabled=false and scale in "
-                           "the reward function (reward.custom_fn)",
     "policy.draft": "draft-model training is not supported; set policy.draft.enabled=false",
     "policy.router_replay": "MoE router replay is not supported; set policy.router_replay.enabled=false",
 }

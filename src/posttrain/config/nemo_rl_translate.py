@@ -129,6 +129,12 @@ def _grpo(f: _Leaves, out: dict, origin: str) -> None:
             raise ConfigError(f"grpo.adv_estimator.name={name} ({origin}) is not supported; use grpo, gdpo or "
                               "reinforce_plus_plus (posttrain's algorithm.adv_estimator lists more)")
     f.get("grpo.adv_estimator.minus_baseline")
+    if f.get("grpo.reward_scaling.enabled", False) is True:  # clamp to the source range, map onto the target's
+        out["reward.scaling.enable"] = True
+        for key in ("source_min", "source_max", "target_min", "target_max"):
+            if f.has(f"grpo.reward_scaling.{key}"):
+                out[f"reward.scaling.{key}"] = f.get(f"grpo.reward_scaling.{key}")
+    f.under("grpo.reward_scaling")
     coef = f.get("grpo.reward_shaping.stop_properly_penalty_coef")
     if f.has("grpo.reward_shaping.enabled"):
         out["reward.overlong_buffer.enable"] = bool(f.get("grpo.reward_shaping.enabled"))

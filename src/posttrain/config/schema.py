@@ -261,6 +261,18 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardScalingConfig:
+    """Scores clamped to [source_min, source_max], then mapped linearly onto [target_min, target_max], before any
+    other shaping (NeMo-RL's grpo.reward_scaling); GDPO's components too."""
+
+    enable: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+
+@dataclass
 class RewardModelConfig:
     """A sequence-classification model that scores each (prompt, response): verl's reward_model.*."""
 
@@ -293,6 +305,7 @@ class RewardConfig:
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
     # every row scored by this data_source's built-in reward (e.g. math_multi_reward) instead of its own; null: its own
     data_source: Optional[str] = None
     # a truncated response's score (no EOS within data.max_response_length) times this: 0 earns nothing, 1 no

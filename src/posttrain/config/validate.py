@@ -194,6 +194,10 @@ def validate_overlong(cfg: Config) -> None:
         need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
               f"max_resp_len={max_len} (the penalty grows over the last len tokens before it)")
         need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
+    sc = cfg.reward.scaling
+    if sc.enable:
+        need(sc.source_max > sc.source_min, f"reward.scaling.source_max={sc.source_max} must be above "
+                                            f"reward.scaling.source_min={sc.source_min}")
     scale = cfg.reward.truncated_scale
     if scale is not None:
         need(0 <= scale <= 1, f"reward.truncated_scale must be in 0..1 (a truncated response's score times it), "
