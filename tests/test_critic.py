@@ -154,3 +154,19 @@ def test_a_critic_with_another_vocabulary_is_refused(tmp_path, data, tiny_model_
             shutil.copy(f, other / f.name)
     with pytest.raises(ModelError, match="critic model in '.*small-vocab' has a vocabulary of 40 tokens"):
         build_run(load_config(None, ppo(tiny_model_dir, data, tmp_path / "r", 1, f"critic.model.path={other}")))
+
+
+def test_the_value_loss_coefficient_scales_the_loss_the_critic_steps_on(tiny_model_dir):
+    """critic.loss_coef (NeMo-RL's value_loss_fn.scale): the loss the backward sees is the clipped value loss times
+    it; the logged critic/vf_loss is the loss before it."""
+    from posttrain.training.critic import critic_micro_loss
+
+    batch = small_batch()
+    batch.values = torch.zeros(3, 3)
+    batch.returns = torch.tensor([[1.0, 1.0, 0.0], [0.5, 0.0, 0.0], [0.0, 1.0, 2.0]])
+    torch.manual_seed(0)
+    model = load_value_model(tiny_model_dir)
+    one, m1 = critic_micro_loss(model, batch, CriticSettings(mini_batch_size=3, micro_batch_size=3), "cpu")
+    part, m4 = critic_micro_loss(model, batch, CriticSettings(mini_batch_size=3, micro_batch_size=3, loss_coef=0.4),
+                                 "cpu")
+    assert torch.allclose(part, 0.4 * one) and m1["critic/vf_loss"] == m4["critic/vf_loss"] == pytest.approx(one.item())

@@ -41,7 +41,7 @@ EXAMPLE_OUTCOMES = {
     "grpo_sliding_puzzle": LOADS,
     "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": LOADS,
     "gdpo_math_1B": LOADS,
-    "ppo_math_1B": "ppo", "ppo_math_1B_megatron": "ppo",
+    "ppo_math_1B": LOADS, "ppo_math_1B_megatron": "value.megatron_cfg.enabled",
     "sft": "sft", "sft_avlm": "sft", "sft_openmathinstruct2": "sft", "sft_openmathinstruct2_megatron": "sft",
     "sft_vlm_3B": "sft", "dpo": "dpo", "rm": "rm",
     "distillation_math": "distillation", "distillation_math_megatron": "distillation",
@@ -297,6 +297,44 @@ def test_nemo_rls_gdpo_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_
     steps = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
     assert all("reward/correctness/mean" in x and "reward/short/mean" in x for x in steps)
     assert all(x["actor/grad_norm"] > 0 for x in steps)
+
+
+def test_nemo_rls_ppo_layout_is_gae_with_its_value_model_as_the_critic(tmp_path, trained_tiny_model_dir):
+    """ppo_math_1B.yaml: ppo.* is grpo.*'s layout with GAE, PPO epochs and a critic warm-up; value.* (a policy
+    section of its own) is the critic; value_loss_fn its loss; reward_scaling on. It runs two steps on the tiny
+    model, the critic trained (its loss logged) beside the policy."""
+    from posttrain.build import build_run
+    from posttrain.data.preprocess import arith
+    from posttrain.loop import train
+
+    path = tmp_path / "ppo_math_1B.yaml"
+    path.write_text(json.dumps(examples()["configs"]["ppo_math_1B.yaml"]))  # JSON is YAML
+    cfg = load_config(str(path), [])
+    assert (cfg.algorithm.adv_estimator, cfg.algorithm.lam, cfg.algorithm.gamma) == ("gae", 0.95, 1.0)
+    assert (cfg.actor.ppo_epochs, cfg.trainer.critic_warmup, cfg.data.train_batch_size, cfg.rollout.n) == (4, 0, 32, 16)
+    assert (cfg.critic.loss_coef, cfg.critic.cliprange_value, cfg.critic.ppo_mini_batch_size) == (0.4, 0.2, 32)
+    assert cfg.critic.model.path is None and cfg.critic.ppo_micro_batch_size == 4  # the policy's model, its sizes
+    assert (cfg.reward.scaling.enable, cfg.reward.scaling.target_min) == (True, -1.0)
+    for bad, said in (("ppo.adv_estimator.gae_lambda_value=0.9", "ppo.adv_estimator.gae_lambda_value=0.9 .* set it "
+                                                                 "to null or 0.95"),
+                      ("ppo.adv_estimator.name=grpo", "ppo.adv_estimator.name=grpo .* NeMo-RL's PPO estimates with gae"),
+                      ("value.precision=float32", "value.precision=float32 .* the policy's precision"),
+                      ("value.dtensor_cfg.lora_cfg.enabled=true", "LoRA on the value model is not supported"),
+                      ("value_loss_fn.huber=1", "value_loss_fn.huber")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(str(path), ["++" + bad])
+    train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
+    small = ["ppo.num_prompts_per_step=4", "ppo.num_generations_per_prompt=2", "ppo.max_num_steps=2",
+             "ppo.ppo_epochs=2", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=8",
+             "policy.logprob_batch_size=8", "policy.max_total_sequence_length=64", "policy.generation.backend=hf",
+             "policy.precision=float32", "value.precision=float32", "ppo.val_period=2",
+             "checkpointing.enabled=false", f"logger.log_dir={tmp_path / 'logs'}", f"model.path={trained_tiny_model_dir}",
+             f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_before_train=false", "data.prompt_file=null",
+             f"data.train_files=[{train_file}]", f"data.val_files=[{test_file}]", "data.max_response_length=4",
+             "reward.num_workers=0"]
+    assert train(build_run(load_config(str(path), small)))["steps"] == 2
+    steps = [x for x in read_metrics(tmp_path / "run") if "critic/score/mean" in x]
+    assert all(x["critic/vf_loss"] > 0 and x["actor/grad_norm"] > 0 for x in steps)
 
 
 IS = "loss_fn.use_importance_sampling_correction=true"

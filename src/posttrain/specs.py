@@ -89,7 +89,7 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
         forward_micro_batch_size=c.forward_micro_batch_size, ppo_epochs=c.ppo_epochs,
         micro_max_tokens=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
         forward_max_tokens=c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None,
-        cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
+        cliprange_value=c.cliprange_value, loss_coef=c.loss_coef, loss_agg_mode=c.loss_agg_mode,
         loss_scale_factor=float(cfg.data.max_response_length), grad_clip=c.grad_clip,
         remove_padding=cfg.model.use_remove_padding if c.model.use_remove_padding is None
         else c.model.use_remove_padding)

@@ -10,6 +10,7 @@ One job per module, imports going down this list:
     presets.py         algorithm.name=dapo|gspo|... -> the keys each sets
     nemo_rl_keys.py    NeMo-RL's keys -> posttrain's (tables)
     nemo_rl_translate.py  a NeMo-RL tree -> posttrain's keys
+    nemo_rl_ppo.py     NeMo-RL's PPO layout (ppo.*, value.*) -> posttrain's keys, the rest by nemo_rl_translate
     nemo_rl.py         NeMo-RL's files (`defaults:`) and Hydra-style overrides
     keys.py            what `posttrain train --help-config` prints
     checks.py          the one-line checks validation is written in (need, choice, positive, ...)

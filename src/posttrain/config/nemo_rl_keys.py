@@ -9,14 +9,26 @@ The guide docs/coming-from-nemo-rl.md lists the same keys for people.
 
 # top-level sections only NeMo-RL has (posttrain and verl have `data` too)
 SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "env", "reward_penalties",
-            "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo")
+            "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo", "value", "value_loss_fn")
 # NeMo-RL's other trainers, each known by its own section: what a file with one runs (refused by posttrain train)
 OTHER_TRAINERS = {
     "sft": "NeMo-RL's supervised fine-tuning (examples/run_sft.py)",
     "dpo": "NeMo-RL's DPO (examples/run_dpo.py)",
     "rm": "NeMo-RL's reward-model training (examples/run_rm.py)",
     "distillation": "NeMo-RL's distillation (examples/run_distillation*.py)",
-    "ppo": "NeMo-RL's PPO with a value model (examples/run_ppo.py, its ppo.* layout)",
+}
+# a PPO file's value.* (the critic), translated as a policy section: its posttrain keys -> the critic's
+VALUE_KEYS = {
+    "model.path": "critic.model.path", "actor.lr": "critic.lr", "actor.weight_decay": "critic.weight_decay",
+    "actor.betas": "critic.betas", "actor.grad_clip": "critic.grad_clip",
+    "actor.ppo_mini_batch_size": "critic.ppo_mini_batch_size",
+    "actor.ppo_micro_batch_size": "critic.ppo_micro_batch_size",
+    "actor.lr_warmup_steps": "critic.lr_warmup_steps", "actor.lr_warmup_start_factor": "critic.lr_warmup_start_factor",
+    "actor.param_offload": "critic.model.param_offload", "actor.optimizer_offload": "critic.model.optimizer_offload",
+    "actor.use_dynamic_bsz": "critic.use_dynamic_bsz",
+    "actor.ppo_max_token_len_per_gpu": "critic.ppo_max_token_len_per_gpu",
+    "model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
+    "actor.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
 }
 # data.* keys only NeMo-RL has (its newer per-split layout and loader settings)
 DATA_KEYS = ("data.max_input_seq_length", "data.num_workers", "data.use_multiple_dataloader", "data.train.",

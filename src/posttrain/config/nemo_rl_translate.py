@@ -72,6 +72,10 @@ class _Leaves:
 def translate(tree: dict, origin: str) -> dict[str, Any]:
     """A resolved NeMo-RL tree -> {posttrain key: value}. ConfigError names the first NeMo-RL key
     posttrain cannot honour."""
+    if "ppo" in tree:  # NeMo-RL's PPO layout: grpo.*'s with a value model (config/nemo_rl_ppo.py)
+        from posttrain.config.nemo_rl_ppo import translate_ppo
+
+        return translate_ppo(tree, origin, translate)
     f = _Leaves(tree)
     out: dict[str, Any] = {}
     for section, what in OTHER_TRAINERS.items():

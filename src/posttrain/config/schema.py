@@ -348,6 +348,7 @@ class CriticConfig:
     forward_max_token_len_per_gpu: Optional[int] = None  # value passes' budget; null: ppo_max_token_len_per_gpu
     ppo_epochs: Optional[int] = None  # null: actor.ppo_epochs
     cliprange_value: float = 0.5
+    loss_coef: float = 1.0  # the value loss times this before its backward (NeMo-RL's value_loss_fn.scale)
     loss_agg_mode: Optional[str] = None  # null: actor.loss_agg_mode
 
 

@@ -293,6 +293,7 @@ def validate_critic(cfg: Config) -> None:
     need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
     need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
     need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")
+    need(c.loss_coef > 0, f"critic.loss_coef must be > 0 (the value loss times it), got {c.loss_coef}")
     choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
     need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
           f"critic.betas must be two numbers in [0, 1), got {c.betas}")

@@ -21,6 +21,7 @@ class CriticSettings:
     forward_micro_batch_size: int = 64
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
+    loss_coef: float = 1.0  # the value loss times this (NeMo-RL's value_loss_fn.scale)
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: float | None = None
     grad_clip: float = 1.0
@@ -71,7 +72,7 @@ def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[to
                              mb.position_ids.to(device), mb.response_length, sp)  # [n, R]
     out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
                      loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
-    return out["vf_loss"], {
+    return out["vf_loss"] * s.loss_coef, {
         "critic/vf_loss": out["vf_loss"].item(),
         "critic/vf_clipfrac": float(out["vf_clipfrac"]),
         "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
