@@ -29,6 +29,8 @@ EXACT = {
     "global_profiler.profile_continuous_steps": "profiler.continuous_steps",
     "global_profiler.global_tool_config.nsys.discrete": "profiler.discrete",
     "reward_model.reward_kwargs.max_resp_len": "reward.overlong_buffer.max_resp_len",  # verl's DAPO reward manager
+    "algorithm.gdpo_reward_keys": "algorithm.gdpo.reward_keys",  # verl's GDPO (its whitening: docs/algorithms.md)
+    "algorithm.gdpo_reward_weights": "algorithm.gdpo.reward_weights",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "model.dtype",  # the dtype the policy's weights are kept in
     # verl's nested LoRA spelling (its Megatron configs)
     "actor_rollout_ref.model.lora.rank": "model.lora_rank",
