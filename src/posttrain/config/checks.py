@@ -71,3 +71,9 @@ def no_hybrid_sharding(cfg: Config, section: str) -> None:
 def whole(value, minimum: int = 0) -> bool:
     """An integer (not a bool) of at least `minimum`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def clipped(value, limit: int = 60) -> str:
+    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + "..."

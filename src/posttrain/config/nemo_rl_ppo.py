@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from posttrain.config.checks import clipped
 from posttrain.config.nemo_rl_keys import VALUE_KEYS
 from posttrain.errors import ConfigError
-
-
-def clipped(value) -> str:
-    from posttrain.config.nemo_rl_translate import clipped as clip
-
-    return clip(value)
 
 
 def translate_ppo(tree: dict, origin: str, translate: Callable[[dict, str], dict]) -> dict[str, Any]:

@@ -25,15 +25,10 @@ from typing import Any
 from posttrain.algorithms.rollout_corr import from_nemo_rl
 from posttrain.config.nemo_rl_keys import (BACKENDS, IS_CORRECTION, KL_IN_REWARD, KL_TYPES, METRICS, OFF,
                                             OTHER_TRAINERS, RENAMES, SWITCHED, TUNING, WHOLE)
+from posttrain.config.checks import clipped
 from posttrain.errors import ConfigError
 
 _ABSENT = object()
-
-
-def clipped(value, limit: int = 60) -> str:
-    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
-    text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class _Leaves:
