@@ -149,15 +149,14 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             m.update(kl_metrics)
         else:
             batch.token_level_rewards = batch.token_level_scores
-        gdpo = cfg.algorithm.gdpo if cfg.algorithm.adv_estimator == "gdpo" else None  # the reward's components
-        # GDPO: [N, K] each row's reward components, rescaled as the scores are (reward.scaling)
-        components = scaled(cfg.reward.scaling, reward_components(batch, gdpo.reward_keys)[0]) if gdpo else None
-        batch.advantages, batch.returns = compute_advantages(
+        gdpo = cfg.algorithm.gdpo  # GDPO: [N, K] each row's reward components, rescaled as the scores are
+        components = (scaled(cfg.reward.scaling, reward_components(batch, gdpo.reward_keys)[0])
+                      if cfg.algorithm.adv_estimator == "gdpo" else None)
+        batch.advantages, batch.returns = compute_advantages(  # each estimator takes the arguments it names
             cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=batch.reward_baselines,
-            reward_components=components, reward_weights=gdpo.reward_weights if gdpo else None,
-            leave_one_out=bool(gdpo and gdpo.leave_one_out))
+            reward_components=components, reward_weights=gdpo.reward_weights, leave_one_out=gdpo.leave_one_out)
         if batch.reward_baselines is not None:  # ReMax: the greedy responses' scores, one per row
             m["critic/reward_baseline/mean"] = float(batch.reward_baselines.mean())
         if cfg.algorithm.use_pf_ppo:  # PF-PPO: the update trains on rows redrawn by how reliable their reward is

@@ -375,24 +375,17 @@ def gdpo_advantages(reward_components: torch.Tensor, response_mask: torch.Tensor
     with torch.no_grad():
         rows, k = reward_components.shape
         ones = torch.ones(rows, 1, dtype=reward_components.dtype)
-        parts = []
-        for c in range(k):
-            r = reward_components[:, c]
-            if leave_one_out:
-                loo, _ = grpo_loo_advantages(r.unsqueeze(-1), ones, index, epsilon, norm_adv_by_std_in_grpo)
-                parts.append(loo[:, 0])
-                continue
-            adv = torch.zeros_like(r)  # a group of one: 0
-            for group in _group_rows(index, rows):
-                if len(group) > 1:
-                    centred = r[group] - r[group].mean()
-                    std = r[group].std()
-                    adv[group] = centred / (std + epsilon) if norm_adv_by_std_in_grpo and std > 0 else centred
-            parts.append(adv)
+        per = grpo_loo_advantages if leave_one_out else grpo_advantages  # one component = one GRPO outcome
+        parts = torch.cat([per(reward_components[:, c:c + 1], ones, index, epsilon, norm_adv_by_std_in_grpo)[0]
+                           for c in range(k)], dim=-1)  # [B, K]
+        alone = torch.zeros(rows, dtype=torch.bool)  # groups of one: GRPO keeps their score, NeMo-RL's GDPO 0
+        for group in _group_rows(index, rows):
+            alone[group] = len(group) == 1
+        parts = parts.masked_fill(alone.unsqueeze(-1), 0.0)
         weights = torch.ones(k) if reward_weights is None else torch.tensor(list(reward_weights), dtype=torch.float32)
         if weights.numel() != k:
             raise ValueError(f"{weights.numel()} reward weights for {k} reward components")
-        total = (torch.stack(parts, dim=-1) * weights.to(reward_components.dtype)).sum(-1)  # [B]
+        total = (parts * weights.to(reward_components.dtype)).sum(-1)  # [B]
         std = total.std() if rows > 1 else torch.zeros(())
         total = (total - total.mean()) / std if std > 0 else total - total.mean()
         adv = total.unsqueeze(-1) * response_mask  # [B, T]

@@ -71,11 +71,11 @@ def with_sandbox(settings, loader):
     return loader()
 
 
-def in_process(fn) -> RewardPool:
+def in_process(fn, data_source: str | None = None) -> RewardPool:
     """The pool of a run being debugged (trainer.debug): `fn` called in this process (it need not be
     picklable), so a breakpoint() in it stops in this terminal; no time limit (the alarm would cut a
     debugging session short); a call that raises, or returns no number, raises (post-mortem at its frame)."""
-    return RewardPool(lambda: fn, num_workers=0, timeout_s=None, raise_errors=True)
+    return RewardPool(lambda: fn, num_workers=0, timeout_s=None, raise_errors=True, data_source=data_source)
 
 
 class RewardPool:

@@ -113,6 +113,29 @@ def sft_step(model, opt, ids, attention, labels, batch_size: int, gen: torch.Gen
     return loss
 
 
+def warm_start(output_dir: Path, seed: int):
+    """A warm-up of the shipped model (tiny/tools.py, tiny/games.py): its tokenizer files written to `output_dir`
+    byte for byte, then (tokenizer, model) loaded with torch seeded by `seed`."""
+    from transformers import AutoTokenizer
+
+    from posttrain.models.loader import load_model
+
+    write_tokenizer(output_dir)
+    base = shipped.embedded_model()
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    torch.manual_seed(seed)
+    return tokenizer, load_model(base)
+
+
+def conversation_tensors(rows, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Conversations as (token ids, labels) rows (labels -100 where nothing is learned) -> ids, attention mask and
+    labels [N, L], right-padded (data.sft.collate)."""
+    from posttrain.data.sft import SFTExample, collate
+
+    batch = collate([SFTExample(ids, [int(lab != -100) for lab in labels]) for ids, labels in rows], pad_token_id)
+    return batch["input_ids"], batch["attention_mask"], batch["labels"]
+
+
 def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = TinySpec(), progress: bool = True) -> dict:
     """Initialise, warm up on arith, and save to `output_dir`. -> metadata."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from posttrain.models import shipped
 from posttrain.tiny import arith
 
 VERSION = "tiny-qwen2-v2-games-v1"
@@ -120,26 +119,14 @@ def game_scores(model, tokenizer, secrets: list[int], sample: bool) -> dict[str,
 def build_games_model(output_dir: str | Path, seed: int = 0, spec: GamesSpec = GamesSpec(),
                       progress: bool = True) -> dict:
     """Fine-tune the shipped tiny model on the uniform guesser's games and save it to `output_dir`. -> metadata."""
-    from transformers import AutoTokenizer
-
-    from posttrain.models.loader import load_model
-    from posttrain.models.tokenizer import write_tokenizer
-
     start = time.perf_counter()
     out = Path(output_dir)
-    write_tokenizer(out)  # the base's tokenizer files, byte for byte
-    base = shipped.embedded_model()
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
-    torch.manual_seed(seed)
-    model = load_model(base)
+    tokenizer, model = arith.warm_start(out, seed)
     rng = random.Random(seed)
     low, high = GAME_KWARGS["low"], GAME_KWARGS["high"]
     secrets = [rng.randint(low, high) for _ in range(spec.games)]
     rows = [conversation(tokenizer, s, uniform_game(s, rng, low, high, GAME_KWARGS["tries"])) for s in secrets]
-    width, pad = max(len(ids) for ids, _ in rows), tokenizer.pad_token_id
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in rows])  # [N, L]
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    attention = (ids != pad).long()
+    ids, attention, labels = arith.conversation_tensors(rows, tokenizer.pad_token_id)  # [N, L] each
     dev = [low + i % (high - low + 1) for i in range(spec.dev_games)]  # every secret equally often
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from posttrain.data.preprocess import products
-from posttrain.models import shipped
 from posttrain.tiny import arith
 
 VERSION = "tiny-qwen2-v2-tools-v1"
@@ -91,26 +90,15 @@ def conversation_scores(model, tokenizer, pairs, tools) -> dict[str, float]:
 def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = ToolsSpec(),
                       progress: bool = True) -> dict:
     """Fine-tune the shipped tiny model on products conversations and save it to `output_dir`. -> metadata."""
-    from transformers import AutoTokenizer
-
-    from posttrain.models.loader import load_model
-    from posttrain.models.tokenizer import write_tokenizer
     from posttrain.tools import load_tools
 
     start = time.perf_counter()
     out = Path(output_dir)
-    write_tokenizer(out)  # the base's tokenizer files, byte for byte
-    base = shipped.embedded_model()
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
-    torch.manual_seed(seed)
-    model = load_model(base)
+    tokenizer, model = arith.warm_start(out, seed)
     train_pairs, test_pairs = products.split_pairs()  # RL's default split: the test pairs stay unseen
     dev, sft = train_pairs[:spec.dev_size], train_pairs[spec.dev_size:]
     rows = [conversation(tokenizer, a, b) for a, b in sft]
-    width, pad = max(len(ids) for ids, _ in rows), tokenizer.pad_token_id
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in rows])  # [N, L]
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    attention = (ids != pad).long()
+    ids, attention, labels = arith.conversation_tensors(rows, tokenizer.pad_token_id)  # [N, L] each
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     tools = load_tools(functions=["calculator"])
