@@ -189,8 +189,10 @@ def test_max_concurrent_bounds_requests_in_flight(fake):
 ])
 def test_a_failing_service_is_a_counted_error_naming_the_url(fake, where, problem):
     url = f"http://127.0.0.1:{closed_port()}/run_code" if where == "closed" else fake.url + where
+    one_case = json.dumps({"inputs": ["3\n"], "outputs": ["6\n"]})  # one request: a failed case does not wait for
+    # its siblings, whose requests could otherwise reach the server during the next test
     with RewardPool(reward_loader(None, SandboxSettings(url)), 0, timeout_s=20) as pool:
-        result = pool.score_batch(["apps", "arith"], [GOOD, "4"], [TRUTH, "4"], [{}, {}])
+        result = pool.score_batch(["apps", "arith"], [GOOD, "4"], [one_case, "4"], [{}, {}])
     assert result.scores == [0.0, 1.0] and result.num_errors == 1 and result.errors_by_source == {"apps": 1}
     [message] = result.messages
     assert message.startswith(f"reward for data_source 'apps' raised SandboxError: sandbox {url} ")
