@@ -170,6 +170,13 @@ def test_verl_keys_of_the_algorithm_family():
     (["actor.lr_warmup_start_factor=0"], "actor.lr_warmup_start_factor must be in \\(0, 1\\]"),
     (["critic.lr_warmup_start_factor=1.5"], "critic.lr_warmup_start_factor must be in \\(0, 1\\]"),
     (["trainer.max_epochs=0"], "trainer.max_epochs must be >= 1 or null"),
+    (["actor.lr_scheduler_type=linear"], "^actor.lr_scheduler_type=linear is not one of: constant, cosine$"),
+    (["actor_rollout_ref.actor.optim.warmup_style=wsd"], "actor.lr_scheduler_type=wsd is not one of: constant, cosine"),
+    (["critic.optim.lr_scheduler_type=exp"], "critic.lr_scheduler_type=exp is not one of: constant, cosine"),
+    (["actor.min_lr_ratio=1.5"], "actor.min_lr_ratio must be in \\[0, 1\\]"),
+    (["critic.optim.min_lr_ratio=-0.1"], "critic.min_lr_ratio must be in \\[0, 1\\]"),
+    (["actor_rollout_ref.actor.optim.num_cycles=0"], "actor.num_cycles must be a number > 0"),
+    (["critic.num_cycles=.inf"], "critic.num_cycles must be a number > 0"),
     (["algorithm.overlong_filtering=true", "rollout.ignore_eos=true"], "every one would be filtered"),
 ])
 def test_algorithm_family_errors(overrides, message):
@@ -193,6 +200,28 @@ def test_nemo_rl_grpo_keys_load_and_reach_the_update():
     assert (cfg.algorithm.overlong_filtering, cfg.trainer.max_epochs, cfg.trainer.val_at_end) == (True, 2, False)
     # verl's spelling of the dual clip takes null too
     assert load_config(None, ["actor_rollout_ref.actor.clip_ratio_c=null"]).actor.clip_ratio_c is None
+
+
+def test_verls_lr_schedule_keys_reach_the_actors_and_critics_specs():
+    from posttrain.specs import critic_spec, worker_spec
+
+    cfg = load_config()
+    assert (cfg.actor.lr_scheduler_type, cfg.actor.min_lr_ratio, cfg.actor.num_cycles) == ("constant", 0.0, 0.5)
+    assert load_config(None, ["actor_rollout_ref.actor.optim.warmup_style=cosine"]).actor.lr_scheduler_type == "cosine"
+    assert load_config(None, ["critic.optim.warmup_style=cosine"]).critic.lr_scheduler_type == "cosine"
+    cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                             "actor_rollout_ref.actor.optim.min_lr_ratio=0.1", "actor_rollout_ref.actor.optim.num_cycles=1",
+                             "critic.optim.lr_scheduler_type=cosine", "critic.optim.min_lr_ratio=0.2",
+                             "actor.lr_warmup_steps_ratio=0.1"])
+    spec = worker_spec(cfg, "m", None, "cpu", 30)
+    assert (spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles, spec.total_steps) == ("cosine", 0.1, 1.0, 30)
+    assert spec.warmup_steps == 3
+    critic = critic_spec(cfg, "m", 30)
+    assert (critic.lr_scheduler_type, critic.min_lr_ratio, critic.num_cycles, critic.total_steps) == ("cosine", 0.2,
+                                                                                                      0.5, 30)
+    text = describe_keys()
+    assert "actor_rollout_ref.actor.optim.warmup_style -> actor.lr_scheduler_type  [honoured]" in text
+    assert "critic.optim.num_cycles -> critic.num_cycles  [honoured]" in text
 
 
 def test_the_algorithms_page_table_matches_the_presets():

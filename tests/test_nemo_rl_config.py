@@ -188,7 +188,8 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
         "policy.dtensor_cfg.tensor_parallel_size=2": "tensor_parallel_size=2",
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
-        "++policy.scheduler=[{name: CosineAnnealingLR}]": "scheduler",
+        "++policy.scheduler=[{name: CosineAnnealingLR}]": r"scheduler.*T_max is fixed.*actor.lr_scheduler_type=cosine",
+        "++policy.scheduler=[{name: ExponentialLR}]": r"\['ExponentialLR'\] .* then a constant LR or a cosine$",
         "policy.optimizer.name=torch.optim.SGD": "AdamW",
         # a mapping refused as a whole, not leaf by leaf ("did you mean 'policy.hf_config_overrides'?")
         "++policy.hf_config_overrides={rope_scaling: {rope_type: yarn}}": r"hf_config_overrides=\{'rope_scaling'.* set "

@@ -235,6 +235,60 @@ def test_warmup_with_a_start_factor_is_torchs_linear_lr():
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.8)
 
 
+# W = 2, T = 6, by hand: the warm-up is posttrain's (step + 1) / 2 -> 0.5, 1; from step 2 the progress
+# p = (step - 2) / 4 = 0, 0.25, 0.5, 0.75, 1 and (1 + cos(pi p)) / 2 = 1, (1 + 0.70711) / 2, 0.5, (1 - 0.70711) / 2, 0
+COSINE_W2_T6 = [0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447, 0.0]
+# min_lr_ratio 0.1: 0.1 + 0.9 x the above after the warm-up: 1, 0.868198, 0.55, 0.231802, 0.1
+COSINE_W2_T6_FLOOR = [0.5, 1.0, 1.0, 0.868198, 0.55, 0.231802, 0.1]
+
+
+def test_cosine_schedule_is_verls_after_posttrains_warm_up():
+    from posttrain.training.actor import lr_factor
+
+    assert [lr_factor(t, 2, 6, schedule="cosine") for t in range(7)] == pytest.approx(COSINE_W2_T6, abs=1e-6)
+    assert [lr_factor(t, 2, 6, schedule="cosine", min_lr_ratio=0.1)
+            for t in range(7)] == pytest.approx(COSINE_W2_T6_FLOOR, abs=1e-6)
+    # with a start factor the warm-up is LinearLR's: 0.2, then 0.2 + 0.8 x 1/2 = 0.6; the cosine is unchanged
+    assert [lr_factor(t, 2, 6, 0.2, "cosine") for t in range(4)] == pytest.approx([0.2, 0.6, 1.0, 0.853553], abs=1e-6)
+    # no warm-up, T = 4: p = 0, 0.25, 0.5, 0.75, 1
+    assert [lr_factor(t, 0, 4, schedule="cosine") for t in range(5)] == pytest.approx(COSINE_W2_T6[2:], abs=1e-6)
+    # num_cycles 1: a whole wave, T = 4: cos(2 pi p) = 1, 0, -1, 0, 1 -> 1, 0.5, 0, 0.5, 1
+    assert [lr_factor(t, 0, 4, schedule="cosine", num_cycles=1.0)
+            for t in range(5)] == pytest.approx([1.0, 0.5, 0.0, 0.5, 1.0], abs=1e-9)
+    # the constant schedule is the warm-up alone, whatever the total
+    assert [lr_factor(t, 2, 6) for t in range(7)] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="linear"):
+        lr_factor(3, 2, 6, schedule="linear")
+
+
+def test_cosine_scheduler_sets_the_lr_and_resumes_from_its_state_dict():
+    from posttrain.training.actor import make_lr_scheduler
+
+    def scheduler(lr=2.0):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+        return opt, make_lr_scheduler(opt, 2, None, 6, "cosine", 0.1)
+
+    opt, sched = scheduler()
+    lrs = []
+    for _ in range(7):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step(), sched.step()
+    assert lrs == pytest.approx([2.0 * f for f in COSINE_W2_T6_FLOOR], abs=1e-6)
+    # resumed after three updates (as a checkpoint saves and loads them): the same LRs from step 3 on
+    opt, sched = scheduler()
+    for _ in range(3):
+        opt.step(), sched.step()
+    state = sched.state_dict()
+    assert state["lr_lambdas"] == [None]  # a plain function: nothing of the schedule's own in the checkpoint
+    opt2, sched2 = scheduler()
+    opt2.load_state_dict(opt.state_dict()), sched2.load_state_dict(state)
+    resumed = []
+    for _ in range(4):
+        resumed.append(opt2.param_groups[0]["lr"])
+        opt2.step(), sched2.step()
+    assert resumed == pytest.approx([2.0 * f for f in COSINE_W2_T6_FLOOR[3:]], abs=1e-6)
+
+
 # ---------------------------------------------------------------- token-budget micro-batches (use_dynamic_bsz)
 
 def test_spans_fill_a_token_budget_and_a_longer_row_runs_alone():

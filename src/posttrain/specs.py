@@ -37,7 +37,8 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         param_offload=a.param_offload, optimizer_offload=a.optimizer_offload,
         weight_decay=a.weight_decay, betas=tuple(a.betas),
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
-        warmup_start_factor=a.lr_warmup_start_factor,
+        warmup_start_factor=a.lr_warmup_start_factor, lr_scheduler_type=a.lr_scheduler_type,
+        min_lr_ratio=a.min_lr_ratio, num_cycles=a.num_cycles, total_steps=total_steps,
         log_prob_micro_batch_size=r.log_prob_micro_batch_size,
         log_prob_max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
         forward_prefetch=a.forward_prefetch, freeze_vision_tower=a.freeze_vision_tower,
@@ -96,7 +97,8 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
     return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
                       betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
                                                                       total_steps),
-                      warmup_start_factor=c.lr_warmup_start_factor,
+                      warmup_start_factor=c.lr_warmup_start_factor, lr_scheduler_type=c.lr_scheduler_type,
+                      min_lr_ratio=c.min_lr_ratio, num_cycles=c.num_cycles, total_steps=total_steps,
                       gradient_checkpointing=c.model.enable_gradient_checkpointing,
                       param_offload=c.model.param_offload, optimizer_offload=c.model.optimizer_offload)
 

@@ -3,6 +3,8 @@ value and the fix (config.validate and config.validate_rollout use them)."""
 
 from __future__ import annotations
 
+import math
+
 from posttrain.config.schema import DTYPE_SPELLINGS, Config
 from posttrain.errors import ConfigError
 
@@ -60,6 +62,17 @@ def warmup_start_factor(cfg: Config, key: str) -> None:
     value = get(cfg, key)
     need(value is None or 0 < value <= 1, f"{key} must be in (0, 1] (the LR factor of the first step, as "
           f"torch's LinearLR start_factor) or null (warm-up from 1/W), got {value}")
+
+
+def lr_schedule(cfg: Config, section: str) -> None:
+    """<section>.lr_scheduler_type, min_lr_ratio and num_cycles (the LR after the warm-up)."""
+    # training.actor.LR_SCHEDULES, spelled out: importing it would load transformers with the config
+    choice(f"{section}.lr_scheduler_type", get(cfg, f"{section}.lr_scheduler_type"), ("constant", "cosine"))
+    ratio, cycles = get(cfg, f"{section}.min_lr_ratio"), get(cfg, f"{section}.num_cycles")
+    need(0 <= ratio <= 1, f"{section}.min_lr_ratio must be in [0, 1] (the cosine's floor as a share of "
+          f"{section}.lr), got {ratio}")
+    need(cycles > 0 and math.isfinite(cycles), f"{section}.num_cycles must be a number > 0 (cosine waves after "
+          f"the warm-up; 0.5: one decay to the floor), got {cycles}")
 
 
 def no_hybrid_sharding(cfg: Config, section: str) -> None:

@@ -331,8 +331,10 @@ def _scheduler(value, origin: str) -> dict:
     kinds = [str(s["name"]).rsplit(".", 1)[-1] for s in named]
     kw = [s.get("kwargs") or {} for s in named]
     constant_ok = all(k.get("factor", 1 / 3) == 1.0 for n, k in zip(kinds, kw) if n == "ConstantLR")
+    note = ("; CosineAnnealingLR's T_max is fixed, posttrain's cosine ends at the run's last step: drop it, set "
+            "actor.lr_scheduler_type=cosine actor.min_lr_ratio=ETA_MIN/LR") if "CosineAnnealingLR" in kinds else ""
     refuse = ConfigError(f"policy.scheduler {kinds} ({origin}) is not supported; posttrain's schedule is a linear "
-                         "warm-up (torch LinearLR ending at factor 1.0) then a constant LR")
+                         f"warm-up (torch LinearLR ending at factor 1.0) then a constant LR or a cosine{note}")
     if not kinds:
         return {}
     if kinds[0] == "LinearLR" and set(kinds[1:]) <= {"ConstantLR"} and constant_ok:

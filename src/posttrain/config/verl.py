@@ -32,6 +32,9 @@ EXACT = {
     "algorithm.gdpo_reward_keys": "algorithm.gdpo.reward_keys",  # verl's GDPO (its whitening: docs/algorithms.md)
     "algorithm.gdpo_reward_weights": "algorithm.gdpo.reward_weights",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "model.dtype",  # the dtype the policy's weights are kept in
+    # verl's deprecated spelling of lr_scheduler_type (constant | cosine), which verl copies onto it
+    "actor_rollout_ref.actor.optim.warmup_style": "actor.lr_scheduler_type",
+    "critic.optim.warmup_style": "critic.lr_scheduler_type",
     # verl's nested LoRA spelling (its Megatron configs)
     "actor_rollout_ref.model.lora.rank": "model.lora_rank",
     "actor_rollout_ref.model.lora.alpha": "model.lora_alpha",

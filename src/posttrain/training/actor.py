@@ -68,17 +68,50 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, to_cpu: bool) -> None
                 state[key] = value.to(device, non_blocking=True)
 
 
-def make_lr_scheduler(optimizer, warmup_steps: int,
-                      start_factor: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `warmup_steps` RL steps, then constant; the
-    scheduler is stepped once per update (RL step); `warmup_lr_factor` gives
-    each step's LR factor."""
+LR_SCHEDULES = ("constant", "cosine")  # actor.lr_scheduler_type / critic.lr_scheduler_type (verl's values)
+
+
+def make_lr_scheduler(optimizer, warmup_steps: int, start_factor: float | None = None, total_steps: int = 0,
+                      schedule: str = "constant", min_lr_ratio: float = 0.0,
+                      num_cycles: float = 0.5) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR schedule of `lr_factor` (a linear warm-up over `warmup_steps` RL
+    steps, then constant or a cosine down to `min_lr_ratio` at `total_steps`);
+    the scheduler is stepped once per update (RL step)."""
     # a plain function, not a callable object: the scheduler's state_dict stays as it was (no lambda state)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_lr_factor(step, warmup_steps, start_factor))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
+        step, warmup_steps, total_steps, start_factor, schedule, min_lr_ratio, num_cycles))
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, start_factor: float | None = None,
+              schedule: str = "constant", min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+    """The LR multiplier of update `step` (0-based), W = warmup_steps, T = total_steps:
+
+    step < W: posttrain's warm-up, `warmup_lr_factor`, for both schedules
+        (verl's cosine warms up as step / W, from 0 at the first update;
+        here the first update has 1/W of the LR, or s with a start factor).
+    constant: 1 from step W on.
+    cosine (verl's get_cosine_schedule_with_warmup after its warm-up): with
+        progress p = (step - W) / max(1, T - W),
+        max(m, m + (1 - m) * (1 + cos(2 pi c p)) / 2), m = min_lr_ratio,
+        c = num_cycles: from 1 at step W down to m at step T (c = 0.5).
+
+    Example: cosine, W = 2, T = 6, m = 0 -> steps 0..6: [0.5, 1, 1, 0.854,
+    0.5, 0.146, 0] (p = 0, 0.25, 0.5, 0.75, 1 from step 2 on); m = 0.1 ->
+    [0.5, 1, 1, 0.868, 0.55, 0.232, 0.1].
+    """
+    if step < warmup_steps:
+        return warmup_lr_factor(step, warmup_steps, start_factor)
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"LR schedule {schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
+    progress = (step - max(0, warmup_steps)) / max(1, total_steps - max(0, warmup_steps))
+    cosine = (1.0 + math.cos(2.0 * math.pi * num_cycles * progress)) / 2.0
+    return max(min_lr_ratio, min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
 
 
 def warmup_lr_factor(step: int, warmup_steps: int, start_factor: float | None = None) -> float:
-    """The LR multiplier of update `step` (0-based) with W = warmup_steps:
+    """The LR multiplier of update `step` (0-based) with W = warmup_steps, a warm-up then constant:
 
     start_factor None (verl's warm-up): min(1, (step + 1) / W), so the first
         update already has 1/W of the LR and update W - 1 has all of it.
