@@ -165,3 +165,21 @@ class Scripted:
         pids = torch.tensor([[0] * (pw - len(x)) + x for x in p])
         pmask = torch.tensor([[0] * (pw - len(x)) + [1] * len(x) for x in p])
         return RolloutOutput(pids, pmask, ids, mask, torch.full(ids.shape, -0.5) * mask)
+
+
+def write_sft(path: Path, pairs) -> Path:
+    """An SFT parquet in verl's default layout: question / answer columns, one row per (a, b)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"question": f"What is {a} + {b}?", "answer": str(a + b)}
+                                         for a, b in pairs]), path)
+    return path
+
+
+def sft_overrides(model_dir, train: Path, val: Path, run_dir, steps: int, *extra: str) -> list[str]:
+    """A small `posttrain sft` run: batches of 4 rows in micro-batches of 2, a warm-up step, then the cosine."""
+    return [f"model.path={model_dir}", f"data.train_files={train}", f"data.val_files={val}",
+            f"trainer.run_dir={run_dir}", f"trainer.total_training_steps={steps}", "data.train_batch_size=4",
+            "data.micro_batch_size_per_gpu=2", "optim.lr=3e-3", "optim.lr_warmup_steps_ratio=0.2",
+            "trainer.logger=[]", "trainer.test_freq=2", "trainer.async_save=false", *extra]

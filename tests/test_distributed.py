@@ -22,7 +22,7 @@ from posttrain.rollout.weights import hf_name
 from posttrain.specs import worker_spec
 from posttrain.worker import Worker
 
-from helpers import POSTTRAIN, read_metrics, resume_overrides, write_prompts
+from helpers import POSTTRAIN, read_metrics, resume_overrides, sft_overrides, write_prompts, write_sft
 from listeners import non_loopback_listeners, process_tree
 
 
@@ -212,6 +212,33 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
                 for x in read_metrics(run_dir) if "actor/pg_loss" in x]
 
     assert scores(straight) == scores(halves)
+
+
+@pytest.mark.ray
+def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path):
+    """posttrain sft on two FSDP2 workers (each an equal share of every batch, micro-batches of 2, a validation
+    set of 3 rows: one worker gets a filler row): the same losses and weights as one process."""
+    from posttrain.build_sft import build_sft_run
+    from posttrain.sft_loop import train_sft
+
+    train_rows = write_sft(tmp_path / "train.parquet", [(a, b) for a in range(10, 18) for b in (20, 31)])
+    val_rows = write_sft(tmp_path / "val.parquet", [(40, 2), (51, 7), (63, 9)])
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=3")
+    one = train_sft(build_sft_run(load_config(None, sft_overrides(
+        tiny_model_dir, train_rows, val_rows, tmp_path / "one", 3, "trainer.save_freq=3"), command="sft")))
+    both = train_sft(build_sft_run(load_config(None, sft_overrides(
+        tiny_model_dir, train_rows, val_rows, tmp_path / "two", 3, *two), command="sft")))
+    assert both["val_before"] == pytest.approx(one["val_before"], rel=1e-5)
+    assert both["val_after"] == pytest.approx(one["val_after"], rel=1e-4) and both["val_after"] < both["val_before"]
+
+    def losses(run_dir):
+        return [x["train/loss"] for x in read_metrics(run_dir) if "train/loss" in x]
+
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
+    assert (tmp_path / "two" / "checkpoints" / "global_step_3" / "actor_dcp" / ".metadata").exists()
+    a = load_file(tmp_path / "one" / "checkpoints" / "global_step_3" / "actor" / "model.safetensors")
+    b = exported(tmp_path / "two" / "checkpoints" / "global_step_3", tmp_path / "b")
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
 @pytest.mark.ray

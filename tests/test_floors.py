@@ -22,8 +22,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "posttrain"
 # Keep this table and DESIGN.md's floors the same picture.
 FLOORS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
-    ("build", "specs"),  # specs: config -> worker settings
-    ("loop", "distributed"),
+    ("build", "build_sft", "specs"),  # specs: config -> worker settings; build_sft: posttrain sft's run
+    ("loop", "sft_loop", "distributed"),
     ("worker", "worker_spec", "engines", "async_rollout", "metrics", "generation", "validation", "conversations"),  # generation, validation: the loop's sampling/scoring, evals
     ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "batch"),
@@ -145,7 +145,7 @@ def test_the_checker_finds_every_kind_of_import():
         "src/posttrain/models/fetch.py:7: models.fetch (floor 'models, batch') imports cli "
         "(floor 'cli, __main__'), a higher floor",
         "src/posttrain/models/fetch.py:9: models.fetch (floor 'models, batch') imports loop "
-        "(floor 'loop, distributed'), a higher floor",
+        "(floor 'loop, sft_loop, distributed'), a higher floor",
     ]
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from posttrain.loop import Run\nimport posttrain.cli\n"
     assert [m.split(": ")[0] for m in climbs("models.fetch", typed, "f.py")] == ["f.py:4"]  # annotations only: no climb

@@ -229,7 +229,7 @@ def test_every_posttrain_command_of_a_page_parses_and_its_keys_load(page):
         except SystemExit as e:
             pytest.fail(f"{page_id(page)}: `posttrain {shlex.join(argv)}` does not parse (exit {e.code})")
         train = the_command_after_dashes(argv)
-        if not train or train[0] != "train":
+        if not train or train[0] not in ("train", "sft"):
             continue
         # a config file of this repository (examples/) is read with the keys; a user's own file or
         # NeMo-RL's (not here) is left out and the keys given on the line load on their own
@@ -237,7 +237,7 @@ def test_every_posttrain_command_of_a_page_parses_and_its_keys_load(page):
         config = next((str(REPO / a) for a in named if (REPO / a).is_file()), None)
         keys = [a for a in train[1:] if re.match(r"[+~]*[A-Za-z_][\w.]*=", a)]
         try:
-            load_config(config, keys)
+            load_config(config, keys, command=train[0])
         except Exception as e:  # noqa: BLE001 - the message is the finding
             pytest.fail(f"{page_id(page)}: `posttrain {shlex.join(argv)}`: {e}")
 

@@ -1,4 +1,4 @@
-"""posttrain's command line, for the commands that do work: `train`, `preprocess`,
+"""posttrain's command line, for the commands that do work: `train`, `sft`, `preprocess`,
 `eval`, `export`, `checkpoints`, `report`, `compare`, `tiny-model` and `fetch-model`.
 
 These are the commands a cluster may be asked to run, so the checks of a command
@@ -42,7 +42,7 @@ def work_parser() -> Parser:
 
 def add_work_commands(sub) -> dict[str, argparse.ArgumentParser]:
     """Add the commands that do work to `sub`. -> {name: its parser} (the caller sets handlers)."""
-    for add in (add_train, add_preprocess, add_eval, add_export, add_checkpoints, add_report, add_compare,
+    for add in (add_train, add_sft, add_preprocess, add_eval, add_export, add_checkpoints, add_report, add_compare,
                 add_tiny_model, add_fetch_model):
         add(sub)
     return {name: parser for name, parser in sub.choices.items()}
@@ -62,6 +62,22 @@ def add_train(sub) -> None:
     t.add_argument("--debug", dest="debug_run", action="store_true", help="debug the run: trainer.debug=true (rewards, "
                    "tools and the policy in this process, where breakpoint() stops; pdb post-mortem on a crash) and "
                    "tracebacks for errors (docs/debugging.md)")
+
+
+def add_sft(sub) -> None:
+    """posttrain sft [CONFIG.yaml] [key=value ...]"""
+    t = sub.add_parser("sft", help="supervised fine-tuning (no arguments: the tiny model on the embedded task)",
+                       description="posttrain sft [CONFIG.yaml] [key=value ...]: supervised fine-tuning from parquet "
+                                   "rows (data.prompt_key / data.response_key, or data.multiturn.enable=true for a "
+                                   "messages column), the loss on the assistant's tokens. verl's SFT trainer keys are "
+                                   "accepted (model.partial_pretrain, optim.lr, data.micro_batch_size_per_gpu, ...): "
+                                   "docs/sft.md.")
+    t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    t.add_argument("--config", metavar="CONFIG.yaml", help="the config file (as the first argument)")
+    t.add_argument("--help-config", action="store_true", help="list every config key, its type and default, "
+                   "and verl's SFT spellings")
+    t.add_argument("--debug", dest="debug_run", action="store_true", help="tracebacks for errors and pdb "
+                   "post-mortem on a crash (docs/debugging.md)")
 
 
 def add_preprocess(sub) -> None:

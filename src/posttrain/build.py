@@ -204,6 +204,8 @@ def hold_out(train, val, share: float, seed: int | None, max_samples: int | None
     order = list(range(len(train)))
     random.Random(seed).shuffle(order)
     held, kept = sorted(order[:count]), sorted(order[count:])
+    if isinstance(train, list):  # posttrain sft's examples
+        return [train[i] for i in kept], [train[i] for i in held][:max_samples]
     val_items = [train.items[i] for i in held][:max_samples]
     return (PromptDataset([train.items[i] for i in kept], train.num_dropped, train.num_invalid),
             PromptDataset(val_items))
@@ -250,7 +252,7 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path) -> tuple[Worker | WorkerGro
     """One `Worker` in this process, or a `WorkerGroup` of Ray actors. -> (it, where each worker runs)."""
     tr = cfg.trainer
     check_offload(spec, sharded=uses_ray(cfg))
-    if cfg.rollout.name == "vllm":
+    if spec.rollout.name == "vllm":
         check_vllm_available(spec.device, spec.rollout.engine_kwargs)
         if spec.device == "cpu" and spec.rollout.free_cache_engine:
             print("posttrain: vLLM's CPU build has no sleep mode: its engine keeps its weights and KV cache between "

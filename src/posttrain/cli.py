@@ -1,4 +1,4 @@
-"""`posttrain train | preprocess | eval | export | checkpoints | report | compare | submit | deploy | tiny-model | fetch-model`:
+"""`posttrain train | sft | preprocess | eval | export | checkpoints | report | compare | submit | deploy | tiny-model | fetch-model`:
 the top of the package (nothing in it imports this module).
 
 Errors a user can fix print one line and exit 2; `--debug` (or
@@ -39,6 +39,42 @@ def cmd_train(args) -> int:
     summary = train(run)
     print(format_summary(summary))
     return 0
+
+
+def cmd_sft(args) -> int:
+    from posttrain.build_sft import build_sft_run
+    from posttrain.config import describe_keys, load_config
+    from posttrain.config.verl_sft import alias_table
+    from posttrain.sft_loop import train_sft
+
+    if args.help_config:
+        print(describe_keys())
+        print("\nverl's SFT trainer keys accepted by posttrain sft (verl key -> posttrain key):")
+        print("\n".join(f"  {theirs} -> {ours}" for theirs, ours in alias_table().items()))
+        return 0
+    config_path, overrides = split_train_args(args.args, args.config)
+    cfg = load_config(config_path, overrides, command="sft")
+    if args.debug_run or cfg.trainer.debug:
+        from posttrain.debugging import post_mortem_on_crash
+
+        cfg.trainer.debug = True
+        post_mortem_on_crash()
+    run = build_sft_run(cfg)
+    print(f"posttrain: run directory {run.run_dir}", file=sys.stderr)
+    summary = train_sft(run)
+    print(format_sft_summary(summary))
+    return 0
+
+
+def format_sft_summary(s: dict) -> str:
+    parts = []
+    if "loss_first" in s:
+        parts.append(f"training loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}")
+    if "val_before" in s and "val_after" in s:
+        parts.append(f"validation loss {s['val_before']:.4f} -> {s['val_after']:.4f}")
+    elif "val_after" in s:
+        parts.append(f"validation loss {s['val_after']:.4f}")
+    return "done: " + " | ".join(parts + format_summary(s)[len("done: "):].split(" | ")[-2:])
 
 
 def format_summary(s: dict) -> str:
@@ -230,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser, sub = root_parser()
     commands = add_work_commands(sub)
-    for name, handler in (("train", cmd_train), ("eval", cmd_eval), ("export", cmd_export),
+    for name, handler in (("train", cmd_train), ("sft", cmd_sft), ("eval", cmd_eval), ("export", cmd_export),
                           ("checkpoints", cmd_checkpoints), ("report", cmd_report), ("compare", cmd_compare),
                           ("tiny-model", cmd_tiny_model), ("fetch-model", cmd_fetch_model)):
         commands[name].set_defaults(func=handler)

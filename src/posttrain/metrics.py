@@ -147,14 +147,38 @@ def format_line(step: int, total: int, m: dict) -> str:
     return " | ".join([head, *fields[:5], " ".join(fields[5:]) + " s", tail])
 
 
+SFT_FIELDS = [
+    ("loss", "train/loss", "{:.4f}", 6),
+    ("val", "val/loss", "{:.4f}", 6),
+    ("lr", "train/lr", "{:.2e}", 8),
+    ("gnorm", "train/grad_norm", "{:.3f}", 6),
+    ("upd", "timing_s/update_actor", "{:.2f}", 5),
+    ("step", "timing_s/step", "{:.2f}", 5),
+]
+
+
+def format_sft_line(step: int, total: int, m: dict) -> str:
+    """posttrain sft's line: training and validation loss, LR, gradient norm, seconds, tokens/s, MFU."""
+    head = f"step {step}/{total}".ljust(len(f"step {total}/{total}"))
+    if "train/loss" not in m:  # a validation on its own (before training)
+        return f"{head.rstrip()} | validation loss {_fmt(m, 'val/loss', '{:.4f}', 0)}"
+    fields = [f"{label} {_fmt(m, key, fmt, w)}" for label, key, fmt, w in SFT_FIELDS]
+    tail = f"{_fmt(m, 'perf/throughput', '{:.0f}', 6)} tok/s"
+    if "perf/mfu/actor" in m:
+        tail += f" | mfu {100 * m['perf/mfu/actor']:5.2f}%"
+    return " | ".join([head, *fields[:4], " ".join(fields[4:]) + " s", tail])
+
+
 class MetricsLogger:
     """Appends every step's metrics to `metrics.jsonl` and sample completions
     to `samples.jsonl` (always), prints a line to the console when 'console'
     is among `names`, and passes both on to `sinks` (sinks.py: TensorBoard,
     wandb, MLflow)."""
 
-    def __init__(self, run_dir: Path, names: list[str], total_steps: int, sinks: list | None = None):
+    def __init__(self, run_dir: Path, names: list[str], total_steps: int, sinks: list | None = None,
+                 line=format_line):
         self.run_dir = Path(run_dir)
+        self.line = line  # (step, total, metrics) -> the console line
         self.console = "console" in names
         self.total_steps = total_steps
         self.sinks = list(sinks or [])
@@ -165,7 +189,7 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self.console:
-            tqdm.write(format_line(step, self.total_steps, metrics), file=sys.stdout)
+            tqdm.write(self.line(step, self.total_steps, metrics), file=sys.stdout)
         for sink in self.sinks:
             sink.log(metrics, step)
 

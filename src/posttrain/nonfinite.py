@@ -22,9 +22,11 @@ import torch
 # batch fields an update reads, in the order the step computes them
 UPDATE_INPUTS = ("old_log_probs", "rollout_is_weights", "ref_log_probs", "values", "token_level_rewards", "advantages", "returns")
 # update metrics, in the order the update computes them (the critic updates first)
-UPDATE_LOSSES = ("critic/vf_loss", "critic/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
+UPDATE_LOSSES = ("critic/vf_loss", "critic/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss",
+                 "train/loss")  # the last: posttrain sft's
 # a skipped step with finite losses was skipped for its gradient norm
-SKIP_COUNTS = {"critic/nonfinite_updates": "critic/grad_norm", "actor/nonfinite_updates": "actor/grad_norm"}
+SKIP_COUNTS = {"critic/nonfinite_updates": "critic/grad_norm", "actor/nonfinite_updates": "actor/grad_norm",
+               "train/nonfinite_updates": "train/grad_norm"}
 
 
 def first_nonfinite_input(batch) -> str | None:

@@ -114,7 +114,8 @@ class Worker:
                 parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
-        self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor)
+        self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor, s.total_steps,
+                                           s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)
         if s.critic is not None:
             self._setup_critic(s.critic, kwargs)
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
@@ -173,7 +174,8 @@ class Worker:
         elif c.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
-        self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps, c.warmup_start_factor)
+        self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps, c.warmup_start_factor,
+                                                  c.total_steps, c.lr_scheduler_type, c.min_lr_ratio, c.num_cycles)
 
     def _setup_sequence_parallel(self, size: int) -> None:
         """Groups of `size` consecutive ranks split each sequence's positions (training/ulysses.py)."""
@@ -248,6 +250,24 @@ class Worker:
                                     mini_totals=mini_totals, world_size=self.world_size, sp=self.sp)
         self.scheduler.step()
         return metrics
+
+    def sft_step(self, batch: dict, total_tokens: int | None = None) -> dict[str, float]:
+        """One supervised update over `batch` (data.sft.collate's tensors: this worker's rows of the step's
+        batch), then one LR-scheduler step. `total_tokens`: the whole batch's learned tokens, when its rows
+        are split over workers (training.sft.sft_update)."""
+        from posttrain.training.sft import sft_update
+
+        with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
+            metrics = sft_update(self.policy, self.optimizer, batch, self.spec.sft, total_tokens, self.world_size)
+        self.scheduler.step()
+        return metrics
+
+    def sft_loss(self, batch: dict) -> tuple[float, int]:
+        """(summed -log p of `batch`'s learned tokens, their count), without gradients: the validation loss."""
+        from posttrain.training.sft import nll_of
+
+        with self.autocast():
+            return nll_of(self.policy, batch, self.spec.sft)
 
     def compute_values(self, batch) -> torch.Tensor:
         """-> the critic's values [N, R] of batch's response positions."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from posttrain.models.lora import LoraSettings
 from posttrain.training.actor import UpdateSettings
 from posttrain.training.critic import CriticSettings
+from posttrain.training.sft import SFTSettings
 
 
 @dataclass
@@ -21,6 +22,10 @@ class CriticSpec:
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
     warmup_start_factor: float | None = None  # critic.lr_warmup_start_factor (training.actor.warmup_lr_factor)
+    lr_scheduler_type: str = "constant"  # critic.lr_scheduler_type, min_lr_ratio, num_cycles (training.actor.lr_factor)
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    total_steps: int = 0  # the run's RL steps: the cosine reaches min_lr_ratio at the last one
     gradient_checkpointing: bool = False
     param_offload: bool = False  # FSDP2's CPUOffloadPolicy (sharded workers)
     optimizer_offload: bool = False  # the optimizer's state on the CPU between updates
@@ -87,6 +92,10 @@ class WorkerSpec:
     betas: tuple = (0.9, 0.999)
     warmup_steps: int = 0
     warmup_start_factor: float | None = None  # actor.lr_warmup_start_factor (training.actor.warmup_lr_factor)
+    lr_scheduler_type: str = "constant"  # actor.lr_scheduler_type, min_lr_ratio, num_cycles (training.actor.lr_factor)
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    total_steps: int = 0  # the run's RL steps: the cosine reaches min_lr_ratio at the last one
     log_prob_micro_batch_size: int = 64  # the policy's log-prob pass (rollout.log_prob_micro_batch_size)
     log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
     forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
@@ -105,3 +114,4 @@ class WorkerSpec:
     ref: RefSpec = field(default_factory=RefSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
+    sft: SFTSettings | None = None  # posttrain sft: the supervised update's micro-batches and clipping

@@ -23,6 +23,10 @@ VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "rew
                   "ref.entropy_from_logits_with_chunking", "actor.use_orig_params", "data.gen_batch_size",
                   "async_training.use_trainer_do_validate", "async_training.checkpoint_engine")
 
+SFT_ONLY_KEYS = ("data.response_key", "data.prompt_dict_keys", "data.response_dict_keys", "data.max_length",
+                 "data.multiturn.enable", "data.multiturn.messages_key", "data.multiturn.tools_key",
+                 "data.multiturn.enable_thinking_key")
+
 # What happens to a key, as --help-config shows it; every key not named here is honoured.
 ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
 KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
@@ -33,6 +37,7 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
               "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
               **{k: UNUSED for k in VERL_ONLY_KEYS},
+              **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
               **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},

@@ -20,11 +20,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config import nemo_rl, presets, verl_async
+from posttrain.config import nemo_rl, presets, verl_async, verl_sft
 from posttrain.config import verl as aliases
 from posttrain.config.checks import printable, repr_cut
 from posttrain.config.schema import DICT_KEYS, LIST_KEYS, SCHEMA, Config
 from posttrain.config.validate import validate
+from posttrain.config.validate_sft import validate_sft
 from posttrain.errors import ConfigError
 from posttrain.text import invalid_text
 from posttrain.yamlfile import YAML_ERRORS, read_mapping
@@ -108,6 +109,10 @@ def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
             # OmegaConf checks a list's element types but lets a nested list or dict through
             raise ConfigError(f"config key '{ours}' ({origin}) expects a list of plain values, got "
                               f"{repr_cut(value)}; write it as [a, b]")
+        if value is None and key.endswith(".warmup_style"):
+            continue  # verl's deprecated spelling, left null beside lr_scheduler_type (its own optim/fsdp.yaml)
+        if ours in ("data.train_max_samples", "data.val_max_samples") and value == -1:
+            value = None  # verl's "all rows"
         if invalid_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
             raise ConfigError(f"config key '{ours}' ({origin}) holds text that is not valid unicode; re-type the value")
         out[ours] = value
@@ -130,35 +135,51 @@ def _read_config_file(path: str) -> dict:
     return read_mapping(p, "config file")
 
 
-def preset() -> dict[str, Any]:
-    text = resources.files("posttrain.configs").joinpath("tiny_arith.yaml").read_text()
+def preset(name: str = "tiny_arith.yaml") -> dict[str, Any]:
+    """A preset shipped in posttrain/configs: the embedded default (tiny_arith.yaml), posttrain sft's defaults
+    (sft.yaml) and its embedded default (tiny_sft.yaml)."""
+    text = resources.files("posttrain.configs").joinpath(name).read_text()
     return flatten(yaml.safe_load(text))
 
 
-def load_config(config_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
+def load_config(config_path: str | None = None, overrides: Sequence[str] = (), command: str = "train") -> Config:
     """Defaults < embedded preset (only without model.path) < algorithm.name's
-    preset < YAML file < overrides."""
+    preset < YAML file < overrides. command="sft" (`posttrain sft`): verl's SFT
+    spellings are read too (verl_sft.py), and the layers start from SFT's
+    defaults (configs/sft.yaml) and its embedded preset (configs/tiny_sft.yaml)."""
+    sft = command == "sft"
     layers, nemo_tree = [], None
     if config_path:
         data = _read_config_file(config_path)
         if nemo_rl.is_layout(data):  # NeMo-RL's grpo.*/policy.*/... layout, its `defaults:` files under it
             nemo_tree = nemo_rl.load_tree(config_path)
         else:
-            layers.append(canonicalize(flatten(data), f"in {config_path}"))
+            layers.append(canonicalize(_sft_keys(flatten(data), f"in {config_path}", sft), f"in {config_path}"))
     nemo_overrides, overrides = nemo_rl.split_overrides(overrides, nemo_tree)
-    ours = canonicalize(dict(parse_override(a) for a in overrides), "on the command line")
+    cli = _sft_keys(dict(parse_override(a) for a in overrides), "on the command line", sft)
+    ours = canonicalize(cli, "on the command line")
     if nemo_tree is not None or nemo_overrides:
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
         layers.append(canonicalize(nemo_rl.layer(nemo_tree, nemo_overrides, origin, given=ours), origin))
     layers.append(ours)
     given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
-    layers.insert(0, _algorithm_layer(layers))
+    if not sft:
+        layers.insert(0, _algorithm_layer(layers))
     if not any("model.path" in layer for layer in layers):
-        layers.insert(0, preset())
+        layers.insert(0, preset("tiny_sft.yaml" if sft else "tiny_arith.yaml"))
+    if sft:
+        layers.insert(0, preset("sft.yaml"))
     cfg = _merge(layers)
+    if sft:
+        validate_sft(cfg, given)
+        return cfg
     verl_async.resolve(cfg, given)
     validate(cfg)
     return cfg
+
+
+def _sft_keys(flat: dict[str, Any], origin: str, sft: bool) -> dict[str, Any]:
+    return verl_sft.translate(flat, origin) if sft else flat
 
 
 def _algorithm_layer(layers: list[dict]) -> dict:

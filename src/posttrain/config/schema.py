@@ -28,6 +28,16 @@ class CustomDatasetClass:
 
 
 @dataclass
+class MultiturnSFTConfig:
+    """posttrain sft: rows that are whole conversations (verl's data.multiturn.*)."""
+
+    enable: bool = False
+    messages_key: str = "messages"  # the column of {role, content} messages; every assistant turn is learned
+    tools_key: str = "tools"  # a column of tool schemas handed to the chat template (when the row has one)
+    enable_thinking_key: str = "enable_thinking"  # a column of true/false handed to the template as enable_thinking
+
+
+@dataclass
 class DataConfig:
     train_files: Optional[List[str]] = None  # None: data.dataset_name's file, else the embedded arith task
     val_files: Optional[List[str]] = None
@@ -56,6 +66,14 @@ class DataConfig:
     custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
     # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    train_max_samples: Optional[int] = None  # the first N training rows only; None or -1: all
+    # posttrain sft (verl's SFT keys; `posttrain train` names them unused): the response column, reached through
+    # nested keys (data.prompt_key=extra_info data.prompt_dict_keys=[question]), or whole conversations
+    response_key: str = "answer"
+    prompt_dict_keys: Optional[List[str]] = None
+    response_dict_keys: Optional[List[str]] = None
+    multiturn: MultiturnSFTConfig = field(default_factory=MultiturnSFTConfig)
+    max_length: int = 1024  # tokens of one SFT example, prompt and response together
 
 
 @dataclass
@@ -113,6 +131,9 @@ class ActorConfig:
     lr_warmup_steps_ratio: float = 0.0
     # null: warm-up factor (step + 1) / W; s in (0, 1]: torch LinearLR's s + (1 - s) * min(step, W) / W (NeMo-RL)
     lr_warmup_start_factor: Optional[float] = None
+    lr_scheduler_type: str = "constant"  # after the warm-up: constant | cosine (verl's, to min_lr_ratio x lr)
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
     ppo_micro_batch_size: int = 8  # sequences
@@ -339,6 +360,9 @@ class CriticConfig:
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     lr_warmup_start_factor: Optional[float] = None  # as actor.lr_warmup_start_factor, for the critic's warm-up
+    lr_scheduler_type: str = "constant"  # as actor.lr_scheduler_type, min_lr_ratio, num_cycles: the critic's LR
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
     grad_clip: float = 1.0
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
     ppo_micro_batch_size: Optional[int] = None  # sequences; null: actor.ppo_micro_batch_size

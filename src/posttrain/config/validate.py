@@ -12,9 +12,9 @@ from __future__ import annotations
 import warnings
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
-from posttrain.config.keys import LORA_ONLY_KEYS, VERL_ONLY_KEYS
-from posttrain.config.checks import (choice, dtype, get, need, no_hybrid_sharding, positive, positive_or_null,
-                                     printable, repr_cut, warmup_start_factor)
+from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
+from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
+                                     positive_or_null, printable, repr_cut, warmup_start_factor)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
 from posttrain.config.validate_rollout import validate_rollout, validate_rollout_correction
@@ -22,7 +22,7 @@ from posttrain.config.validate_rollout import validate_rollout, validate_rollout
 
 def validate(cfg: Config) -> None:
     """Ranges, choices and cross-field rules; fills derived values in place. The sections first, then the
-    rules that join them (they divide by sizes the sections checked)."""
+    rules that join them (they divide by sizes the sections checked). posttrain sft's: validate_sft.py."""
     validate_data(cfg)
     validate_model(cfg)
     validate_rollout(cfg)
@@ -91,6 +91,7 @@ def validate_actor(cfg: Config) -> None:
     need(a.clip_ratio_c is None or a.clip_ratio_c > 1,
           f"actor.clip_ratio_c must be > 1, or null (no dual clip), got {a.clip_ratio_c}")
     warmup_start_factor(cfg, "actor.lr_warmup_start_factor")
+    lr_schedule(cfg, "actor")
     for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
                 "actor.mixed_precision.buffer_dtype"):
         dtype(cfg, key)
@@ -133,10 +134,15 @@ def validate_sequence_parallel(cfg: Config) -> None:
           f"{size}: the fused pass does not split sequences yet; turn one of them off")
 
 
-def warn_unused(cfg: Config) -> None:
+def warn_unused(cfg: Config, sft_keys_used: bool = False) -> None:
     """verl's switches for what posttrain does not do: inputs only verl reads, and settings of a feature that is
-    off (LoRA, multi-turn rollouts), set to anything but their default, are named in one warning line each."""
+    off (LoRA, multi-turn rollouts, posttrain sft's data keys in an RL run), set to anything but their default,
+    are named in one warning line each."""
     m, backend = cfg.model, cfg.model.fused_kernel_options.impl_backend
+    sft_only = [k for k in SFT_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not sft_keys_used else []
+    if sft_only:
+        warnings.warn(f"{', '.join(sft_only)}: settings of posttrain sft's data; set, but unused by posttrain train",
+                      stacklevel=3)
     lora_only = [k for k in LORA_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
     if not cfg.rollout.multi_turn.enable:
         lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and get(cfg, k) != SCHEMA[k][1]]
@@ -274,6 +280,7 @@ def validate_critic(cfg: Config) -> None:
     when a critic is used: algorithm.adv_estimator=gae)."""
     c, a = cfg.critic, cfg.actor
     warmup_start_factor(cfg, "critic.lr_warmup_start_factor")
+    lr_schedule(cfg, "critic")
     no_hybrid_sharding(cfg, "critic.model")
     c.ppo_mini_batch_size = a.ppo_mini_batch_size if c.ppo_mini_batch_size is None else c.ppo_mini_batch_size
     c.ppo_micro_batch_size = a.ppo_micro_batch_size if c.ppo_micro_batch_size is None else c.ppo_micro_batch_size

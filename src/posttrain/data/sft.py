@@ -21,6 +21,7 @@ A tokenizer without a chat template (a base model) gets the prompt's text, then 
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ class SFTDataSettings:
     response_dict_keys: tuple = ()
     multiturn: bool = False
     messages_key: str = "messages"
+    tools_key: str = "tools"  # multi-turn: a column of tool schemas for the chat template (rows without: none)
+    enable_thinking_key: str = "enable_thinking"  # multi-turn: a column of true/false, the template's enable_thinking
     max_length: int = 1024  # tokens of a whole example
     truncation: str = "error"  # an example over max_length: error | left (keep the end) | right (keep the start)
     template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
@@ -148,6 +151,26 @@ def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | No
     return ids, mask
 
 
+def row_template_kwargs(row: dict, settings: SFTDataSettings, where: str = "a row") -> dict:
+    """The chat template's arguments for one row: data.apply_chat_template_kwargs, and in multi-turn rows the
+    tools and enable_thinking columns when the row has them (verl's multi-turn SFT dataset does the same)."""
+    kw = dict(settings.template_kwargs)
+    if settings.multiturn:
+        tools = row.get(settings.tools_key)
+        if isinstance(tools, str):  # tool schemas stored as JSON text
+            try:
+                tools = json.loads(tools) if tools.strip() else None
+            except ValueError:
+                raise DataError(f"{where}: column '{settings.tools_key}' is text but not JSON tool schemas "
+                                f"({tools[:60]!r}); fix the column or set data.multiturn.tools_key") from None
+        if tools is not None and len(tools):
+            kw["tools"] = list(tools)
+        thinking = row.get(settings.enable_thinking_key)
+        if thinking is not None:
+            kw["enable_thinking"] = bool(thinking)
+    return kw
+
+
 def fit(ids: list, mask: list, max_length: int, truncation: str, where: str) -> tuple[list, list]:
     if len(ids) <= max_length:
         return ids, mask
@@ -171,7 +194,7 @@ def load_examples(paths, tokenizer, settings: SFTDataSettings, max_samples: int 
     examples, dropped = [], 0
     for path, i, row in rows:
         where = f"row {i} of '{path}'"
-        ids, mask = conversation_ids(tokenizer, row_messages(row, settings, where), settings.template_kwargs)
+        ids, mask = conversation_ids(tokenizer, row_messages(row, settings, where), row_template_kwargs(row, settings, where))
         ids, mask = fit(ids, mask, settings.max_length, settings.truncation, where)
         if not any(mask):
             dropped += 1

@@ -23,6 +23,7 @@ from posttrain.distributed.balance import balanced_partition, concat_rollouts, e
 from posttrain.distributed.cluster import describe_resources, import_ray
 from posttrain.errors import PosttrainError
 from posttrain.training.actor import loss_units
+from posttrain.training.sft import learned_tokens
 from posttrain.worker_spec import WorkerSpec
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -132,6 +133,28 @@ class WorkerGroup:
                                           for w in range(self.world_size)])
         # grad norm, lr and skips are the same on every worker; losses are averaged over workers
         return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
+
+    def sft_step(self, batch: dict) -> dict[str, float]:
+        """posttrain sft's update: each worker an equal, token-balanced share of the batch's rows (every worker
+        runs as many passes: FSDP2 gathers with the others), the whole batch's learned-token count along, so
+        the averaged gradient is that of one process."""
+        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), self.world_size)
+        total = learned_tokens(batch)
+        outs = self._call_all_with("sft_step", [({k: v[p] for k, v in batch.items()}, total) for p in parts])
+        summed = ("train/loss", "train/learned_tokens")  # each worker's part of the batch's
+        return {k: sum(o[k] for o in outs) / (1 if k in summed else len(outs)) for k in outs[0]}
+
+    def sft_loss(self, batch: dict) -> tuple[float, int]:
+        """(summed -log p, learned tokens) of `batch`, its rows spread over the workers; rows that learn nothing
+        fill it up to a multiple of the workers (each worker the same number of passes)."""
+        n = len(batch["input_ids"])
+        fill = -n % self.world_size
+        if fill:
+            batch = {k: torch.cat([v, v[:1].expand(fill, -1)]) for k, v in batch.items()}
+            batch["labels"][n:] = -100
+        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), self.world_size)
+        outs = self._call_all_with("sft_loss", [({k: v[p] for k, v in batch.items()},) for p in parts])
+        return sum(o[0] for o in outs), sum(o[1] for o in outs)
 
     def sync_weights(self) -> None:
         self._call_all("sync_weights")

@@ -102,15 +102,15 @@ def greedy_accuracy(model, tokenizer, pairs, max_new_tokens: int = 6) -> float:
     return sum(t.strip() == arith.answer_text(a, b) for t, (a, b) in zip(texts, pairs)) / len(pairs)
 
 
-def sft_step(model, opt, ids, attention, labels, batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    """One supervised step on `batch_size` rows drawn (with `gen`) from ids/attention/labels [N, L]. -> the loss."""
-    model.train()
+def sft_step(model, opt, ids, attention, labels, batch_size: int, gen: torch.Generator) -> float:
+    """One supervised step (posttrain sft's update, training.sft.sft_update: one micro-batch, no clipping, no
+    trimming) on `batch_size` rows drawn (with `gen`) from ids/attention/labels [N, L]. -> the loss."""
+    from posttrain.training.sft import SFTSettings, sft_update
+
     idx = torch.randint(0, ids.shape[0], (batch_size,), generator=gen)
-    loss = model(input_ids=ids[idx], attention_mask=attention[idx], labels=labels[idx]).loss
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss
+    batch = {"input_ids": ids[idx], "attention_mask": attention[idx], "labels": labels[idx]}
+    settings = SFTSettings(micro_batch_size=batch_size, grad_clip=None, remove_padding=False)
+    return sft_update(model, opt, batch, settings)["train/loss"]
 
 
 def warm_start(output_dir: Path, seed: int):
@@ -159,7 +159,7 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, spec: TinySpec = Tin
         if step % spec.sft_eval_every == 0:
             dev_acc = greedy_accuracy(model, tokenizer, dev)
             if progress and (step % 50 == 0 or dev_acc >= spec.sft_target_accuracy):
-                print(f"posttrain: warming up the tiny model: step {step}, loss {loss.item():.3f}, "
+                print(f"posttrain: warming up the tiny model: step {step}, loss {loss:.3f}, "
                       f"dev accuracy {dev_acc:.2f} (target {spec.sft_target_accuracy})", file=sys.stderr)
             if dev_acc >= spec.sft_target_accuracy:
                 break

@@ -139,7 +139,7 @@ def build_games_model(output_dir: str | Path, seed: int = 0, spec: GamesSpec = G
             torch.manual_seed(seed + step)
             dev_scores = game_scores(model, tokenizer, dev, sample=True)
             if progress:
-                print(f"posttrain: warming up the tiny model on number guessing: step {step}, loss {loss.item():.3f}, "
+                print(f"posttrain: warming up the tiny model on number guessing: step {step}, loss {loss:.3f}, "
                       f"guesses inside the bounds {dev_scores['consistent']:.2f} (target {spec.target_consistent}), "
                       f"games won {dev_scores['success']:.2f}", file=sys.stderr)
             if dev_scores["consistent"] >= spec.target_consistent:

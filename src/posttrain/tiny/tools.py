@@ -108,15 +108,15 @@ def build_tools_model(output_dir: str | Path, seed: int = 0, spec: ToolsSpec = T
             loss = arith.sft_step(model, opt, ids, attention, labels, spec.batch_size, gen)
             step += 1
             if step % 50 == 0 and progress:
-                print(f"posttrain: warming up the tiny model on calculator calls: step {step}, loss {loss.item():.3f}",
+                print(f"posttrain: warming up the tiny model on calculator calls: step {step}, loss {loss:.3f}",
                       file=sys.stderr)
-            if step % spec.eval_every == 0 and loss.item() < spec.eval_below_loss:
+            if step % spec.eval_every == 0 and loss < spec.eval_below_loss:
                 model.eval()
                 dev_scores = conversation_scores(model, tokenizer, dev, tools)
                 done = dev_scores["accuracy"] >= spec.target_accuracy
                 if progress:
                     print(f"posttrain: warming up the tiny model on calculator calls: step {step}, loss "
-                          f"{loss.item():.3f}, dev accuracy {dev_scores['accuracy']:.2f} (target "
+                          f"{loss:.3f}, dev accuracy {dev_scores['accuracy']:.2f} (target "
                           f"{spec.target_accuracy}), correct calls {dev_scores['tool_correct']:.2f}", file=sys.stderr)
                 if done:
                     break

@@ -1,0 +1,102 @@
+"""Build a supervised run (`posttrain sft`) from a resolved config: the RL run's pieces (run directory,
+workers, checkpoint writer, resume; build.py) around SFT examples (data/sft.py) and the SFT loop (sft_loop.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from posttrain.build import (
+    connect_cluster, data_files, flop_model, hold_out, make_actor, make_profiler, model_dir_of, peak_flops_of,
+    seed_everything, training_steps, uses_ray, worker_device,
+)
+from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
+from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
+from posttrain.config import config_to_dict, config_to_yaml
+from posttrain.data.dataset import PromptSampler
+from posttrain.data.sft import SFTDataSettings, load_examples
+from posttrain.debugging import announce
+from posttrain.files import cache_root
+from posttrain.models import load_tokenizer
+from posttrain.redact import redact_mapping
+from posttrain.sft_loop import SFTRun
+from posttrain.sinks import check_sinks
+from posttrain.specs import lora_settings, worker_spec
+from posttrain.training.sft import SFTSettings
+from posttrain.worker_spec import RefSpec, RolloutSpec
+
+
+def data_settings(cfg) -> SFTDataSettings:
+    d = cfg.data
+    return SFTDataSettings(
+        prompt_key=d.prompt_key, response_key=d.response_key, prompt_dict_keys=tuple(d.prompt_dict_keys or ()),
+        response_dict_keys=tuple(d.response_dict_keys or ()), multiturn=d.multiturn.enable,
+        messages_key=d.multiturn.messages_key, tools_key=d.multiturn.tools_key,
+        enable_thinking_key=d.multiturn.enable_thinking_key, max_length=d.max_length, truncation=d.truncation,
+        template_kwargs=dict(d.apply_chat_template_kwargs))
+
+
+def update_settings(cfg) -> SFTSettings:
+    a = cfg.actor
+    return SFTSettings(micro_batch_size=a.ppo_micro_batch_size, grad_clip=a.grad_clip,
+                       remove_padding=cfg.model.use_remove_padding,
+                       micro_max_tokens=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
+
+
+def load_sft_data(cfg, tokenizer) -> tuple[list, list | None]:
+    """The training and validation examples: data.train_files / val_files (else a named dataset's, else the
+    embedded arith task's), the first train_max_samples / val_max_samples rows, data.val_split_size held out."""
+    d = cfg.data
+    train_files, val_files = data_files(cfg)
+    settings = data_settings(cfg)
+    train = load_examples(train_files, tokenizer, settings, d.train_max_samples or -1, what="SFT training")
+    val = (load_examples(val_files, tokenizer, settings, d.val_max_samples or -1, what="SFT validation")
+           if val_files else None)
+    if d.val_split_size:
+        train, val = hold_out(train, val, d.val_split_size, d.seed, d.val_max_samples)
+    return train, val
+
+
+def build_sft_run(cfg) -> SFTRun:
+    """Everything `posttrain.sft_loop.train_sft` needs, checked before anything is written; resumes from a
+    checkpoint when trainer.resume_mode finds one."""
+    tr = cfg.trainer
+    check_sinks(tr.logger)
+    if tr.debug:
+        announce(tr.nnodes * tr.n_gpus_per_node, bool(tr.use_ray or tr.ray_address or os.environ.get("RAY_ADDRESS")))
+    seed_everything(tr.seed)
+    distributed = uses_ray(cfg)
+    run_dir, remote = open_run_dir(tr.run_dir, tr.project_name, tr.experiment_name, tr.nnodes,
+                                   cache_root() / "staging")
+    resume_from = find_checkpoint(run_dir, tr.resume_mode, tr.resume_from_path)
+    model_dir = model_dir_of(cfg)
+    check_start(run_dir, resume_from, tr.resume_mode, config_to_dict(cfg), model_dir, distributed)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    train, val = load_sft_data(cfg, tokenizer)
+    sampler = PromptSampler(len(train), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+    total_steps = training_steps(tr, sampler.steps_per_epoch)
+    if distributed:
+        connect_cluster(cfg)
+    device = worker_device(tr.device, distributed)
+    policy_dir, _ = resumed_model_dirs(resume_from)
+    # the policy and its optimizer only: no reference, no critic, and the hf engine over the policy (never used)
+    spec = dataclasses.replace(worker_spec(cfg, model_dir, policy_dir, device, total_steps), ref=RefSpec(),
+                               rollout=RolloutSpec(), critic=None, sft=update_settings(cfg))
+    actor, workers = make_actor(cfg, spec, run_dir)
+    config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
+    writer = CheckpointWriter(
+        run_dir, static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
+        max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
+        mode=tr.keep_top_k_mode, remote=remote)
+    run = SFTRun(
+        cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, train_data=train, val_data=val, sampler=sampler,
+        total_steps=total_steps, writer=writer, model_dir=model_dir, resumed_from=resume_from,
+        flops=flop_model(model_dir, frozen_base=lora_settings(cfg) is not None),
+        peak_flops=peak_flops_of(tr.peak_flops, workers),
+        profiler=make_profiler(cfg, run_dir, device, distributed))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    if resume_from is not None:
+        resume(run, resume_from)  # last: nothing after this draws random numbers
+    return run

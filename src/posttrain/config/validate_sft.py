@@ -1,0 +1,49 @@
+"""`posttrain sft`'s config checked: the sections a supervised run reads (data, model, actor's optimizer and
+micro-batches, trainer), its own keys, and a warning naming the RL settings a run gave that SFT does not use.
+
+    validate_sft(cfg, given={"data.train_files", "actor.lr"})
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from posttrain.config.checks import choice, need, positive, positive_or_null
+from posttrain.config.schema import Config, data_parallel_groups
+from posttrain.config.validate import validate_actor, validate_data, validate_model, validate_trainer, warn_unused
+
+# what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the RL
+# loss's knobs (a run that sets them is told, in one line)
+RL_SECTIONS = ("rollout.", "algorithm.", "reward.", "critic.", "ref.", "async_training.")
+RL_ACTOR_KEYS = ("actor.ppo_mini_batch_size", "actor.ppo_epochs", "actor.clip_ratio", "actor.clip_ratio_low",
+                 "actor.clip_ratio_high", "actor.clip_ratio_c", "actor.loss_agg_mode", "actor.loss_scale_factor",
+                 "actor.policy_loss.loss_mode", "actor.entropy_coeff", "actor.use_kl_loss", "actor.kl_loss_coef",
+                 "actor.kl_loss_type", "actor.reuse_on_policy_log_probs", "data.max_prompt_length",
+                 "data.max_response_length", "data.filter_overlong_prompts", "trainer.critic_warmup")
+
+
+def validate_sft(cfg: Config, given: set[str]) -> None:
+    """Ranges and rules of a supervised run (in place, as validate does); RL keys in `given` (the run's own
+    keys) named unused."""
+    d, a = cfg.data, cfg.actor
+    a.ppo_mini_batch_size = d.train_batch_size  # one optimizer step per batch (what the shared checks read)
+    validate_data(cfg)
+    validate_model(cfg)
+    validate_actor(cfg)
+    validate_trainer(cfg)
+    warn_unused(cfg, sft_keys_used=True)
+    positive(cfg, "data.max_length")
+    positive_or_null(cfg, "data.train_max_samples")
+    choice("data.truncation", d.truncation, ("error", "left", "right"))
+    groups = data_parallel_groups(cfg)
+    need(d.train_batch_size % groups == 0, f"data.train_batch_size={d.train_batch_size} rows must divide evenly "
+          f"over the {groups} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple")
+    need(a.ulysses_sequence_parallel_size == 1, f"actor.ulysses_sequence_parallel_size="
+          f"{a.ulysses_sequence_parallel_size}: posttrain sft does not split sequences over workers yet; "
+          "leave it at 1 (FSDP2 still shards the model over every worker)")
+    need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain sft computes its loss from the "
+          "logits (transformers' cross-entropy); leave it false")
+    rl = sorted(k for k in given if k.startswith(RL_SECTIONS) or k in RL_ACTOR_KEYS)
+    if rl:
+        warnings.warn(f"{', '.join(rl)}: reinforcement-learning settings; posttrain sft does not use them",
+                      stacklevel=3)

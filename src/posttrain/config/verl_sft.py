@@ -1,0 +1,104 @@
+"""verl's SFT trainer keys (`verl.trainer.fsdp_sft_trainer`, `sft_trainer.yaml`) mapped onto posttrain's, for
+`posttrain sft`.
+
+verl's SFT config is flat: data.*, model.*, optim.*, trainer.* and two top-level keys. Most data.* and
+trainer.* keys are posttrain's own already (data.prompt_key, data.response_key, data.max_length,
+data.truncation, trainer.total_epochs, ...); the others are renamed here, a few are accepted and named
+unused, and the ones posttrain cannot honour are refused with what to do instead.
+
+    translate({"model.partial_pretrain": "Qwen/Qwen2.5-0.5B", "optim.lr": 1e-4}, "on the command line")
+    # -> {"model.path": "Qwen/Qwen2.5-0.5B", "actor.lr": 0.0001}
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import Any
+
+from posttrain.config.checks import printable
+from posttrain.config.schema import SCHEMA
+from posttrain.errors import ConfigError
+
+EXACT = {
+    "model.partial_pretrain": "model.path",
+    "data.micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",  # also the validation batch, as verl's
+    "data.use_dynamic_bsz": "actor.use_dynamic_bsz",
+    "data.max_token_len_per_gpu": "actor.ppo_max_token_len_per_gpu",
+    "optim.clip_grad": "actor.grad_clip",
+    "optim.lr_scheduler": "actor.lr_scheduler_type",
+    "optim.warmup_style": "actor.lr_scheduler_type",  # verl's older spelling
+    "model.fsdp_config.model_dtype": "model.dtype",
+    "model.fsdp_config.cpu_offload": "actor.param_offload",
+    "model.fsdp_config.offload_params": "actor.param_offload",
+    "model.strategy": "actor.strategy",
+    "ulysses_sequence_parallel_size": "actor.ulysses_sequence_parallel_size",
+    "use_remove_padding": "model.use_remove_padding",
+}
+PREFIXES = (("optim.", "actor."),)  # lr, betas, weight_decay, lr_warmup_steps_ratio, lr_scheduler_type, ...
+
+# accepted; a value other than these is named in one warning line as unused
+UNUSED = {
+    "model.fsdp_config.wrap_policy.min_num_params": (0,),  # FSDP2 wraps each decoder layer
+    "model.use_liger": (False,),  # liger's kernels: the loss is torch's cross-entropy
+    "data.balance_dp_token": (False,),
+    "data.use_shm": (False,),
+    "data.pad_mode": ("no_padding", "right"),  # posttrain pads each micro-batch to its longest row
+    "data.ignore_input_ids_mismatch": (False,),
+    "optim.total_training_steps": (-1, None),  # verl fills it in from trainer.*
+    "optim.optimizer": ("AdamW",),
+    "optim.optimizer_impl": ("torch.optim",),
+    "optim.override_optimizer_config": (None,),
+    "trainer.checkpoint.save_contents": (),  # a checkpoint holds the model, optimizer and state: resumable
+    "trainer.checkpoint.load_contents": (),
+    "trainer.default_hdfs_dir": (None,),
+}
+
+REFUSED = {
+    "data.micro_batch_size": "verl's deprecated global micro-batch: give data.micro_batch_size_per_gpu",
+    "data.chat_template": "posttrain renders rows with the tokenizer's own chat template; set it in the model's "
+                         "tokenizer_config.json",
+    "model.external_lib": "posttrain imports no module for the model; a model that needs code of its own loads "
+                          "with model.trust_remote_code=true",
+}
+
+
+def translate(flat: dict[str, Any], origin: str) -> dict[str, Any]:
+    """`flat` (one layer's keys) with verl's SFT spellings renamed, its unused keys dropped (a warning names the
+    ones set to something else) and the keys posttrain cannot honour refused."""
+    out, unused = {}, []
+    for key, value in flat.items():
+        if key in REFUSED and value not in (None, "", -1):
+            raise ConfigError(f"{key}={printable(value)} ({origin}): {REFUSED[key]}")
+        if key == "optim.warmup_style" and value is None:
+            continue  # deprecated, left null beside optim.lr_scheduler (verl's own optim/fsdp.yaml)
+        if key in UNUSED:
+            if UNUSED[key] and value not in UNUSED[key]:
+                unused.append(f"{key}={printable(value)}")
+            continue
+        if key in EXACT:
+            key = EXACT[key]
+        else:
+            for theirs, ours in PREFIXES:
+                if key.startswith(theirs):
+                    key = _renamed(key, theirs, ours, origin)
+        out[key] = value
+    if unused:
+        print(f"posttrain: warning: {', '.join(unused)} ({origin}): verl's SFT settings posttrain does not use",
+              file=sys.stderr)
+    return out
+
+
+def _renamed(key: str, theirs: str, ours: str, origin: str) -> str:
+    """verl's `theirs`-prefixed key as posttrain's, or a ConfigError naming the nearest of verl's spellings."""
+    renamed = ours + key[len(theirs):]
+    if renamed in SCHEMA:
+        return renamed
+    spellings = [theirs + k[len(ours):] for k in SCHEMA if k.startswith(ours)] + list(EXACT)
+    match = difflib.get_close_matches(key, spellings, n=1, cutoff=0.5)
+    raise ConfigError(f"unknown config key '{key}' ({origin})" + (f"; did you mean '{match[0]}'?" if match else ""))
+
+
+def alias_table() -> dict[str, str]:
+    """verl's SFT spellings -> posttrain's (for `posttrain sft --help-config`)."""
+    return {**EXACT, **{f"{theirs}*": f"{ours}*" for theirs, ours in PREFIXES}}

@@ -1,0 +1,109 @@
+"""The supervised update: next-token cross-entropy on the learned tokens, over micro-batches.
+
+A batch is what `data.sft.collate` makes: input_ids, attention_mask and labels [B, L], right-padded, labels
+-100 where nothing is learned (the prompt, other turns, padding) and the token itself where it is. The loss
+is the mean over the batch's learned tokens of -log p(token | the tokens before it), whatever the
+micro-batches: each micro-batch's summed loss is divided by the whole batch's learned-token count (NeMo-RL's
+global token mean; verl's SFT trainer averages the micro-batches' own means instead, which weighs a token of a
+short micro-batch more).
+
+    m = sft_update(model, optimizer, batch, SFTSettings(micro_batch_size=4, grad_clip=1.0))
+    # m["train/loss"], m["train/grad_norm"], m["train/lr"], m["train/nonfinite_updates"]
+
+The loss is computed as transformers' causal-LM loss is (logits in float32, labels shifted by one, summed
+cross-entropy over labels != -100, divided by the count), so a one-micro-batch update without clipping is the
+same float operations as `model(input_ids, attention_mask, labels=labels).loss.backward()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from posttrain.training.actor import all_finite, full_value
+from posttrain.training.logprobs import compute_device, spans
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    micro_batch_size: int = 4  # rows per forward/backward
+    grad_clip: float | None = 1.0  # None: no clipping
+    remove_padding: bool = True  # rows ordered by length, each micro-batch cut to its longest row
+    micro_max_tokens: int | None = None  # micro-batches of at most this many real tokens (use_dynamic_bsz)
+
+
+def learned_tokens(batch: dict) -> int:
+    """How many tokens `batch` learns: labels != -100 after the shift (the first position predicts nothing)."""
+    return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+
+def nll_sum(model, batch: dict, device) -> torch.Tensor:
+    """The summed -log p of `batch`'s learned tokens (a scalar with grad), as transformers' causal-LM loss
+    computes it before its division."""
+    logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
+    logits = logits.float()  # [b, L, V]
+    labels = F.pad(batch["labels"].to(device), (0, 1), value=IGNORE)[:, 1:]  # [b, L]: position t predicts t + 1
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
+
+
+def micro_batches(batch: dict, s: SFTSettings) -> list[dict]:
+    """Consecutive rows of `batch` (length-ordered and trimmed with remove_padding), micro_batch_size rows each
+    or at most micro_max_tokens real tokens each."""
+    lengths = batch["attention_mask"].sum(-1)  # [B]
+    order = torch.argsort(lengths, descending=True, stable=True) if s.remove_padding else torch.arange(len(lengths))
+    cuts = spans(lengths[order].tolist(), s.micro_batch_size, s.micro_max_tokens)
+    out = []
+    for a, b in cuts:
+        rows = order[a:b]
+        width = int(lengths[rows].max()) if s.remove_padding else batch["input_ids"].shape[1]
+        out.append({k: v[rows, :width] for k, v in batch.items()})
+    return out
+
+
+def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int | None = None,
+               world_size: int = 1) -> dict[str, float]:
+    """One optimizer step on `batch`, gradients accumulated over its micro-batches.
+
+    Data parallel (world_size > 1, a sharded model whose gradients are averaged over the workers): `batch`
+    is this worker's share of the rows and `total_tokens` the whole batch's learned tokens, so each worker's
+    loss is scaled by world_size and the averaged gradient is that of the whole batch's token mean.
+    A step whose loss or gradient norm is not finite is skipped (the weights stay; on every worker).
+    -> train/loss (the whole batch's token mean: summed over workers), train/grad_norm, train/lr,
+    train/nonfinite_updates, train/learned_tokens."""
+    device = compute_device(model)
+    total = total_tokens if total_tokens is not None else learned_tokens(batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for mb in micro_batches(batch, s):
+        loss = nll_sum(model, mb, device) / max(total, 1)
+        (loss * world_size if world_size > 1 else loss).backward()
+        loss_sum += float(loss.detach())
+    if s.grad_clip is not None:
+        grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, s.grad_clip)))
+    else:
+        grad_norm = float(full_value(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])))
+    stepped = all_finite(loss_sum * world_size, grad_norm, world_size, params[0].device)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"train/loss": loss_sum, "train/grad_norm": grad_norm if stepped else float("nan"),
+            "train/lr": optimizer.param_groups[0]["lr"], "train/nonfinite_updates": float(not stepped),
+            "train/learned_tokens": float(learned_tokens(batch))}
+
+
+@torch.no_grad()
+def nll_of(model, batch: dict, s: SFTSettings) -> tuple[float, int]:
+    """(summed -log p of the learned tokens, their count) of `batch`, for the validation loss."""
+    device = compute_device(model)
+    model.eval()
+    total = 0.0
+    for mb in micro_batches(batch, s):
+        total += float(nll_sum(model, mb, device))
+    return total, learned_tokens(batch)
