@@ -15,7 +15,7 @@ adjacent). P = padded prompt length, R = padded response length.
     reward_baselines [N]      ReMax: the score of the row's prompt's greedy response (else None)
     rollout_log_probs / rollout_is_weights   [N, R]  the engine's log-probs, rollout correction's weights
     weight_versions [N, R]    in-flight weight updates: the weights version that chose each token
-    token_level_scores / token_level_rewards / old_log_probs / ref_log_probs /
+    token_level_scores / token_level_rewards / old_log_probs / ref_log_probs / teacher_log_probs (distillation) /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
 
 Per-sequence Python lists (data_source, ground_truth, extra_info,
@@ -56,6 +56,7 @@ class RolloutBatch:
     weight_versions: torch.Tensor | None = None  # in-flight updates: the weights version that chose each token
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None  # on-policy distillation: the teacher's, of the sampled tokens
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -191,6 +191,17 @@ def driver_eos_ids(model_dir: str, tokenizer) -> list[int]:
     return eos_token_ids(tokenizer, SimpleNamespace(generation_config=gen))
 
 
+def check_teacher(cfg, tokenizer) -> None:
+    """On-policy distillation: the teacher scores the student's token ids, so it needs the same vocabulary."""
+    [(name, teacher)] = cfg.distillation.teacher_models.items()
+    path = str(teacher["model_path"])
+    theirs = load_tokenizer(path, trust_remote_code=cfg.model.trust_remote_code)
+    if theirs.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"distillation.teacher_models.{name}.model_path={path}: its tokenizer's vocabulary differs "
+                          "from the student's; the teacher scores the student's token ids, so it needs the same "
+                          "tokenizer (a teacher of the same model family)")
+
+
 def hold_out(train, val, share: float, seed: int | None, max_samples: int | None = None):
     """data.val_split_size (NeMo-RL's split_validation_size): with no validation set, a seeded random
     `share` of the training prompts (at least one) becomes the validation set and leaves training.
@@ -336,6 +347,8 @@ def build_run(cfg) -> Run:
     train_files, val_files = data_files(cfg)  # data.dataset_name / val_dataset_name resolved here, once
     templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.distillation.enabled:
+        check_teacher(cfg, tokenizer)
     tools, multi_turn = make_tools(cfg, model_dir, tokenizer)
     env, env_turns = make_env(cfg, model_dir, tokenizer)
     train_data, val_data = load_datasets(cfg, train_files, val_files, tokenizer, templates, tools)

@@ -124,8 +124,8 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     #      updates ago (async_rollout.py; `items` is None)
     batch = rollout_and_score(run, items, m) if run.ahead is None else run.ahead.take(m)
     # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
-    #    own forward's, or they are the engine's in rollout correction's bypass mode) and the reference; the
-    #    critic's values
+    #    own forward's, or they are the engine's in rollout correction's bypass mode), the reference and the
+    #    distillation's teacher; the critic's values
     if run.bypass:
         batch.old_log_probs = engine_log_probs(batch)
     elif not run.on_policy_update:
@@ -137,6 +137,9 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     if run.has_ref:
         with timed(m, "ref"):
             batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")
+    if cfg.distillation.enabled:  # on-policy distillation: the teacher scores the student's own samples
+        with timed(m, "teacher"):
+            batch.teacher_log_probs = run.actor.compute_log_probs(batch, "teacher")
     if run.has_critic:
         with timed(m, "values"):
             batch.values = run.actor.compute_values(batch)

@@ -20,7 +20,8 @@ import math
 import torch
 
 # batch fields an update reads, in the order the step computes them
-UPDATE_INPUTS = ("old_log_probs", "rollout_is_weights", "ref_log_probs", "values", "token_level_rewards", "advantages", "returns")
+UPDATE_INPUTS = ("old_log_probs", "rollout_is_weights", "ref_log_probs", "teacher_log_probs", "values",
+                 "token_level_rewards", "advantages", "returns")
 # update metrics, in the order the update computes them (the critic updates first)
 UPDATE_LOSSES = ("critic/vf_loss", "critic/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss",
                  "train/loss")  # the last: posttrain sft's

@@ -24,7 +24,7 @@ _ANY_WORD = {"SECRET", "PASSWORD", "PASSWD"}
 # Names ending in KEY that name a column, not a credential (posttrain's data.prompt_key,
 # verl's response_key): tests/test_secrets.py checks every config key against the rule.
 NOT_SECRET = {"PROMPT_KEY", "RESPONSE_KEY", "ANSWER_KEY", "LABEL_KEY", "REWARD_FN_KEY", "SORT_KEY", "IMAGE_KEY",
-              "VIDEO_KEY", "MESSAGES_KEY", "TOOLS_KEY", "ENABLE_THINKING_KEY"}
+              "VIDEO_KEY", "MESSAGES_KEY", "TOOLS_KEY", "ENABLE_THINKING_KEY", "TEACHER_KEY"}
 # Values this short or this common would mangle ordinary text if masked everywhere.
 _TRIVIAL = {"", "0", "1", "true", "false", "yes", "no", "none", "null", "on", "off"}
 MIN_SECRET_LENGTH = 6

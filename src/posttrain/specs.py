@@ -13,13 +13,14 @@ import dataclasses
 import os
 
 from posttrain.algorithms import NEEDS_CRITIC
+from posttrain.algorithms.distill import DistillSettings
 from posttrain.config import VLLM_SETTINGS, uses_lora
 from posttrain.config.validate_rollout import reinforce, rollout_correction
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
 from posttrain.training.critic import CriticSettings
-from posttrain.worker_spec import CriticSpec, RefSpec, RolloutSpec, WorkerSpec
+from posttrain.worker_spec import CriticSpec, RefSpec, RolloutSpec, TeacherSpec, WorkerSpec
 
 
 def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int,
@@ -46,6 +47,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         mixed_precision=mixed_precision(cfg, device), reduce_dtype=a.mixed_precision.reduce_dtype,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
         threads=split_threads(cfg, device)[0], ref=ref_spec(cfg), rollout=rollout_spec(cfg, device), critic=critic,
+        teacher=teacher_spec(cfg),
     )
 
 
@@ -117,10 +119,33 @@ def update_settings(cfg) -> UpdateSettings:
         fused_kernels=cfg.model.use_fused_kernels, entropy_chunking=a.entropy_from_logits_with_chunking,
         entropy_checkpointing=a.entropy_checkpointing, torch_compile=a.use_torch_compile,
         bypass_correction=rollout_correction(cfg) if cfg.algorithm.rollout_correction.bypass_mode else None,
+        distill=distill_settings(cfg),
     )
     if cfg.algorithm.rollout_correction.bypass_mode and reinforce(cfg):  # pi_theta / pi_rollout weighs -A log pi
         settings = dataclasses.replace(settings, loss_mode="gpg")
     return settings
+
+
+def distill_settings(cfg) -> DistillSettings | None:
+    """algorithms.distill.DistillSettings with distillation.enabled, else None."""
+    if not cfg.distillation.enabled:
+        return None
+    d = cfg.distillation.distillation_loss
+    return DistillSettings(loss_mode=d.loss_mode, use_policy_gradient=d.use_policy_gradient,
+                           use_task_rewards=d.use_task_rewards, coef=d.distillation_loss_coef,
+                           loss_max_clamp=d.loss_max_clamp, log_prob_min_clamp=d.log_prob_min_clamp)
+
+
+def teacher_spec(cfg) -> TeacherSpec | None:
+    """The teacher's model and passes with distillation.enabled (its one teacher_models entry), else None."""
+    d = cfg.distillation
+    if not d.enabled:
+        return None
+    [teacher] = d.teacher_models.values()  # validation allows one
+    ref = cfg.ref
+    return TeacherSpec(model_dir=str(teacher["model_path"]), param_offload=d.param_offload,
+                       log_prob_micro_batch_size=d.log_prob_micro_batch_size or ref.log_prob_micro_batch_size,
+                       log_prob_max_tokens=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
 
 
 def lora_settings(cfg) -> LoraSettings | None:

@@ -57,7 +57,7 @@ class Worker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, sharded: bool | None = None):
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.sharded = world_size > 1 if sharded is None else sharded
-        self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
+        self.policy = self.ref = self.teacher = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
         self.history = None  # rollout.weights.WeightHistory, with rollout.stale_updates > 0 or a remote engine
@@ -112,6 +112,11 @@ class Worker:
             self.ref = load_model(s.model_dir, **kwargs).requires_grad_(False).eval()
             if self.sharded:
                 parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref.param_offload,
+                            forward_prefetch=s.ref.forward_prefetch)
+        if s.teacher is not None:  # on-policy distillation: frozen, placed as the reference is
+            self.teacher = load_model(s.teacher.model_dir, **kwargs).requires_grad_(False).eval()
+            if self.sharded:
+                parallelize(self.teacher, param_dtype=s.mixed_precision, offload_params=s.teacher.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor, s.total_steps,
@@ -229,14 +234,16 @@ class Worker:
             self._sleep()
 
     def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
-        """-> log-probs [N, R] of batch.responses under the policy or the reference."""
+        """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher."""
         from posttrain.models.lora import base_only
 
         s = self.spec
-        lora_ref = which != "policy" and s.lora is not None  # the reference is the base: the policy, adapters off
-        model = self.policy if which == "policy" or lora_ref else self.ref
-        size, budget = ((s.log_prob_micro_batch_size, s.log_prob_max_tokens) if which == "policy"
-                        else (s.ref.log_prob_micro_batch_size, s.ref.log_prob_max_tokens))
+        lora_ref = which == "ref" and s.lora is not None  # the reference is the base: the policy, adapters off
+        model = {"policy": self.policy, "ref": self.policy if lora_ref else self.ref, "teacher": self.teacher}[which]
+        size, budget = {"policy": (s.log_prob_micro_batch_size, s.log_prob_max_tokens),
+                        "ref": (s.ref.log_prob_micro_batch_size, s.ref.log_prob_max_tokens),
+                        "teacher": (s.teacher.log_prob_micro_batch_size, s.teacher.log_prob_max_tokens)
+                        if s.teacher else (0, None)}[which]
         options = s.update.pass_options(compile=None if which == "policy" else s.ref.torch_compile, sp=self.sp)
         with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]

@@ -44,6 +44,16 @@ class RefSpec:
 
 
 @dataclass
+class TeacherSpec:
+    """On-policy distillation's teacher: a frozen model of its own, placed and run as the reference is."""
+
+    model_dir: str
+    param_offload: bool = False  # its sharded parameters in CPU memory (FSDP2, workers)
+    log_prob_micro_batch_size: int = 64
+    log_prob_max_tokens: int | None = None
+
+
+@dataclass
 class RolloutSpec:
     """The rollout engine that samples from the policy: hf (rollout/hf.py) or vllm (rollout/vllm.py)."""
 
@@ -115,3 +125,4 @@ class WorkerSpec:
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
     sft: SFTSettings | None = None  # posttrain sft: the supervised update's micro-batches and clipping
+    teacher: TeacherSpec | None = None  # on-policy distillation (distillation.enabled)

@@ -24,24 +24,40 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config.nemo_rl_keys import DATA_KEYS, SECTIONS
 from posttrain.config.nemo_rl_translate import clipped, translate
+from posttrain.config.schema import SCHEMA
 from posttrain.errors import ConfigError
 from posttrain.yamlfile import YAML_ERRORS, first_line, read_mapping
 
 _ABSENT = object()
+# posttrain's distillation.* keys (config/schema_distill.py): the section NeMo-RL's layout also names
+OWN_DISTILLATION = ("enabled", "teacher_models", "teacher_key", "n_gpus_per_node", "nnodes", "param_offload",
+                    "log_prob_micro_batch_size", "distillation_loss")
 
 
 # ---------------------------------------------------------------- reading the files
 
 def is_layout(data: dict) -> bool:
-    """Whether a YAML mapping is in NeMo-RL's layout (its sections, or `defaults:` naming files)."""
+    """Whether a YAML mapping is in NeMo-RL's layout (its sections, or `defaults:` naming files). A
+    `distillation:` holding posttrain's (verl's) keys is posttrain's own section."""
     defaults = data.get("defaults")
     names_files = isinstance(defaults, str) or (isinstance(defaults, list) and all(isinstance(d, str) for d in defaults))
-    return any(s in data for s in SECTIONS) or (names_files and bool(defaults))
+    sections = [s for s in SECTIONS if s in data and not (s == "distillation" and _ours(data[s]))]
+    return bool(sections) or (names_files and bool(defaults))
+
+
+def _ours(section) -> bool:
+    """A distillation section in posttrain's (verl's) keys: enabled, teacher_models, distillation_loss, ..."""
+    return isinstance(section, dict) and bool(section) and all(f"distillation.{k}" in SCHEMA or k in OWN_DISTILLATION
+                                                                for k in section)
 
 
 def is_key(key: str, tree: dict | None = None) -> bool:
-    """Whether a `key=value` override is NeMo-RL's (its sections, its data keys, or a key of the file's tree)."""
+    """Whether a `key=value` override is NeMo-RL's (its sections, its data keys, or a key of the file's tree);
+    posttrain's own distillation.* keys (verl's spelling) are not."""
     key = key.lstrip("+~")
+    parts = key.split(".")
+    if parts[0] == "distillation" and len(parts) > 1 and parts[1] in OWN_DISTILLATION:
+        return False
     if key.split(".", 1)[0] in SECTIONS or key.startswith(DATA_KEYS) or key in DATA_KEYS:
         return True
     return tree is not None and _lookup(tree, key) is not _ABSENT

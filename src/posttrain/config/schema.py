@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from posttrain.config.schema_distill import DistillationConfig
 from posttrain.config.schema_rollout import AsyncTrainingConfig, RolloutConfig
 
 DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
@@ -467,6 +468,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
 
 def schema(cls=Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
+from posttrain.algorithms.distill import LOSS_MODES as DISTILL_LOSS_MODES
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
                                      positive_or_null, printable, repr_cut, warmup_start_factor)
@@ -36,6 +37,7 @@ def validate(cfg: Config) -> None:
     validate_rollout_correction(cfg)
     validate_critic(cfg)
     validate_profiler(cfg)
+    validate_distillation(cfg)
     validate_across_sections(cfg)
 
 
@@ -392,3 +394,38 @@ def validate_token_budgets(cfg: Config) -> None:
     for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
                 "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
         need(get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {get(cfg, key)}")
+
+
+def validate_distillation(cfg: Config) -> None:
+    """distillation.*: one teacher with a model_path, a loss of the sampled tokens' log-probs, one policy loss."""
+    d, loss = cfg.distillation, cfg.distillation.distillation_loss
+    if not d.enabled:
+        if d.teacher_models:
+            warnings.warn("distillation.teacher_models: set, but unused (distillation.enabled=false)", stacklevel=3)
+        return
+    need(len(d.teacher_models) == 1, f"distillation.teacher_models holds {len(d.teacher_models)} teachers "
+          f"({', '.join(map(str, d.teacher_models)) or 'none'}): give one, "
+          "distillation.teacher_models.teacher_model.model_path=DIR (several teachers routed by "
+          "distillation.teacher_key are not supported yet)")
+    [(name, teacher)] = d.teacher_models.items()
+    need(isinstance(teacher, dict) and bool(teacher.get("model_path")),
+          f"distillation.teacher_models.{name}.model_path is not set: the teacher's Hugging Face model directory")
+    topk = loss.loss_mode.endswith("_topk")
+    need(not topk, f"distillation.distillation_loss.loss_mode={loss.loss_mode}: the top-k modes need the teacher's "
+          "top-k logits, not supported yet; k1 with use_policy_gradient=true (the reverse KL's policy gradient) or "
+          "k3 (a direct loss) use the sampled tokens' log-probs")
+    choice("distillation.distillation_loss.loss_mode", loss.loss_mode, DISTILL_LOSS_MODES)
+    mode = loss.policy_loss_mode
+    need(mode is None or mode == cfg.actor.policy_loss.loss_mode or (mode == "vanilla"),
+          f"distillation.distillation_loss.policy_loss_mode={mode} differs from actor.policy_loss.loss_mode="
+          f"{cfg.actor.policy_loss.loss_mode}: posttrain has one policy loss; set the actor's")
+    need(loss.distillation_loss_coef > 0, "distillation.distillation_loss.distillation_loss_coef must be > 0")
+    need(loss.loss_max_clamp is None or loss.loss_max_clamp > 0,
+          "distillation.distillation_loss.loss_max_clamp must be > 0 or null")
+    positive_or_null(cfg, "distillation.log_prob_micro_batch_size")
+    elsewhere = [k for k in ("teacher_key", "n_gpus_per_node", "nnodes") if getattr(d, k) is not None]
+    elsewhere += [f"teacher_models.{name}.{k}" for k in teacher if k != "model_path"]
+    if elsewhere:
+        warnings.warn(f"distillation.{', distillation.'.join(elsewhere)}: verl's settings of a teacher on devices "
+                      "and an engine of its own; posttrain runs the teacher beside the policy on the same workers "
+                      "(as the reference): set, but unused", stacklevel=3)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, get_policy_loss
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
@@ -44,6 +45,7 @@ class UpdateSettings:
     # algorithm.rollout_correction.bypass_mode: the batch's old log-probs are the engine's, and this correction
     # (None: none) weighs and rejects tokens by pi_theta / pi_rollout in each micro-batch (see micro_loss)
     bypass_correction: RolloutCorrection | None = None
+    distill: DistillSettings | None = None  # on-policy distillation: the batch has the teacher's log-probs
 
     def pass_options(self, compile: bool | None = None, sp=None) -> PassOptions:
         """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's;
@@ -168,6 +170,11 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     def agg(x):
         return agg_loss(x, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
 
+    distill_metrics = {}
+    if s.distill is not None:
+        loss, distill_metrics = distilled(loss, log_prob, old_log_prob, mb.teacher_log_probs.to(device), mask,
+                                          weights, s, agg)
+
     if s.entropy_coeff != 0:
         entropy = agg(entropy_tok)
         loss = loss - s.entropy_coeff * entropy
@@ -181,6 +188,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         "actor/pg_clipfrac_lower": float(pol["pg_clipfrac_lower"]),
         "actor/entropy": entropy.item(),
         **corr_metrics,
+        **distill_metrics,
     }
     if s.use_kl_loss:
         kl = kl_penalty(log_prob, mb.ref_log_probs.to(device), s.kl_loss_type)
@@ -189,6 +197,24 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         metrics["actor/kl_loss"] = kl_loss.item()
         metrics["actor/kl_coef"] = s.kl_loss_coef
     return loss, metrics
+
+
+def distilled(task_loss, log_prob, old_log_prob, teacher_lp, mask, weights, s: UpdateSettings, agg):
+    """The loss with on-policy distillation (algorithms/distill.py): the distillation loss alone, or added to
+    the task's times its coefficient (use_task_rewards). -> (loss, distillation/* metrics)."""
+    d = s.distill
+    if d.use_policy_gradient:  # -divergence as each token's advantage, in the policy loss
+        advantages = distillation_advantages(old_log_prob, teacher_lp, mask, d)
+        distill = get_policy_loss(s.loss_mode)(
+            old_log_prob, log_prob, advantages, mask, clip_ratio_low=s.clip_ratio_low,
+            clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode,
+            loss_scale_factor=s.loss_scale_factor, weights=weights)["pg_loss"]
+    else:  # the divergence itself, its gradient through the student's log-probs
+        distill = agg(token_divergence(log_prob, teacher_lp, d))
+    loss = task_loss + d.coef * distill if d.use_task_rewards else distill
+    with torch.no_grad():
+        reverse_kl = agg(log_prob - teacher_lp)  # k1 on the student's own samples: the reverse KL's estimate
+    return loss, {"distillation/loss": distill.item(), "distillation/reverse_kl": reverse_kl.item()}
 
 
 def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,
