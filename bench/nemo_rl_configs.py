@@ -1,8 +1,9 @@
-"""NeMo-RL's example configs through `posttrain train --config FILE`'s loading and checks.
+"""NeMo-RL's example configs through `posttrain train --config FILE`'s (and `posttrain sft`'s) loading and checks.
 
-Every top-level `examples/configs/*.yaml` of a NeMo-RL checkout (GRPO's, and the other trainers' files,
-which are refused naming their section) goes through what
-`posttrain train` does before it builds anything: the CLI's parser,
+Every top-level `examples/configs/*.yaml` of a NeMo-RL checkout (GRPO's and PPO's,
+SFT's, and the other trainers' files, which are refused naming their section) goes
+through what `posttrain train` does before it builds anything, or `posttrain sft`
+for a file with an `sft:` section: the CLI's parser,
 split_train_args and load_config (the file with its `defaults:` files, its
 keys mapped onto posttrain's, the result validated). That opens no model and no
 dataset (a dataset name is checked against posttrain's list, its files only
@@ -46,13 +47,20 @@ SWITCH = ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"
 DEFAULT_LR = 1e-6  # for a Megatron file without megatron_cfg.optimizer.lr
 
 
+def command_of(checkout: Path, file: str) -> str:
+    """The command that reads the file: `sft` for NeMo-RL's SFT layout (an `sft:` section), else `train`."""
+    return "sft" if "sft" in nemo_rl.load_tree(checkout / file) else "train"
+
+
 def train_config(checkout: Path, file: str, overrides: list[str]):
-    """`posttrain train --config FILE OVERRIDES` up to the Config, run from the checkout as the guide does."""
-    args = build_parser().parse_args(["train", "--config", file, *overrides])
+    """`posttrain train --config FILE OVERRIDES` (`posttrain sft` for an SFT file) up to the Config, run from
+    the checkout as the guide does."""
+    command = command_of(checkout, file)
+    args = build_parser().parse_args([command, "--config", file, *overrides])
     here = os.getcwd()
     os.chdir(checkout)
     try:
-        return load_config(*split_train_args(args.args, args.config))
+        return load_config(*split_train_args(args.args, args.config), command=command)
     finally:
         os.chdir(here)
 
@@ -169,7 +177,8 @@ def main() -> None:
         sys.exit(f"--generate needs a git checkout of NeMo-RL (git clone {SOURCE}): its file names the commit")
     top = sorted(str(p.relative_to(checkout)) for p in checkout.glob(TOP))
     print(f"NeMo-RL {SOURCE} at commit {commit} ({checkout})")
-    print(f"each file as `posttrain train --config FILE`; the FSDP2 switch: {' '.join(SWITCH)} "
+    print(f"each file as `posttrain train --config FILE` (an SFT file: `posttrain sft`); the FSDP2 switch: "
+          f"{' '.join(SWITCH)} "
           "++policy.optimizer.kwargs.lr=LR (the file's megatron_cfg.optimizer.lr)\n")
     print(f"## {TOP}\n")
     print("\n".join(table(checkout, top)), flush=True)

@@ -26,8 +26,9 @@ GUIDE = Path(__file__).parents[1] / "docs" / "coming-from-nemo-rl.md"
 # by `python bench/nemo_rl_configs.py --nemo-rl DIR --generate tests/data/nemo_rl` from a checkout at the named commit
 EXAMPLES = HERE / "examples_7ea279a.json"
 LOADS, SWITCHED = "loads", "loads with the FSDP2 switch"
-# What `posttrain train --config FILE` makes of each, as the guide's section 6 lists them: it loads, it loads with
-# section 2's FSDP2 switch, or it is refused (a Megatron file with the switch) in one line naming this NeMo-RL key
+# What `posttrain train --config FILE` (`posttrain sft` for an SFT file) makes of each, as the guide's section 6
+# lists them: it loads, it loads with section 2's FSDP2 switch, or it is refused (a Megatron file with the switch)
+# in one line naming this NeMo-RL key
 EXAMPLE_OUTCOMES = {
     "grpo_math_1B": LOADS, "grpo_math_8B": LOADS, "grpo_smoke": LOADS, "grpo_rm_1B": LOADS,
     "grpo_math_1B_megatron": SWITCHED, "grpo_math_8B_megatron": SWITCHED, "grpo_math_70B_megatron": SWITCHED,
@@ -42,8 +43,10 @@ EXAMPLE_OUTCOMES = {
     "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": LOADS,
     "gdpo_math_1B": LOADS,
     "ppo_math_1B": LOADS, "ppo_math_1B_megatron": "value.megatron_cfg.enabled",
-    "sft": "sft", "sft_avlm": "sft", "sft_openmathinstruct2": "sft", "sft_openmathinstruct2_megatron": "sft",
-    "sft_vlm_3B": "sft", "dpo": "dpo", "rm": "rm",
+    "sft": "data.train.dataset_name", "sft_avlm": "data.train.dataset_name",  # Hub sets: give data.train_files
+    "sft_vlm_3B": "data.train.dataset_name",
+    "sft_openmathinstruct2": "policy.tokenizer.name", "sft_openmathinstruct2_megatron": "policy.tokenizer.name",
+    "dpo": "dpo", "rm": "rm",
     "distillation_math": "distillation", "distillation_math_megatron": "distillation",
     "xtoken_off_policy_distillation": "distillation", "xtoken_multiteacher_off_policy_distillation": "distillation",
     "audio_grpo_3B_megatron": "env", "vlm_grpo_3B": "env", "vlm_grpo_3B_megatron": "env",
@@ -485,12 +488,13 @@ def examples() -> dict:
     return json.loads(EXAMPLES.read_text())
 
 
-def train_config(path, overrides=()):
-    """What `posttrain train --config PATH OVERRIDES` loads and checks before it builds the run."""
+def train_config(path, overrides=(), command="train"):
+    """What `posttrain train --config PATH OVERRIDES` (or `posttrain sft`) loads and checks before it builds the
+    run."""
     from posttrain.cli import build_parser
 
-    args = build_parser().parse_args(["train", "--config", str(path), *overrides])
-    return load_config(*split_train_args(args.args, args.config))
+    args = build_parser().parse_args([command, "--config", str(path), *overrides])
+    return load_config(*split_train_args(args.args, args.config), command=command)
 
 
 def test_the_example_configs_are_nemo_rls_named_with_their_source():
@@ -507,8 +511,9 @@ def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tm
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(examples()["configs"][path.name]))  # JSON is YAML (its strings stay strings)
     expected = EXAMPLE_OUTCOMES[name]
+    command = "sft" if "sft" in examples()["configs"][path.name] else "train"  # NeMo-RL's SFT layout
     try:
-        cfg, got = train_config(path), LOADS
+        cfg, got = train_config(path, command=command), LOADS
     except ConfigError as e:
         if expected == LOADS or not str(e).startswith("policy.megatron_cfg.enabled=true"):
             assert expected not in (LOADS, SWITCHED), f"{name} is refused: {e}"
@@ -516,7 +521,7 @@ def test_nemo_rls_example_configs_load_or_are_refused_as_the_guide_says(name, tm
             return
         assert "policy.megatron_cfg.enabled=false policy.dtensor_cfg.enabled=true" in str(e)  # the switch, named
         try:
-            cfg, got = train_config(path, FSDP2), SWITCHED
+            cfg, got = train_config(path, FSDP2, command), SWITCHED
         except ConfigError as e:
             assert expected not in (LOADS, SWITCHED), f"{name} is refused with the FSDP2 switch: {e}"
             assert "\n" not in str(e) and re.match(rf"{re.escape(expected)}\b", str(e)), str(e)

@@ -144,3 +144,54 @@ def test_a_tokenizer_without_a_chat_template_learns_the_response_and_eos(tok, ca
     with pytest.raises(DataError, match="needs a tokenizer with a chat template"):
         conversation_ids(t, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                              {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}])
+
+
+# NeMo-RL's examples/configs/sft.yaml template: it writes the answer's text and nothing after it
+BARE_TEMPLATE = ("{% for message in messages %}{%- if message['role'] == 'system'  %}{{'Context: ' + "
+                 "message['content'].strip()}}{%- elif message['role'] == 'user'  %}{{' Question: ' + "
+                 "message['content'].strip() + ' Answer:'}}{%- elif message['role'] == 'assistant'  %}{{' ' + "
+                 "message['content'].strip()}}{%- endif %}{% endfor %}")
+
+
+def test_a_template_that_closes_no_assistant_turn_learns_the_eos_after_the_last(tok):
+    """With no end-of-turn token after the assistant's text nothing would teach the model to stop: the EOS
+    follows the last assistant turn and is learned (NeMo-RL's data.add_eos), not the earlier turns'."""
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = BARE_TEMPLATE
+    messages = [{"role": "system", "content": "C"}, {"role": "user", "content": "q1"},
+                {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
+                {"role": "assistant", "content": "a2 "}]
+    ids, mask = conversation_ids(t, messages)
+    assert t.decode(ids) == "Context: C Question: q1 Answer: a1 Question: q2 Answer: a2<|im_end|>"
+    spans = [t.decode([i]) for i, m in zip(ids, mask) if m]
+    assert spans == [" ", "a", "1", " ", "a", "2", "<|im_end|>"]  # one token a byte, and the EOS
+    assert ids[-1] == t.eos_token_id and mask[-1] == 1
+    ids, mask = conversation_ids(t, messages[:3], only_last_turn=True)
+    assert t.decode([i for i, m in zip(ids, mask) if m]) == " a1<|im_end|>"
+    # a template that ends the turn itself (the tiny model's <|im_end|>) gets no second EOS
+    ids, _ = conversation_ids(tok, messages)
+    assert tok.decode(ids).endswith("assistant\na2 <|im_end|>") and ids.count(tok.eos_token_id) == 5
+
+
+def test_only_last_turn_learns_the_last_assistant_turn_and_keeps_the_others_as_context(tok, tmp_path):
+    messages = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
+                {"role": "user", "content": "u2"}, {"role": "assistant", "content": "a2"}]
+    path = parquet(tmp_path, [{"messages": messages}])
+    (every,) = load_examples(path, tok, SFTDataSettings(multiturn=True))
+    (last,) = load_examples(path, tok, SFTDataSettings(multiturn=True, only_last_turn=True))
+    assert last.input_ids == every.input_ids  # the same tokens ...
+    assert learned(tok, every) == "a1<|im_end|>a2<|im_end|>"
+    assert learned(tok, last) == "a2<|im_end|>"  # ... fewer learned
+    assert last.loss_mask[-3:] == [1, 1, 1] and sum(last.loss_mask) == 3
+
+
+def test_a_prompt_file_rewrites_a_single_turn_rows_prompt(tok, tmp_path):
+    """data.prompt_file (NeMo-RL's data.default.prompt_file): its {} takes the row's question."""
+    from posttrain.data.prompts import PromptTemplates
+
+    path = parquet(tmp_path, [{"question": "1+2=", "answer": "3"}])
+    (ex,) = load_examples(path, tok, SFTDataSettings(templates=PromptTemplates(prompt="Solve: {}\n")))
+    assert tok.decode(ex.input_ids) == "<|im_start|>user\nSolve: 1+2=\n<|im_end|>\n<|im_start|>assistant\n3<|im_end|>"
+    assert learned(tok, ex) == "3<|im_end|>"

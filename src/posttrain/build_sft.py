@@ -15,7 +15,8 @@ from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
 from posttrain.config import config_to_dict, config_to_yaml
 from posttrain.data.dataset import PromptSampler
-from posttrain.data.sft import SFTDataSettings, load_examples
+from posttrain.data.prompts import read_templates
+from posttrain.data.sft import SFTDataSettings, chat_template_text, load_examples
 from posttrain.debugging import announce
 from posttrain.files import cache_root
 from posttrain.models import load_tokenizer
@@ -34,7 +35,8 @@ def data_settings(cfg) -> SFTDataSettings:
         response_dict_keys=tuple(d.response_dict_keys or ()), multiturn=d.multiturn.enable,
         messages_key=d.multiturn.messages_key, tools_key=d.multiturn.tools_key,
         enable_thinking_key=d.multiturn.enable_thinking_key, max_length=d.max_length, truncation=d.truncation,
-        template_kwargs=dict(d.apply_chat_template_kwargs))
+        template_kwargs=dict(d.apply_chat_template_kwargs), only_last_turn=d.only_last_turn,
+        templates=read_templates(d.prompt_file, d.system_prompt_file))
 
 
 def update_settings(cfg) -> SFTSettings:
@@ -73,6 +75,8 @@ def build_sft_run(cfg) -> SFTRun:
     model_dir = model_dir_of(cfg)
     check_start(run_dir, resume_from, tr.resume_mode, config_to_dict(cfg), model_dir, distributed)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.data.custom_chat_template is not None:  # the rows' rendering, and the checkpoints' tokenizer
+        tokenizer.chat_template = chat_template_text(cfg.data.custom_chat_template)
     train, val = load_sft_data(cfg, tokenizer)
     sampler = PromptSampler(len(train), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     total_steps = training_steps(tr, sampler.steps_per_epoch)

@@ -25,7 +25,7 @@ VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "rew
 
 SFT_ONLY_KEYS = ("data.response_key", "data.prompt_dict_keys", "data.response_dict_keys", "data.max_length",
                  "data.multiturn.enable", "data.multiturn.messages_key", "data.multiturn.tools_key",
-                 "data.multiturn.enable_thinking_key")
+                 "data.multiturn.enable_thinking_key", "data.only_last_turn", "data.custom_chat_template")
 
 # What happens to a key, as --help-config shows it; every key not named here is honoured.
 ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"

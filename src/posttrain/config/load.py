@@ -145,8 +145,9 @@ def preset(name: str = "tiny_arith.yaml") -> dict[str, Any]:
 def load_config(config_path: str | None = None, overrides: Sequence[str] = (), command: str = "train") -> Config:
     """Defaults < embedded preset (only without model.path) < algorithm.name's
     preset < YAML file < overrides. command="sft" (`posttrain sft`): verl's SFT
-    spellings are read too (verl_sft.py), and the layers start from SFT's
-    defaults (configs/sft.yaml) and its embedded preset (configs/tiny_sft.yaml)."""
+    spellings are read too (verl_sft.py), a NeMo-RL file is its SFT layout
+    (nemo_rl_sft.py), and the layers start from SFT's defaults
+    (configs/sft.yaml) and its embedded preset (configs/tiny_sft.yaml)."""
     sft = command == "sft"
     layers, nemo_tree = [], None
     if config_path:
@@ -160,7 +161,7 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
     ours = canonicalize(cli, "on the command line")
     if nemo_tree is not None or nemo_overrides:
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
-        layers.append(canonicalize(nemo_rl.layer(nemo_tree, nemo_overrides, origin, given=ours), origin))
+        layers.append(canonicalize(nemo_rl.layer(nemo_tree, nemo_overrides, origin, given=ours, sft=sft), origin))
     layers.append(ours)
     given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
     if not sft:

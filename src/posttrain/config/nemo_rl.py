@@ -133,10 +133,16 @@ def parse_override(arg: str) -> tuple[str, str, Any]:
     return ("+" if arg.startswith("+") else ""), key.strip().lstrip("+"), value_of(raw)
 
 
-def layer(tree: dict | None, overrides: Sequence[str], origin: str, given: Container[str] = ()) -> dict[str, Any]:
+def layer(tree: dict | None, overrides: Sequence[str], origin: str, given: Container[str] = (),
+          sft: bool = False) -> dict[str, Any]:
     """posttrain's keys for a NeMo-RL `tree` (None: only overrides) with NeMo-RL `overrides` applied. Data files
-    among `given` (posttrain's keys set on the command line) replace the tree's dataset named instead."""
+    among `given` (posttrain's keys set on the command line) replace the tree's dataset named instead. sft:
+    NeMo-RL's SFT layout, for `posttrain sft` (nemo_rl_sft.py)."""
     tree = apply_overrides(tree or {}, [parse_override(a) for a in overrides])
+    if sft:
+        from posttrain.config.nemo_rl_sft import translate_sft
+
+        return translate_sft(resolve(tree), origin + " (NeMo-RL's layout)", given)
     out = translate(resolve(tree), origin + " (NeMo-RL's layout)")
     for files, name in (("data.train_files", "data.dataset_name"), ("data.val_files", "data.val_dataset_name")):
         if files in given:

@@ -12,7 +12,7 @@ SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "
             "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo", "value", "value_loss_fn")
 # NeMo-RL's other trainers, each known by its own section: what a file with one runs (refused by posttrain train)
 OTHER_TRAINERS = {
-    "sft": "NeMo-RL's supervised fine-tuning (examples/run_sft.py)",
+    "sft": "NeMo-RL's supervised fine-tuning (examples/run_sft.py; `posttrain sft --config FILE` reads it)",
     "dpo": "NeMo-RL's DPO (examples/run_dpo.py)",
     "rm": "NeMo-RL's reward-model training (examples/run_rm.py)",
     "distillation": "NeMo-RL's distillation (examples/run_distillation*.py)",

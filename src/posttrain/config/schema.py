@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from posttrain.config.schema_distill import DistillationConfig
 from posttrain.config.schema_rollout import AsyncTrainingConfig, RolloutConfig
+from posttrain.config.schema_sft import MultiturnSFTConfig
 
 DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # metrics.jsonl is always written; sinks.py: the rest
@@ -26,16 +27,6 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 class CustomDatasetClass:
     path: Optional[str] = None
     name: Optional[str] = None
-
-
-@dataclass
-class MultiturnSFTConfig:
-    """posttrain sft: rows that are whole conversations (verl's data.multiturn.*)."""
-
-    enable: bool = False
-    messages_key: str = "messages"  # the column of {role, content} messages; every assistant turn is learned
-    tools_key: str = "tools"  # a column of tool schemas handed to the chat template (when the row has one)
-    enable_thinking_key: str = "enable_thinking"  # a column of true/false handed to the template as enable_thinking
 
 
 @dataclass
@@ -75,6 +66,10 @@ class DataConfig:
     response_dict_keys: Optional[List[str]] = None
     multiturn: MultiturnSFTConfig = field(default_factory=MultiturnSFTConfig)
     max_length: int = 1024  # tokens of one SFT example, prompt and response together
+    only_last_turn: bool = False  # learn each row's last assistant turn only (the earlier ones are context)
+    # a Jinja chat template (the text, or a path ending in .jinja) in place of the tokenizer's for the run, saved
+    # with the checkpoints' tokenizer; None: the tokenizer's own (NeMo-RL's policy.tokenizer.chat_template)
+    custom_chat_template: Optional[str] = None
 
 
 @dataclass

@@ -41,6 +41,13 @@ def validate_sft(cfg: Config, given: set[str]) -> None:
     need(a.ulysses_sequence_parallel_size == 1, f"actor.ulysses_sequence_parallel_size="
           f"{a.ulysses_sequence_parallel_size}: posttrain sft does not split sequences over workers yet; "
           "leave it at 1 (FSDP2 still shards the model over every worker)")
+    need(d.custom_chat_template is None or bool(str(d.custom_chat_template).strip()),
+          "data.custom_chat_template is empty; give a Jinja chat template or a .jinja file, or null for the "
+          "tokenizer's own")
+    templates = [k for k in ("prompt_file", "system_prompt_file") if getattr(d, k) is not None]
+    need(not (templates and d.multiturn.enable), f"data.{templates[0] if templates else ''} with "
+          "data.multiturn.enable=true: prompt files rewrite a single-turn row's prompt; put the text in the "
+          "conversations themselves, or leave it out")
     need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain sft computes its loss from the "
           "logits (transformers' cross-entropy); leave it false")
     rl = sorted(k for k in given if k.startswith(RL_SECTIONS) or k in RL_ACTOR_KEYS)

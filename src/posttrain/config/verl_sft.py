@@ -56,8 +56,9 @@ UNUSED = {
 
 REFUSED = {
     "data.micro_batch_size": "verl's deprecated global micro-batch: give data.micro_batch_size_per_gpu",
-    "data.chat_template": "posttrain renders rows with the tokenizer's own chat template; set it in the model's "
-                         "tokenizer_config.json",
+    "data.chat_template": "verl's name of a template in its own registry (deprecated there) is not read by "
+                         "posttrain, which renders rows with the tokenizer's chat template; to replace it, give "
+                         "data.custom_chat_template (a Jinja template, or a .jinja file)",
     "model.external_lib": "posttrain imports no module for the model; a model that needs code of its own loads "
                           "with model.trust_remote_code=true",
 }

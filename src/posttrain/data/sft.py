@@ -16,7 +16,10 @@ A conversation's tokens are the chat template's rendering, cut at each assistant
 it (the template's opening of the turn included) is tokenized as one piece, the assistant's text up to and
 including the template's end of its turn as the next (what follows the end of the turn, a newline, goes
 with the next context), so the learned tokens are the ones a rollout samples, and end where a rollout stops.
-A tokenizer without a chat template (a base model) gets the prompt's text, then the response and EOS.
+A template that closes no assistant turn (NeMo-RL's sft.yaml writes the answer's text and nothing after it)
+gets the EOS token after the last one, learned, so the model learns to stop (NeMo-RL's data.add_eos). A
+tokenizer without a chat template (a base model) gets the prompt's text, then the response and EOS.
+`only_last_turn` learns a row's last assistant turn only (NeMo-RL's sft.only_unmask_final).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from posttrain.data.dataset import encode_prompt
-from posttrain.errors import DataError
+from posttrain.errors import ConfigError, DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 TRUNCATIONS = ("error", "left", "right")
@@ -48,6 +52,8 @@ class SFTDataSettings:
     max_length: int = 1024  # tokens of a whole example
     truncation: str = "error"  # an example over max_length: error | left (keep the end) | right (keep the start)
     template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
+    only_last_turn: bool = False  # learn the last assistant turn only; the earlier ones are context
+    templates: Any = None  # data.prompt_file / system_prompt_file (data.prompts.PromptTemplates): single-turn prompts
 
 
 @dataclass
@@ -107,6 +113,9 @@ def row_messages(row: dict, settings: SFTDataSettings, where: str) -> list[dict]
         if not isinstance(messages, list):
             raise DataError(f"{where}: the prompt ('{settings.prompt_key}') is a {type(prompt).__name__}, not text "
                             "or a list of chat messages")
+        if settings.templates is not None:
+            extra = row.get("extra_info")
+            messages = settings.templates.apply(messages, extra if isinstance(extra, dict) else None)
         messages = list(messages) + [{"role": "assistant", "content": response}]
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise DataError(f"{where}: the messages are not a list of {{'role', 'content'}} dicts")
@@ -118,9 +127,11 @@ def row_messages(row: dict, settings: SFTDataSettings, where: str) -> list[dict]
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
-def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> tuple[list, list]:
-    """(input_ids, loss_mask) of a conversation: the template's rendering, assistant turns learned, ending with
-    the last assistant turn's end."""
+def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                     only_last_turn: bool = False) -> tuple[list, list]:
+    """(input_ids, loss_mask) of a conversation: the template's rendering, assistant turns learned (the last one
+    only with `only_last_turn`), ending with the last assistant turn's end (the EOS, learned, when the template
+    writes nothing after the assistant's text)."""
     kw = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         if [m["role"] for m in messages][-1:] != ["assistant"] or \
@@ -134,6 +145,7 @@ def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | No
 
     full = render(messages, False)
     ids, mask, pos = [], [], 0
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -143,12 +155,39 @@ def conversation_ids(tokenizer, messages: list[dict], template_kwargs: dict | No
                             "drops past reasoning); SFT on such a conversation would learn text the template never "
                             "shows: split it into one row per assistant turn")
         end = len(after.rstrip())  # the turn's end token is learned; the newline after it is context
-        for text, learned in ((full[pos:len(before)], 0), (full[len(before):end], 1)):
+        turn = int(i == last or not only_last_turn)
+        for text, learned in ((full[pos:len(before)], 0), (full[len(before):end], turn)):
             piece = tokenizer.encode(text, add_special_tokens=False) if text else []
             ids += piece
             mask += [learned] * len(piece)
         pos = end
+        if i == last and _ends_bare(full[len(before):end], m["content"], tokenizer):
+            ids.append(tokenizer.eos_token_id)  # nothing would end the turn: a rollout stops at the EOS
+            mask.append(1)
     return ids, mask
+
+
+def _ends_bare(turn: str, content: str, tokenizer) -> bool:
+    """Whether a rendered assistant turn ends with its own text (no end-of-turn token after it) and the
+    tokenizer has an EOS to learn there instead. NeMo-RL's add_eos appends it unless the turn ends with it."""
+    eos = getattr(tokenizer, "eos_token", None)
+    if eos is None or getattr(tokenizer, "eos_token_id", None) is None or turn.endswith(eos):
+        return False
+    text = content.strip()
+    return turn.endswith(text) if text else not turn.strip()
+
+
+def chat_template_text(value: str) -> str:
+    """data.custom_chat_template's template: the text of a path ending in .jinja (NeMo-RL's rule), else the
+    value itself."""
+    if not value.endswith(".jinja"):
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"data.custom_chat_template={value}: cannot read the template file ({type(e).__name__}: "
+                          f"{str(e)[:120]}); give an existing .jinja file or the template's text") from None
 
 
 def row_template_kwargs(row: dict, settings: SFTDataSettings, where: str = "a row") -> dict:
@@ -194,7 +233,8 @@ def load_examples(paths, tokenizer, settings: SFTDataSettings, max_samples: int 
     examples, dropped = [], 0
     for path, i, row in rows:
         where = f"row {i} of '{path}'"
-        ids, mask = conversation_ids(tokenizer, row_messages(row, settings, where), row_template_kwargs(row, settings, where))
+        ids, mask = conversation_ids(tokenizer, row_messages(row, settings, where),
+                                     row_template_kwargs(row, settings, where), settings.only_last_turn)
         ids, mask = fit(ids, mask, settings.max_length, settings.truncation, where)
         if not any(mask):
             dropped += 1
