@@ -242,6 +242,41 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
 
 
 @pytest.mark.ray
+def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, tiny_model_dir, data, tmp_path,
+                                                                      trained_tiny_model_dir):
+    """On-policy distillation with FSDP2 workers: the teacher sharded as the reference is; its log-probs and a
+    distillation update (the reverse KL's policy gradient, 2 mini-batches x 2 micro-batches) equal one process's."""
+    from posttrain.distributed.group import WorkerGroup
+
+    cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "trainer.n_gpus_per_node=2",
+                                  "algorithm.use_kl_in_reward=False", "actor.use_kl_loss=False",
+                                  "distillation.enabled=true",
+                                  f"distillation.teacher_models.t.model_path={trained_tiny_model_dir}",
+                                  "distillation.distillation_loss.loss_mode=k1",
+                                  "distillation.distillation_loss.use_policy_gradient=true"))
+    spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
+    local = Worker(spec)
+    local.setup()
+    group = WorkerGroup(spec, nnodes=1, per_node=2)
+    try:
+        prompts = [[5 + i, 6, 7 + i % 3] for i in range(8)]
+        out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=4, temperature=1.0))
+        batch = RolloutBatch.from_rollout(out, 4, ["arith"] * 8, ["0"] * 8, [{}] * 8, [""] * 32)
+        batch.old_log_probs = local.compute_log_probs(batch, "policy")
+        batch.teacher_log_probs = local.compute_log_probs(batch, "teacher")
+        assert torch.allclose(group.compute_log_probs(batch, "teacher"), batch.teacher_log_probs, atol=1e-5)
+        assert not torch.allclose(batch.teacher_log_probs, batch.old_log_probs, atol=1e-2)  # another model
+        batch.advantages = torch.zeros(batch.responses.shape)  # the reward plays no part (use_task_rewards=false)
+        m_local, m_group = local.train_step(batch), group.train_step(batch)
+        assert m_group["actor/grad_norm"] == pytest.approx(m_local["actor/grad_norm"], rel=1e-4)
+        assert m_group["distillation/reverse_kl"] == pytest.approx(m_local["distillation/reverse_kl"], rel=1e-4)
+        full, own = group.full_state_dict(), dict(local.policy.state_dict())
+        assert max((own[k] - full[k]).abs().max().item() for k in own) < 1e-5
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.ray
 def test_multi_turn_tool_use_on_two_workers_resumes_exactly(cluster, tmp_path):
     """Conversations with calculator calls (the tool-using tiny model on products rows) trained by 2 FSDP2
     workers: 2 + 2 steps resumed from the sharded checkpoint equal 4 straight steps (weights, scores,
