@@ -288,3 +288,13 @@ def test_a_real_runs_report_renders_in_a_browser(tmp_path, trained_tiny_model_di
     assert all(d["svg"] and d["paths"] > 0 and d["fits"] for d in drawn), drawn
     assert hostile == "<script>alert(1)</script><img src=x onerror=alert(2)>\n9"  # shown as text
     assert shot.stat().st_size > 20_000
+
+
+def test_an_sft_run_gets_its_loss_plot_and_a_distillation_run_its_kl(tmp_path):
+    sft = [{"step": 0, "val/loss": 0.9}, {"step": 1, "train/loss": 0.8, "timing_s/step": 0.1},
+           {"step": 2, "train/loss": 0.6, "val/loss": 0.7, "timing_s/step": 0.1}]
+    text = write_report(write_run(tmp_path / "sft", metrics=sft)).read_text()
+    assert "<h3>Loss</h3>" in text and "validation loss 0.700 (step 2)" in text
+    assert "<h3>Distillation</h3>" not in text  # an optional plot is left out, not noted
+    distill = [{**m, "distillation/reverse_kl": 0.2 / m["step"]} for m in METRICS if m.get("step")]
+    assert "<h3>Distillation</h3>" in write_report(write_run(tmp_path / "d", metrics=distill)).read_text()

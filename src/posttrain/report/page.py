@@ -101,7 +101,8 @@ def skipped_note(count: int, file: str) -> str:
 
 def header(run: Run) -> str:
     scores = []
-    for key, label in (("critic/score/mean", "train score"), ("val/score/mean", "validation score")):
+    for key, label in (("critic/score/mean", "train score"), ("val/score/mean", "validation score"),
+                       ("train/loss", "training loss"), ("val/loss", "validation loss")):
         found = latest(run, key)
         if found:
             scores.append(f"{label} {found[1]:.3f} (step {found[0]})")

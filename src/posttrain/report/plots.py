@@ -36,6 +36,11 @@ LINE_PLOTS = (
     LinePlot("MFU", (("perf/mfu/actor", "actor update"), ("perf/mfu/rollout", "rollout")), "MFU",
              tickformat=".1%"),
 )
+# drawn only in the runs that log them (no "not logged" note elsewhere): posttrain sft's, distillation's
+OPTIONAL_PLOTS = (
+    LinePlot("Loss", (("train/loss", "train"), ("val/loss", "validation")), "loss (nats/token)"),
+    LinePlot("Distillation", (("distillation/reverse_kl", "reverse KL to the teacher"),), "KL (nats/token)"),
+)
 PHASES_TITLE = "Time per phase"
 # The loop's phases in the order they run; any other timing_s/* key follows, sorted.
 PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
@@ -144,4 +149,6 @@ def figures(runs: list[Run]) -> list[tuple[str, go.Figure | None, str]]:
     out = [(p.title, line_figure(p, runs), ", ".join(k for k, _ in p.metrics)) for p in LINE_PLOTS]
     phase = phase_figure(runs[0]) if len(runs) == 1 else phase_compare_figure(runs)
     out.insert(4, (PHASES_TITLE, phase, "timing_s/*"))
-    return out
+    extra = [(p.title, fig, ", ".join(k for k, _ in p.metrics)) for p in OPTIONAL_PLOTS
+             if (fig := line_figure(p, runs)) is not None]
+    return extra + out
