@@ -329,9 +329,10 @@ def training_steps(tr, steps_per_epoch: int) -> int:
     return total
 
 
-def build_run(cfg) -> Run:
-    """Everything `posttrain.loop.train` needs, checked before anything is
-    written; resumes from a checkpoint when trainer.resume_mode finds one."""
+def start_run(cfg) -> tuple[Path, object, Path | None, str, bool]:
+    """What every run (posttrain train's and sft's) begins with, before anything is loaded or written: the
+    loggers importable, the seed, the run directory (staged here for a remote one), the checkpoint to resume
+    from, the model, and whether they agree. -> (run_dir, remote, resume_from, model_dir, distributed)"""
     tr = cfg.trainer
     check_sinks(tr.logger)  # a missing logger package stops the run before anything is loaded or written
     if tr.debug:
@@ -343,6 +344,27 @@ def build_run(cfg) -> Run:
     resume_from = find_checkpoint(run_dir, tr.resume_mode, tr.resume_from_path)
     model_dir = model_dir_of(cfg)
     check_start(run_dir, resume_from, tr.resume_mode, config_to_dict(cfg), model_dir, distributed)
+    return run_dir, remote, resume_from, model_dir, distributed
+
+
+def checkpoint_writer(cfg, run_dir: Path, remote, model_dir: str, tokenizer) -> tuple[CheckpointWriter, str]:
+    """The run's CheckpointWriter and its config.yaml text. config.yaml (in the run directory and every
+    checkpoint) is read by people, reports and other runs: no credential in it; a resume compares it with
+    redaction in mind (checkpoint.check_compatible)."""
+    tr = cfg.trainer
+    config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
+    writer = CheckpointWriter(
+        run_dir, static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
+        max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
+        mode=tr.keep_top_k_mode, remote=remote)
+    return writer, config_yaml
+
+
+def build_run(cfg) -> Run:
+    """Everything `posttrain.loop.train` needs, checked before anything is
+    written; resumes from a checkpoint when trainer.resume_mode finds one."""
+    tr = cfg.trainer
+    run_dir, remote, resume_from, model_dir, distributed = start_run(cfg)
     rewards = make_rewards(cfg)
     train_files, val_files = data_files(cfg)  # data.dataset_name / val_dataset_name resolved here, once
     templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
@@ -365,13 +387,7 @@ def build_run(cfg) -> Run:
     actor, workers = make_actor(cfg, worker_spec(cfg, model_dir, policy_dir, device, total_steps, critic_dir), run_dir)
     flops = flop_model(model_dir, frozen_base=lora_settings(cfg) is not None)
     peak = peak_flops_of(tr.peak_flops, workers)
-    # config.yaml (here and in every checkpoint) is read by people, reports and other runs: no credential
-    # in it. A resume compares it with redaction in mind (checkpoint.check_compatible).
-    config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
-    writer = CheckpointWriter(
-        run_dir, static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
-        max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
-        mode=tr.keep_top_k_mode, remote=remote)
+    writer, config_yaml = checkpoint_writer(cfg, run_dir, remote, model_dir, tokenizer)
     run = Run(
         cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, kl_ctrl=kl_ctrl, rewards=rewards,
         train_data=train_data, val_data=val_data, sampler=sampler, sampling=train_sampling,

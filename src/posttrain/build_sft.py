@@ -5,24 +5,17 @@ workers, checkpoint writer, resume; build.py) around SFT examples (data/sft.py) 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from posttrain.build import (
-    connect_cluster, data_files, flop_model, hold_out, make_actor, make_profiler, model_dir_of, peak_flops_of,
-    seed_everything, training_steps, uses_ray, worker_device,
+    checkpoint_writer, connect_cluster, data_files, flop_model, hold_out, make_actor, make_profiler, peak_flops_of,
+    start_run, training_steps, worker_device,
 )
-from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
-from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
-from posttrain.config import config_to_dict, config_to_yaml
+from posttrain.checkpoint.run_dir import resume, resumed_model_dirs
 from posttrain.data.dataset import PromptSampler
 from posttrain.data.prompts import read_templates
 from posttrain.data.sft import SFTDataSettings, chat_template_text, load_examples
-from posttrain.debugging import announce
-from posttrain.files import cache_root
 from posttrain.models import load_tokenizer
-from posttrain.redact import redact_mapping
 from posttrain.sft_loop import SFTRun
-from posttrain.sinks import check_sinks
 from posttrain.specs import lora_settings, worker_spec
 from posttrain.training.sft import SFTSettings
 from posttrain.worker_spec import RefSpec, RolloutSpec
@@ -64,16 +57,7 @@ def build_sft_run(cfg) -> SFTRun:
     """Everything `posttrain.sft_loop.train_sft` needs, checked before anything is written; resumes from a
     checkpoint when trainer.resume_mode finds one."""
     tr = cfg.trainer
-    check_sinks(tr.logger)
-    if tr.debug:
-        announce(tr.nnodes * tr.n_gpus_per_node, bool(tr.use_ray or tr.ray_address or os.environ.get("RAY_ADDRESS")))
-    seed_everything(tr.seed)
-    distributed = uses_ray(cfg)
-    run_dir, remote = open_run_dir(tr.run_dir, tr.project_name, tr.experiment_name, tr.nnodes,
-                                   cache_root() / "staging")
-    resume_from = find_checkpoint(run_dir, tr.resume_mode, tr.resume_from_path)
-    model_dir = model_dir_of(cfg)
-    check_start(run_dir, resume_from, tr.resume_mode, config_to_dict(cfg), model_dir, distributed)
+    run_dir, remote, resume_from, model_dir, distributed = start_run(cfg)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.data.custom_chat_template is not None:  # the rows' rendering, and the checkpoints' tokenizer
         tokenizer.chat_template = chat_template_text(cfg.data.custom_chat_template)
@@ -88,11 +72,7 @@ def build_sft_run(cfg) -> SFTRun:
     spec = dataclasses.replace(worker_spec(cfg, model_dir, policy_dir, device, total_steps), ref=RefSpec(),
                                rollout=RolloutSpec(), critic=None, sft=update_settings(cfg))
     actor, workers = make_actor(cfg, spec, run_dir)
-    config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
-    writer = CheckpointWriter(
-        run_dir, static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
-        max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
-        mode=tr.keep_top_k_mode, remote=remote)
+    writer, config_yaml = checkpoint_writer(cfg, run_dir, remote, model_dir, tokenizer)
     run = SFTRun(
         cfg=cfg, run_dir=run_dir, actor=actor, tokenizer=tokenizer, train_data=train, val_data=val, sampler=sampler,
         total_steps=total_steps, writer=writer, model_dir=model_dir, resumed_from=resume_from,

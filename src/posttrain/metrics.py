@@ -140,11 +140,16 @@ def format_line(step: int, total: int, m: dict) -> str:
         per_source = ", ".join(f"{k[4:-11]} {v:.3f}" for k, v in m.items()
                                if k.startswith("val/") and k.endswith("/score/mean") and k != "val/score/mean")
         return f"{head.rstrip()} | validation score {_fmt(m, 'val/score/mean', '{:.3f}', 0)} ({per_source})"
-    fields = [f"{label} {_fmt(m, key, fmt, w)}" for label, key, fmt, w in CONSOLE_FIELDS]
+    return _step_line(head, m, CONSOLE_FIELDS, timings_from=5)
+
+
+def _step_line(head: str, m: dict, fields_spec, timings_from: int) -> str:
+    """head | each field (label value) | the timing fields together, in seconds | tokens/s | the actor's MFU."""
+    fields = [f"{label} {_fmt(m, key, fmt, w)}" for label, key, fmt, w in fields_spec]
     tail = f"{_fmt(m, 'perf/throughput', '{:.0f}', 6)} tok/s"
     if "perf/mfu/actor" in m:
         tail += f" | mfu {100 * m['perf/mfu/actor']:5.2f}%"
-    return " | ".join([head, *fields[:5], " ".join(fields[5:]) + " s", tail])
+    return " | ".join([head, *fields[:timings_from], " ".join(fields[timings_from:]) + " s", tail])
 
 
 SFT_FIELDS = [
@@ -159,14 +164,10 @@ SFT_FIELDS = [
 
 def format_sft_line(step: int, total: int, m: dict) -> str:
     """posttrain sft's line: training and validation loss, LR, gradient norm, seconds, tokens/s, MFU."""
-    head = f"step {step}/{total}".ljust(len(f"step {total}/{total}"))
+    head = f"step {step}/{total}".ljust(len(f"step {total}/{total}"))  # as format_line's
     if "train/loss" not in m:  # a validation on its own (before training)
         return f"{head.rstrip()} | validation loss {_fmt(m, 'val/loss', '{:.4f}', 0)}"
-    fields = [f"{label} {_fmt(m, key, fmt, w)}" for label, key, fmt, w in SFT_FIELDS]
-    tail = f"{_fmt(m, 'perf/throughput', '{:.0f}', 6)} tok/s"
-    if "perf/mfu/actor" in m:
-        tail += f" | mfu {100 * m['perf/mfu/actor']:5.2f}%"
-    return " | ".join([head, *fields[:4], " ".join(fields[4:]) + " s", tail])
+    return _step_line(head, m, SFT_FIELDS, timings_from=4)
 
 
 class MetricsLogger:

@@ -76,7 +76,8 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
     -> train/loss (the whole batch's token mean: summed over workers), train/grad_norm, train/lr,
     train/nonfinite_updates, train/learned_tokens."""
     device = compute_device(model)
-    total = total_tokens if total_tokens is not None else learned_tokens(batch)
+    own = learned_tokens(batch)  # this worker's rows'
+    total = total_tokens if total_tokens is not None else own
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -95,7 +96,7 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
     optimizer.zero_grad(set_to_none=True)
     return {"train/loss": loss_sum, "train/grad_norm": grad_norm if stepped else float("nan"),
             "train/lr": optimizer.param_groups[0]["lr"], "train/nonfinite_updates": float(not stepped),
-            "train/learned_tokens": float(learned_tokens(batch))}
+            "train/learned_tokens": float(own)}
 
 
 @torch.no_grad()
