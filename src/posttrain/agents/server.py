@@ -80,7 +80,7 @@ class CompletionServer:
         self.running: set[str] = set()  # sessions whose agent still runs (the dispatcher waits for them)
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._http = _Listener(("127.0.0.1", 0), _handler(self))
         self._http.daemon_threads = True
         self._threads = [threading.Thread(target=self._http.serve_forever, name="posttrain-openai", daemon=True),
                          threading.Thread(target=self._dispatch, name="posttrain-openai-batch", daemon=True)]
@@ -215,6 +215,14 @@ class CompletionServer:
             tokens = out.response_ids[j][keep].tolist()
             logps = out.log_probs[j][keep].tolist() if out.log_probs is not None else [0.0] * len(tokens)
             done.set_result((tokens, logps, bool(tokens) and tokens[-1] in eos))
+
+
+class _Listener(ThreadingHTTPServer):
+    """Every agent run connects at once (agent_workers of them): the socketserver default backlog of 5 would drop
+    their connections' SYNs, which the client retries after 1, 3, 7 s, past openai's 5 s connect timeout when the
+    trainer keeps this process busy; an agent with no retries then fails its sample."""
+
+    request_queue_size = 1024
 
 
 def _messages(body: dict) -> list[dict]:
