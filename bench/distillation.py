@@ -10,6 +10,8 @@ prompts every 25 steps:
     opd-pg      distillation alone: k1, the reverse KL's policy gradient (verl's use_policy_gradient=true)
     opd-k3      distillation alone: the k3 divergence as a direct loss (verl's default loss_mode)
     opd-pg+rl   the policy gradient of both: GRPO's advantages and the teacher's (use_task_rewards=true)
+    opd-topk-fkl    distillation alone: verl's forward KL over the teacher's 16 likeliest tokens (forward_kl_topk)
+    opd-topk-mixed  distillation alone: NeMo-RL's loss, half forward, half reverse KL over the teacher's 16 (kl_topk)
 
     python bench/distillation.py                       # seeds 0 1 2
     python bench/distillation.py --seeds 0 --settings rl opd-pg
@@ -37,6 +39,10 @@ SETTINGS = {
     "opd-pg+rl": [*TEACHER_KEYS, "distillation.distillation_loss.loss_mode=k1",
                   "distillation.distillation_loss.use_policy_gradient=true",
                   "distillation.distillation_loss.use_task_rewards=true"],
+    "opd-topk-fkl": [*TEACHER_KEYS, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                     "distillation.distillation_loss.topk=16"],
+    "opd-topk-mixed": [*TEACHER_KEYS, "distillation.distillation_loss.loss_mode=kl_topk",
+                       "distillation.distillation_loss.topk=16", "distillation.distillation_loss.kl_type=mixed"],
 }
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence
+from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence, topk_divergence
 from posttrain.algorithms.losses import agg_loss
 from posttrain.build import build_run
 from posttrain.config import load_config
@@ -28,11 +28,85 @@ def test_the_divergence_of_the_sampled_tokens_by_hand():
     k3 = token_divergence(STUDENT, TEACHER, DistillSettings("k3"))
     assert k3[0].tolist() == pytest.approx([math.exp(-2) + 1, 0.0, math.e - 2], abs=1e-6)
     clamped = token_divergence(STUDENT, TEACHER, DistillSettings("k1", log_prob_min_clamp=-2.0, loss_max_clamp=0.5))
-    # teacher -3 -> -2: -1 - (-2) = 1, at most 0.5; the third (-2 vs -1) is within the clamp: -1
-    assert clamped.tolist() == [[0.5, 0.0, -1.0]]
+    # teacher -3 -> -2: -1 - (-2) = 1, at most 0.5; the third (-2 vs -1): -1, at least -0.5 (both sides, as verl)
+    assert clamped.tolist() == [[0.5, 0.0, -0.5]]
     # the policy-gradient form: minus k1 of the sampling policy, masked
     adv = distillation_advantages(STUDENT, TEACHER, MASK, DistillSettings("k1", use_policy_gradient=True))
     assert adv.tolist() == [[-2.0, 0.0, 0.0]]
+
+
+def lp(*probs):
+    return torch.tensor([[list(probs)]]).log()  # [1, 1, k]
+
+
+def test_the_top_k_divergences_by_hand():
+    t, st = lp(0.5, 0.3), lp(0.25, 0.25)
+    # verl's forward_kl_topk: sum p_t (log p_t - log p_s) over the k, full-vocabulary log-probs
+    fwd = topk_divergence(st, t, DistillSettings("forward_kl_topk", topk=2))
+    assert fwd.item() == pytest.approx(0.5 * math.log(2) + 0.3 * math.log(1.2), abs=1e-6)
+    # where the student holds more of the k than the teacher the sum is negative: clamped at 0, as verl
+    assert topk_divergence(lp(0.5, 0.4), lp(0.1, 0.1), DistillSettings("forward_kl_topk", topk=2)).item() == 0.0
+    # NeMo-RL's kl_topk renormalises both over the k: teacher [0.625, 0.375], student [0.5, 0.5]
+    forward = 0.625 * math.log(1.25) + 0.375 * math.log(0.75)
+    reverse = 0.5 * math.log(0.5 / 0.625) + 0.5 * math.log(0.5 / 0.375)
+    for kl_type, expected in (("forward", forward), ("reverse", reverse), ("mixed", 0.3 * forward + 0.7 * reverse)):
+        got = topk_divergence(st, t, DistillSettings("kl_topk", topk=2, kl_type=kl_type, mixed_kl_weight=0.3))
+        assert got.item() == pytest.approx(expected, abs=1e-6), kl_type
+    # zero_outside_topk: the student's own probabilities (0.25, 0.25, and 0.5 on the other tokens, of which
+    # sum p log p = 0.5 log 0.5 + ... here one token of 0.5); the teacher's renormalised top k, e^-100 elsewhere
+    neg_entropy = torch.tensor([[2 * 0.25 * math.log(0.25) + 0.5 * math.log(0.5)]])
+    s = DistillSettings("kl_topk", topk=2, kl_type="reverse", zero_outside_topk=True)
+    by_hand = (0.25 * math.log(0.25 / 0.625) + 0.25 * math.log(0.25 / 0.375)  # on the k
+               + 0.5 * (math.log(0.5) + 100.0))  # the rest: p_s (log p_s - (-100))
+    assert topk_divergence(st, t, s, neg_entropy).item() == pytest.approx(by_hand, rel=1e-6)
+    forward_only = DistillSettings("kl_topk", topk=2, kl_type="forward", zero_outside_topk=True)
+    assert topk_divergence(st, t, forward_only, neg_entropy).item() == pytest.approx(
+        0.625 * math.log(0.625 / 0.25) + 0.375 * math.log(0.375 / 0.25), abs=1e-6)
+
+
+def test_with_the_whole_vocabulary_as_k_the_top_k_kls_are_the_full_kls():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 3, 6).log_softmax(-1), torch.randn(2, 3, 6).log_softmax(-1)
+    forward = (teacher.exp() * (teacher - student)).sum(-1)
+    reverse = (student.exp() * (student - teacher)).sum(-1)
+    neg_entropy = (student.exp() * student).sum(-1)
+    for zero in (False, True):
+        for kl_type, full in (("forward", forward), ("reverse", reverse)):
+            got = topk_divergence(student, teacher, DistillSettings("kl_topk", topk=6, kl_type=kl_type,
+                                                                     zero_outside_topk=zero), neg_entropy)
+            assert torch.allclose(got, full, atol=1e-5), (kl_type, zero)
+    assert torch.allclose(topk_divergence(student, teacher, DistillSettings("forward_kl_topk", topk=6)), forward,
+                          atol=1e-5)
+
+
+def test_the_teachers_pass_keeps_its_k_likeliest_tokens(tiny_model_dir):
+    """compute_topk_log_probs: the k likeliest tokens of each response position, most likely first, their
+    full-vocabulary log-probs, and the sampled tokens' log-probs as compute_log_probs gives them."""
+    from posttrain.batch import RolloutBatch
+    from posttrain.models.loader import load_model
+    from posttrain.training.logprobs import compute_log_probs, compute_topk_log_probs, response_logits
+
+    model = load_model(str(tiny_model_dir)).eval()
+    torch.manual_seed(0)
+    ids = torch.randint(3, 20, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded prompt
+    response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    mask[:, 4:] = response_mask
+    batch = RolloutBatch(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         responses=ids[:, 4:], response_mask=response_mask, group=torch.tensor([0, 1, 2]))
+    sampled, top_lp, top_ids = compute_topk_log_probs(model, batch, 4, micro_batch_size=2)
+    assert top_lp.shape == top_ids.shape == (3, 3, 4) and top_ids.dtype == torch.int32
+    with torch.no_grad():
+        full = torch.log_softmax(response_logits(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                 3, 1.0), -1)
+    real = response_mask.bool()
+    expected_lp, expected_ids = full.topk(4, dim=-1)
+    assert torch.allclose(top_lp[real], expected_lp[real], atol=1e-5)
+    assert torch.equal(top_ids[real].long(), expected_ids[real])
+    assert bool((top_lp[real][:, :-1] >= top_lp[real][:, 1:]).all())  # most likely first
+    plain = compute_log_probs(model, batch, 2)[0]
+    assert torch.allclose(sampled[real], plain[real], atol=1e-5)
 
 
 class Micro:
@@ -50,8 +124,9 @@ def test_the_loss_alone_or_beside_the_tasks(use_policy_gradient, use_task_reward
     def agg(x):
         return agg_loss(x, MASK, "token-mean")
 
-    task = torch.tensor(10.0)
-    loss, m = distilled(task, log_prob, log_prob.detach(), TEACHER, MASK, None, s, agg)
+    task, mb = torch.tensor(10.0), Micro()
+    mb.teacher_log_probs = TEACHER
+    loss, m = distilled(task, log_prob, log_prob.detach(), mb, MASK, None, s, agg, "cpu")
     assert m["distillation/reverse_kl"] == pytest.approx(1.0)  # (2 + 0) / 2 masked tokens
     if not use_policy_gradient:
         assert loss.item() == pytest.approx(1.0)  # k1 itself, token-mean
@@ -82,9 +157,19 @@ def test_verls_keys_load_and_what_posttrain_cannot_honour_is_refused():
     d = cfg.distillation
     assert d.enabled and d.teacher_models["teacher_model"]["model_path"] == "/t"
     assert (d.distillation_loss.loss_mode, d.distillation_loss.use_policy_gradient) == ("k1", True)
-    with pytest.raises(ConfigError, match="top-k modes need the teacher's top-k logits"):
-        load_config(None, ["distillation.enabled=true", "distillation.teacher_models.t.model_path=/t",
-                           "distillation.distillation_loss.loss_mode=forward_kl_topk"])
+    one = ["distillation.enabled=true", "distillation.teacher_models.t.model_path=/t"]
+    with pytest.raises(ConfigError, match="needs the student's own top-k tokens"):
+        load_config(None, [*one, "distillation.distillation_loss.loss_mode=jsd_topk"])
+    with pytest.raises(ConfigError, match=r"topk=None: loss_mode=forward_kl_topk needs the number"):
+        load_config(None, [*one, "distillation.distillation_loss.loss_mode=forward_kl_topk"])
+    topk = [*one, "distillation.distillation_loss.loss_mode=kl_topk", "distillation.distillation_loss.topk=8"]
+    with pytest.raises(ConfigError, match="is a direct loss.*use_policy_gradient=false"):
+        load_config(None, [*topk, "distillation.distillation_loss.use_policy_gradient=true"])
+    with pytest.raises(ConfigError, match="kl_type=both is not one of: forward, reverse, mixed"):
+        load_config(None, [*topk, "distillation.distillation_loss.kl_type=both"])
+    with pytest.raises(ConfigError, match="model.use_fused_kernels=true never forms"):
+        load_config(None, [*topk, "model.use_fused_kernels=true"])
+    assert load_config(None, topk).distillation.distillation_loss.topk == 8
     with pytest.raises(ConfigError, match="holds 2 teachers"):
         load_config(None, ["distillation.enabled=true", "distillation.teacher_models.a.model_path=/a",
                            "distillation.teacher_models.b.model_path=/b"])
@@ -122,3 +207,22 @@ def test_a_teacher_with_another_vocabulary_is_refused(tmp_path, data, tiny_model
                                f"distillation.teacher_models.t.model_path={other}")
     with pytest.raises(ConfigError, match="its tokenizer's vocabulary differs from the student's"):
         build_run(load_config(None, args))
+
+
+@pytest.mark.parametrize("mode", ["forward_kl_topk", "kl_topk"])
+def test_a_student_moves_toward_its_teachers_top_k(tmp_path, data, trained_tiny_model_dir, mode):
+    """The same student and teacher with a top-k loss (verl's forward KL over the teacher's 8 likeliest tokens,
+    NeMo-RL's mixed KL over them renormalised): the loss falls, and the reverse KL on the student's samples too."""
+    from posttrain.models import shipped
+
+    keys = [k for k in verl_opd(shipped.games_model()) if "loss_mode" not in k and "policy_gradient" not in k]
+    args = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "r", 8, *keys, "trainer.test_freq=-1",
+                               f"distillation.distillation_loss.loss_mode={mode}", "distillation.distillation_loss.topk=8",
+                               "distillation.distillation_loss.use_policy_gradient=false")
+    with pytest.warns(UserWarning):
+        summary = train(build_run(load_config(None, args)))
+    assert summary["steps"] == 8
+    lines = [x for x in read_metrics(tmp_path / "r") if "distillation/loss" in x]
+    loss, kl = [x["distillation/loss"] for x in lines], [x["distillation/reverse_kl"] for x in lines]
+    assert sum(loss[-2:]) < 0.75 * sum(loss[:2]) and sum(kl[-2:]) < sum(kl[:2])
+    assert all(0 < x["distillation/teacher_mass"] <= 1 and 0 < x["distillation/student_mass"] <= 1 for x in lines)

@@ -241,19 +241,24 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
+LOSSES = {"k1-pg": ["loss_mode=k1", "use_policy_gradient=true"],
+          "kl_topk": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}
+
+
 @pytest.mark.ray
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, tiny_model_dir, data, tmp_path,
-                                                                      trained_tiny_model_dir):
-    """On-policy distillation with FSDP2 workers: the teacher sharded as the reference is; its log-probs and a
-    distillation update (the reverse KL's policy gradient, 2 mini-batches x 2 micro-batches) equal one process's."""
+                                                                      trained_tiny_model_dir, loss):
+    """On-policy distillation with FSDP2 workers: the teacher sharded as the reference is; its log-probs (and with
+    a top-k loss its 8 likeliest tokens) and a distillation update (the reverse KL's policy gradient, or NeMo-RL's
+    mixed top-k KL; 2 mini-batches x 2 micro-batches) equal one process's."""
     from posttrain.distributed.group import WorkerGroup
 
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "trainer.n_gpus_per_node=2",
                                   "algorithm.use_kl_in_reward=False", "actor.use_kl_loss=False",
                                   "distillation.enabled=true",
                                   f"distillation.teacher_models.t.model_path={trained_tiny_model_dir}",
-                                  "distillation.distillation_loss.loss_mode=k1",
-                                  "distillation.distillation_loss.use_policy_gradient=true"))
+                                  *(f"distillation.distillation_loss.{k}" for k in LOSSES[loss])))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
     local = Worker(spec)
     local.setup()
@@ -265,11 +270,20 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
         batch.old_log_probs = local.compute_log_probs(batch, "policy")
         batch.teacher_log_probs = local.compute_log_probs(batch, "teacher")
         assert torch.allclose(group.compute_log_probs(batch, "teacher"), batch.teacher_log_probs, atol=1e-5)
+        if loss == "kl_topk":
+            sampled, batch.teacher_topk_log_probs, batch.teacher_topk_ids = local.compute_teacher_topk(batch, 8)
+            got = group.compute_teacher_topk(batch, 8)
+            assert torch.allclose(sampled, batch.teacher_log_probs, atol=1e-5)
+            assert torch.allclose(got[0], sampled, atol=1e-5) and torch.allclose(got[1], batch.teacher_topk_log_probs,
+                                                                                  atol=1e-5)
+            real = batch.response_mask.bool()
+            assert torch.equal(got[2][real], batch.teacher_topk_ids[real])
         assert not torch.allclose(batch.teacher_log_probs, batch.old_log_probs, atol=1e-2)  # another model
         batch.advantages = torch.zeros(batch.responses.shape)  # the reward plays no part (use_task_rewards=false)
         m_local, m_group = local.train_step(batch), group.train_step(batch)
         assert m_group["actor/grad_norm"] == pytest.approx(m_local["actor/grad_norm"], rel=1e-4)
         assert m_group["distillation/reverse_kl"] == pytest.approx(m_local["distillation/reverse_kl"], rel=1e-4)
+        assert m_group["distillation/loss"] == pytest.approx(m_local["distillation/loss"], rel=1e-4)
         full, own = group.full_state_dict(), dict(local.policy.state_dict())
         assert max((own[k] - full[k]).abs().max().item() for k in own) < 1e-5
     finally:

@@ -17,6 +17,7 @@ adjacent). P = padded prompt length, R = padded response length.
     weight_versions [N, R]    in-flight weight updates: the weights version that chose each token
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs / teacher_log_probs (distillation) /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
+    teacher_topk_log_probs / teacher_topk_ids   [N, R, k]  distillation's top-k modes: the teacher's k likeliest
 
 Per-sequence Python lists (data_source, ground_truth, extra_info,
 response_text) travel alongside and are sliced with the tensors.
@@ -57,6 +58,8 @@ class RolloutBatch:
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     teacher_log_probs: torch.Tensor | None = None  # on-policy distillation: the teacher's, of the sampled tokens
+    teacher_topk_log_probs: torch.Tensor | None = None  # [N, R, k] the top-k modes: the teacher's k likeliest tokens'
+    teacher_topk_ids: torch.Tensor | None = None  # [N, R, k] (int32) their ids
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -200,6 +200,10 @@ def check_teacher(cfg, tokenizer) -> None:
         raise ConfigError(f"distillation.teacher_models.{name}.model_path={path}: its tokenizer's vocabulary differs "
                           "from the student's; the teacher scores the student's token ids, so it needs the same "
                           "tokenizer (a teacher of the same model family)")
+    k, loss = cfg.distillation.distillation_loss.topk, cfg.distillation.distillation_loss
+    if loss.loss_mode.endswith("_topk") and k > len(tokenizer):
+        raise ConfigError(f"distillation.distillation_loss.topk={k} is more than the vocabulary's {len(tokenizer)} "
+                          "tokens; set it at most that")
 
 
 def hold_out(train, val, share: float, seed: int | None, max_samples: int | None = None):

@@ -21,6 +21,7 @@ from posttrain.algorithms import (
     NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
     pf_ppo_weights, truncated_rows,
 )
+from posttrain.algorithms.distill import TOPK_MODES
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
@@ -139,7 +140,12 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")
     if cfg.distillation.enabled:  # on-policy distillation: the teacher scores the student's own samples
         with timed(m, "teacher"):
-            batch.teacher_log_probs = run.actor.compute_log_probs(batch, "teacher")
+            k = cfg.distillation.distillation_loss.topk
+            if cfg.distillation.distillation_loss.loss_mode in TOPK_MODES:  # also its k likeliest tokens, each position
+                batch.teacher_log_probs, batch.teacher_topk_log_probs, batch.teacher_topk_ids = \
+                    run.actor.compute_teacher_topk(batch, k)
+            else:
+                batch.teacher_log_probs = run.actor.compute_log_probs(batch, "teacher")
     if run.has_critic:
         with timed(m, "values"):
             batch.values = run.actor.compute_values(batch)

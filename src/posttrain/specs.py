@@ -133,7 +133,8 @@ def distill_settings(cfg) -> DistillSettings | None:
     d = cfg.distillation.distillation_loss
     return DistillSettings(loss_mode=d.loss_mode, use_policy_gradient=d.use_policy_gradient,
                            use_task_rewards=d.use_task_rewards, coef=d.distillation_loss_coef,
-                           loss_max_clamp=d.loss_max_clamp, log_prob_min_clamp=d.log_prob_min_clamp)
+                           loss_max_clamp=d.loss_max_clamp, log_prob_min_clamp=d.log_prob_min_clamp, topk=d.topk,
+                           kl_type=d.kl_type, mixed_kl_weight=d.mixed_kl_weight, zero_outside_topk=d.zero_outside_topk)
 
 
 def teacher_spec(cfg) -> TeacherSpec | None:

@@ -33,7 +33,7 @@ from posttrain.training.actor import (
     make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
 )
 from posttrain.training.fused import check_fusable
-from posttrain.training.logprobs import compute_log_probs
+from posttrain.training.logprobs import compute_log_probs, compute_topk_log_probs
 from posttrain.worker_spec import CriticSpec, WorkerSpec
 
 
@@ -247,6 +247,15 @@ class Worker:
         options = s.update.pass_options(compile=None if which == "policy" else s.ref.torch_compile, sp=self.sp)
         with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
+
+    def compute_teacher_topk(self, batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
+        likeliest tokens' log-probs [N, R, k] and ids [N, R, k])."""
+        t = self.spec.teacher
+        options = self.spec.update.pass_options(compile=False, sp=self.sp)
+        with self.autocast():
+            return compute_topk_log_probs(self.teacher, batch, k, t.log_prob_micro_batch_size, self.spec.temperature,
+                                          options=options, max_tokens=t.log_prob_max_tokens)
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,

@@ -16,6 +16,17 @@ loss added times distillation_loss_coef; without, the distillation loss alone tr
 
     s = DistillSettings(loss_mode="k1", use_policy_gradient=True)
     d = token_divergence(student_lp, teacher_lp, s)         # [n, R]
+
+The top-k modes compare whole next-token distributions on the teacher's k most likely tokens at each position
+(the teacher's pass keeps their ids and log-probs; the student's log-probs are gathered at those ids), always as a
+direct loss:
+
+- forward_kl_topk (verl): sum over the k of p_t (log p_t - log p_s), both log-probs over the whole vocabulary
+  (the k carry less than all the mass, so a token's term may be negative: the sum is clamped at 0);
+- kl_topk (NeMo-RL's distillation loss): the teacher's top-k renormalised to a distribution over the k, against
+  the student's renormalised over the same k (or, with zero_outside_topk, the student's own probabilities, the
+  teacher's taken as e^-100 outside the k), KL forward (teacher || student), reverse (student || teacher) or mixed
+  (mixed_kl_weight x forward + (1 - mixed_kl_weight) x reverse).
 """
 
 from __future__ import annotations
@@ -26,8 +37,11 @@ import torch
 
 from posttrain.algorithms.kl import kl_penalty
 
-# the estimators of the sampled tokens' log-probs (verl's also has top-k modes over whole distributions)
+# the estimators of the sampled tokens' log-probs
 LOSS_MODES = ("k1", "kl", "abs", "mse", "k2", "low_var_kl", "k3")
+TOPK_MODES = ("forward_kl_topk", "kl_topk")  # over the teacher's top-k tokens' distribution (the teacher's pass keeps k)
+KL_TYPES = ("forward", "reverse", "mixed")  # kl_topk's direction
+LOG_INFINITESIMAL = -100.0  # kl_topk with zero_outside_topk: the teacher's log-prob outside its top k (NeMo-RL's)
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,14 @@ class DistillSettings:
     coef: float = 1.0  # distillation_loss_coef: the distillation loss's weight beside the task's (use_task_rewards)
     loss_max_clamp: float | None = None  # each token's divergence at most this
     log_prob_min_clamp: float | None = None  # both log-probs at least this (a token the teacher finds impossible)
+    topk: int | None = None  # the top-k modes: the teacher's k most likely tokens at each position
+    kl_type: str = "mixed"  # kl_topk: forward | reverse | mixed
+    mixed_kl_weight: float = 0.5  # kl_topk mixed: the forward KL's weight
+    zero_outside_topk: bool = False  # kl_topk: the student's probabilities as they are, the teacher's 0 outside k
+
+    @property
+    def uses_topk(self) -> bool:
+        return self.loss_mode in TOPK_MODES
 
 
 def token_divergence(student_lp: torch.Tensor, teacher_lp: torch.Tensor, s: DistillSettings) -> torch.Tensor:
@@ -51,7 +73,40 @@ def token_divergence(student_lp: torch.Tensor, teacher_lp: torch.Tensor, s: Dist
         student_lp = student_lp.clamp(min=s.log_prob_min_clamp)
         teacher_lp = teacher_lp.clamp(min=s.log_prob_min_clamp)
     d = kl_penalty(student_lp, teacher_lp, s.loss_mode)
-    return d.clamp(max=s.loss_max_clamp) if s.loss_max_clamp is not None else d
+    return _clamped(d, s)
+
+
+def _clamped(d: torch.Tensor, s: DistillSettings) -> torch.Tensor:
+    """loss_max_clamp on both sides, as verl clamps (k1 may be negative)."""
+    return d.clamp(-s.loss_max_clamp, s.loss_max_clamp) if s.loss_max_clamp is not None else d
+
+
+def topk_divergence(student_topk_lp: torch.Tensor, teacher_topk_lp: torch.Tensor, s: DistillSettings,
+                    student_neg_entropy: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-position divergence [n, R] of the top-k modes (module docstring). student_topk_lp, teacher_topk_lp
+    [n, R, k]: each model's log-probs over the whole vocabulary at the teacher's top-k ids; student_neg_entropy
+    [n, R]: sum over the vocabulary of p_s log p_s (kl_topk with zero_outside_topk, reverse or mixed only).
+
+    Example, forward_kl_topk with k = 2: teacher log-probs [log 0.5, log 0.3], student [log 0.25, log 0.25]
+    -> 0.5 log 2 + 0.3 log 1.2 = 0.401. kl_topk forward renormalises both over the k first: teacher [0.625,
+    0.375], student [0.5, 0.5] -> 0.625 log 1.25 + 0.375 log 0.75 = 0.0316."""
+    t, st = teacher_topk_lp.float(), student_topk_lp.float()
+    if s.loss_mode == "forward_kl_topk":
+        if s.log_prob_min_clamp is not None:
+            t, st = t.clamp(min=s.log_prob_min_clamp), st.clamp(min=s.log_prob_min_clamp)
+        return _clamped((t.exp() * (t - st)).sum(-1).clamp(min=0.0), s)
+    if s.loss_mode != "kl_topk":
+        raise ValueError(f"distillation loss_mode {s.loss_mode!r} is not one of the top-k modes {TOPK_MODES}")
+    t = torch.log_softmax(t, dim=-1)  # the teacher's distribution over its top k
+    if not s.zero_outside_topk:
+        st = torch.log_softmax(st, dim=-1)
+    forward = (t.exp() * (t - st)).sum(-1)
+    reverse = (st.exp() * (st - t)).sum(-1)
+    if s.zero_outside_topk and s.kl_type != "forward":  # the student's mass outside the k, the teacher's ~0 there
+        rest_neg_entropy = student_neg_entropy - (st.exp() * st).sum(-1)
+        reverse = reverse + rest_neg_entropy - LOG_INFINITESIMAL * (1.0 - st.exp().sum(-1))
+    w = {"forward": 1.0, "reverse": 0.0}.get(s.kl_type, s.mixed_kl_weight)
+    return _clamped(w * forward + (1.0 - w) * reverse, s)
 
 
 def distillation_advantages(old_lp: torch.Tensor, teacher_lp: torch.Tensor, mask: torch.Tensor,

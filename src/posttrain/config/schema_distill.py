@@ -9,8 +9,9 @@ from typing import Any, Dict, Optional
 
 @dataclass
 class DistillationLossConfig:
-    # the per-token divergence of the sampled tokens: k1 | kl | abs | mse | k2 | low_var_kl | k3 (verl's
-    # forward_kl_topk / reverse_kl_topk / jsd_topk need the teacher's top-k logits: refused)
+    # the per-token divergence of the sampled tokens: k1 | kl | abs | mse | k2 | low_var_kl | k3; or of the
+    # teacher's top-k distribution at each position: forward_kl_topk (verl's) | kl_topk (NeMo-RL's, kl_type below)
+    # (verl's reverse_kl_topk / jsd_topk also need the student's own top k: refused)
     loss_mode: str = "k3"
     # false: the divergence is the loss (its gradient through the student's log-probs); true: minus the
     # divergence is each token's advantage in the policy loss (Thinking Machines' on-policy distillation)
@@ -19,7 +20,10 @@ class DistillationLossConfig:
     distillation_loss_coef: float = 1.0
     loss_max_clamp: Optional[float] = None  # each token's divergence at most this
     log_prob_min_clamp: Optional[float] = None  # both log-probs at least this
-    topk: Optional[int] = None  # verl's top-k modes only
+    topk: Optional[int] = None  # the top-k modes: the teacher's k likeliest tokens at each position
+    kl_type: str = "mixed"  # kl_topk (NeMo-RL's loss_fn.kl_type): forward | reverse | mixed
+    mixed_kl_weight: float = 0.5  # kl_topk mixed: the forward KL's weight, the reverse's 1 - it
+    zero_outside_topk: bool = False  # kl_topk: the student's probabilities unrenormalised, the teacher's ~0 outside k
     jsd_beta: float = 0.5  # verl's jsd_topk only
     policy_loss_mode: Optional[str] = None  # the policy loss of use_policy_gradient; null: actor.policy_loss's
 

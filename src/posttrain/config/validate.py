@@ -12,7 +12,9 @@ from __future__ import annotations
 import warnings
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
+from posttrain.algorithms.distill import KL_TYPES as DISTILL_KL_TYPES
 from posttrain.algorithms.distill import LOSS_MODES as DISTILL_LOSS_MODES
+from posttrain.algorithms.distill import TOPK_MODES
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
                                      positive_or_null, printable, repr_cut, warmup_start_factor)
@@ -410,11 +412,25 @@ def validate_distillation(cfg: Config) -> None:
     [(name, teacher)] = d.teacher_models.items()
     need(isinstance(teacher, dict) and bool(teacher.get("model_path")),
           f"distillation.teacher_models.{name}.model_path is not set: the teacher's Hugging Face model directory")
-    topk = loss.loss_mode.endswith("_topk")
-    need(not topk, f"distillation.distillation_loss.loss_mode={loss.loss_mode}: the top-k modes need the teacher's "
-          "top-k logits, not supported yet; k1 with use_policy_gradient=true (the reverse KL's policy gradient) or "
-          "k3 (a direct loss) use the sampled tokens' log-probs")
-    choice("distillation.distillation_loss.loss_mode", loss.loss_mode, DISTILL_LOSS_MODES)
+    key = "distillation.distillation_loss"
+    need(loss.loss_mode not in ("reverse_kl_topk", "jsd_topk"),
+         f"{key}.loss_mode={loss.loss_mode} needs the student's own top-k tokens beside the teacher's, not supported; "
+         f"forward_kl_topk, or kl_topk with {key}.kl_type=reverse|mixed, compare the distributions on the teacher's "
+         "top k")
+    choice(f"{key}.loss_mode", loss.loss_mode, DISTILL_LOSS_MODES + TOPK_MODES)
+    if loss.loss_mode in TOPK_MODES:
+        need(isinstance(loss.topk, int) and loss.topk >= 1,
+             f"{key}.topk={loss.topk}: loss_mode={loss.loss_mode} needs the number of the teacher's likeliest tokens "
+             "kept at each position (e.g. 64)")
+        need(not loss.use_policy_gradient, f"{key}.loss_mode={loss.loss_mode} is a direct loss over the top-k "
+             f"distribution; set {key}.use_policy_gradient=false (k1 with it true is the policy-gradient form)")
+        choice(f"{key}.kl_type", loss.kl_type, DISTILL_KL_TYPES)
+        need(0.0 <= loss.mixed_kl_weight <= 1.0, f"{key}.mixed_kl_weight={loss.mixed_kl_weight} must be in [0, 1]")
+        need(not cfg.model.use_fused_kernels, f"{key}.loss_mode={loss.loss_mode} needs the student's logits, which "
+             "model.use_fused_kernels=true never forms; set it to false")
+        need(cfg.actor.ulysses_sequence_parallel_size == 1, f"{key}.loss_mode={loss.loss_mode} with "
+             f"actor.ulysses_sequence_parallel_size={cfg.actor.ulysses_sequence_parallel_size} is not supported; "
+             "set it to 1 (or use a loss of the sampled tokens, e.g. k1 with use_policy_gradient=true)")
     mode = loss.policy_loss_mode
     need(mode is None or mode == cfg.actor.policy_loss.loss_mode or (mode == "vanilla"),
           f"distillation.distillation_loss.policy_loss_mode={mode} differs from actor.policy_loss.loss_mode="

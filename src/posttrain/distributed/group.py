@@ -97,22 +97,32 @@ class WorkerGroup:
     def compute_values(self, batch) -> torch.Tensor:
         return self._per_row("compute_values", batch)
 
+    def compute_teacher_topk(self, batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._per_row("compute_teacher_topk", batch, k)
+
     @property
     def sp(self) -> int:
         """Workers per sequence-parallel group: they take the same rows (Ulysses splits their positions)."""
         return self.spec.sequence_parallel
 
-    def _per_row(self, verb: str, batch, *args) -> torch.Tensor:
-        """A no-grad pass giving [N, R]: rows balanced by tokens over the
+    def _per_row(self, verb: str, batch, *args):
+        """A no-grad pass giving [N, R, ...] (or a tuple of such): rows balanced by tokens over the
         workers (over the sequence-parallel groups: each group's first answers)."""
         lengths = batch.attention_mask.sum(-1).tolist()
         parts = balanced_partition(lengths, self.world_size // self.sp)
         outs = self._call_all_with(verb, [(tensors_only(batch.select(parts[w // self.sp])), *args)
-                                          for w in range(self.world_size)])
-        result = torch.zeros(batch.responses.shape, dtype=torch.float32)
-        for rows, out in zip(parts, outs[::self.sp]):
-            result[torch.tensor(rows)] = out
-        return result
+                                          for w in range(self.world_size)])[::self.sp]
+        pairs = [(torch.tensor(rows), out) for rows, out in zip(parts, outs) if rows]
+
+        def joined(pieces):  # each worker's rows back in the batch's order
+            whole = torch.zeros((len(batch), *pieces[0][1].shape[1:]), dtype=pieces[0][1].dtype)
+            for rows, piece in pieces:
+                whole[rows] = piece
+            return whole
+
+        if isinstance(pairs[0][1], tuple):
+            return tuple(joined([(rows, out[j]) for rows, out in pairs]) for j in range(len(pairs[0][1])))
+        return joined(pairs)
 
     def train_step(self, batch) -> dict[str, float]:
         return self._data_parallel("train_step", batch, self.spec.update.mini_batch_size,

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence
+from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence, topk_divergence
 from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss, get_policy_loss
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
-from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches
+from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches, topk_stats
 
 
 @dataclass(frozen=True)
@@ -153,9 +153,14 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     are this forward's own, detached: the ratio is 1 and its gradient that of
     the log-prob, as with a separate no-grad pass over the same weights."""
     mask = mb.response_mask.to(device)
+    topk = None
     # the entropy is reported either way; it is in the graph only as a bonus in the loss
-    log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
-                                                  entropy_grad=s.entropy_coeff != 0)  # [n, R] each
+    if s.distill is not None and s.distill.uses_topk:  # also the student's log-probs at the teacher's top-k ids
+        log_prob, entropy_tok, *topk = topk_stats(model, mb, device, s.temperature, s.pass_options(sp=sp),
+                                                  mb.teacher_topk_ids, entropy_grad=s.entropy_coeff != 0)
+    else:
+        log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
+                                                      entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
     weights, corr_metrics = is_weights(mb, log_prob, mask, s.bypass_correction, device,
                                        weigh=s.loss_mode == "gpg")
@@ -172,8 +177,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
 
     distill_metrics = {}
     if s.distill is not None:
-        loss, distill_metrics = distilled(loss, log_prob, old_log_prob, mb.teacher_log_probs.to(device), mask,
-                                          weights, s, agg)
+        loss, distill_metrics = distilled(loss, log_prob, old_log_prob, mb, mask, weights, s, agg, device, topk)
 
     if s.entropy_coeff != 0:
         entropy = agg(entropy_tok)
@@ -199,11 +203,20 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
     return loss, metrics
 
 
-def distilled(task_loss, log_prob, old_log_prob, teacher_lp, mask, weights, s: UpdateSettings, agg):
+def distilled(task_loss, log_prob, old_log_prob, mb, mask, weights, s: UpdateSettings, agg, device, topk=None):
     """The loss with on-policy distillation (algorithms/distill.py): the distillation loss alone, or added to
-    the task's times its coefficient (use_task_rewards). -> (loss, distillation/* metrics)."""
-    d = s.distill
-    if d.use_policy_gradient:  # -divergence as each token's advantage, in the policy loss
+    the task's times its coefficient (use_task_rewards). `topk`: the top-k modes' student log-probs at the
+    teacher's ids [n, R, k] and sum of p log p [n, R]. -> (loss, distillation/* metrics)."""
+    d, teacher_lp = s.distill, mb.teacher_log_probs.to(device)
+    extra = {}
+    if topk is not None:  # a direct loss over the teacher's top-k distribution
+        student_topk, neg_entropy = topk
+        teacher_topk = mb.teacher_topk_log_probs.to(device)
+        distill = agg(topk_divergence(student_topk, teacher_topk, d, neg_entropy))
+        with torch.no_grad():  # how much of each model's probability the k hold
+            extra = {"distillation/teacher_mass": agg(teacher_topk.exp().sum(-1)).item(),
+                     "distillation/student_mass": agg(student_topk.exp().sum(-1)).item()}
+    elif d.use_policy_gradient:  # -divergence as each token's advantage, in the policy loss
         advantages = distillation_advantages(old_log_prob, teacher_lp, mask, d)
         distill = get_policy_loss(s.loss_mode)(
             old_log_prob, log_prob, advantages, mask, clip_ratio_low=s.clip_ratio_low,
@@ -214,7 +227,7 @@ def distilled(task_loss, log_prob, old_log_prob, teacher_lp, mask, weights, s: U
     loss = task_loss + d.coef * distill if d.use_task_rewards else distill
     with torch.no_grad():
         reverse_kl = agg(log_prob - teacher_lp)  # k1 on the student's own samples: the reverse KL's estimate
-    return loss, {"distillation/loss": distill.item(), "distillation/reverse_kl": reverse_kl.item()}
+    return loss, {"distillation/loss": distill.item(), "distillation/reverse_kl": reverse_kl.item(), **extra}
 
 
 def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,

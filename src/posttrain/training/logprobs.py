@@ -29,7 +29,7 @@ from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.kv import CACHE, cache_of
 from posttrain.training.fused import stats_head
 
-FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R]
+FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R, ...]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def trim_padding(mb):
     cut = {}
     for f in dataclasses.fields(mb):
         value = getattr(mb, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() == 2:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:  # [N, R, k]: the teacher's top-k, cut as [N, R]
             cut[f.name] = value[:, left:prompt_width + keep_r] if f.name in FULL_WIDTH else value[:, :keep_r]
     return dataclasses.replace(mb, **cut)
 
@@ -273,6 +273,47 @@ def _sequence_parallel_stats(model, mb, device, temperature, options, with_entro
     cols = slice(prompt_width - 1, prompt_width - 1 + width)  # the positions that predict the response
     log_prob = ulysses.gather(log_prob, sp)[:, cols]
     return log_prob, ulysses.gather(entropy, sp)[:, cols] if with_entropy else None
+
+
+def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk_ids: torch.Tensor,
+               entropy_grad: bool = False):
+    """The training pass of the top-k distillation modes (algorithms/distill.py), all over the whole vocabulary:
+    -> (log p(token) [n, R], entropy [n, R] (with a gradient only with `entropy_grad`), log p at `topk_ids`
+    [n, R, k], sum of p log p [n, R] with its gradient)."""
+    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
+    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model))
+    log_p = torch.log_softmax(logits, dim=-1)  # [n, R, V]
+    log_prob = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1)
+    neg_entropy = (log_p.exp() * log_p).sum(-1)
+    entropy = -neg_entropy if entropy_grad else -neg_entropy.detach()
+    return log_prob, entropy, log_p.gather(-1, topk_ids.to(device).long()), neg_entropy
+
+
+@torch.no_grad()
+def compute_topk_log_probs(model, batch, k: int, micro_batch_size: int, temperature: float = 1.0,
+                           options: PassOptions = PassOptions(), max_tokens: int | None = None):
+    """The teacher's pass of the top-k distillation modes, in micro-batches, no grad: -> (log p(token) [N, R],
+    the log-probs of the k most likely tokens at each response position [N, R, k], most likely first, and their
+    ids [N, R, k] (int32)); 0 (and id 0) on the columns a trimmed micro-batch left out."""
+    was_training = model.training
+    model.eval()
+    device = compute_device(model)
+    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
+    top_lp = torch.zeros((*batch.responses.shape, k), dtype=torch.float32)
+    top_ids = torch.zeros((*batch.responses.shape, k), dtype=torch.int32)
+    try:
+        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+            args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
+                    mb.response_length)
+            log_p = torch.log_softmax(response_logits(model, *args, temperature, options.share_prompt and
+                                                      can_share_prompt(model)), dim=-1)
+            width = mb.response_length
+            log_probs[rows, :width] = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1).cpu()
+            values, ids = log_p.topk(k, dim=-1)
+            top_lp[rows, :width], top_ids[rows, :width] = values.cpu(), ids.to(torch.int32).cpu()
+    finally:
+        model.train(was_training)
+    return log_probs, top_lp, top_ids
 
 
 def can_share_prompt(model) -> bool:
