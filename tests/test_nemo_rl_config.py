@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.config import nemo_rl
 from posttrain.arguments import split_train_args
@@ -47,8 +48,9 @@ EXAMPLE_OUTCOMES = {
     "sft_vlm_3B": "data.train.dataset_name",
     "sft_openmathinstruct2": "policy.tokenizer.name", "sft_openmathinstruct2_megatron": "policy.tokenizer.name",
     "dpo": "dpo", "rm": "rm",
-    "distillation_math": "distillation", "distillation_math_megatron": "distillation",
-    "xtoken_off_policy_distillation": "distillation", "xtoken_multiteacher_off_policy_distillation": "distillation",
+    "distillation_math": "policy.dtensor_cfg.tensor_parallel_size",  # with it and context_parallel_size at 1
+    "distillation_math_megatron": "policy.dtensor_cfg.tensor_parallel_size",  # and the FSDP2 switch
+    "xtoken_off_policy_distillation": "teachers", "xtoken_multiteacher_off_policy_distillation": "teachers",
     "audio_grpo_3B_megatron": "env", "vlm_grpo_3B": "env", "vlm_grpo_3B_megatron": "env",
 }
 
@@ -579,3 +581,54 @@ def test_chat_template_kwargs_pass_on_as_one_mapping(tmp_path):
     f = tmp_path / "grpo.yaml"
     f.write_text("policy:\n  tokenizer:\n    chat_template_kwargs:\n      enable_thinking: false\n")
     assert layer(str(f))["data.apply_chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
+    """distillation_math.yaml: distillation.* read as grpo.*'s layout, loss_fn.* the KL over the teacher's top-k
+    logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. With the policy's tensor and context
+    parallel sizes at 1 it runs two steps on the tiny model, distilled from its number-guessing variant, one sample a
+    prompt as the file says; the loss is the top-k KL alone, logged beside the reward it does not train on."""
+    from posttrain.build import build_run
+    from posttrain.data.preprocess import arith
+    from posttrain.loop import train
+    from posttrain.models import shipped
+
+    path = tmp_path / "distillation_math.yaml"
+    path.write_text(json.dumps(examples()["configs"]["distillation_math.yaml"]))  # JSON is YAML
+    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2 .*set it to 1"):
+        load_config(str(path), [])
+    single = ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.context_parallel_size=1"]
+    cfg = load_config(str(path), single)
+    d, loss = cfg.distillation, cfg.distillation.distillation_loss
+    assert d.enabled and d.teacher_models == {"teacher": {"model_path": "Qwen/Qwen3-4B"}}
+    assert (loss.loss_mode, loss.topk, loss.kl_type, loss.mixed_kl_weight, loss.zero_outside_topk) == \
+        ("kl_topk", 64, "mixed", 0.5, False)
+    assert not loss.use_task_rewards and not loss.use_policy_gradient
+    assert (cfg.rollout.n, cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size) == (1, 128, 64)
+    assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.actor.lr) == (1000, 20, 2e-5)
+    for bad, said in (("loss_fn.kl_type=both", r"loss_fn\.kl_type=both .* not one of: forward, reverse, mixed"),
+                      ("++loss_fn.ratio_clip_min=0.2", r"'loss_fn\.ratio_clip_min' .* takes kl_type"),
+                      ("policy.dtensor_cfg.context_parallel_size=2", r"^policy\.dtensor_cfg\.context_parallel_size=2"),
+                      ("teacher.tokenizer.name=other", r"^teacher\.tokenizer\.name=other"),
+                      ("++teachers=[{model_name: x}]", r"^teachers .*cross-tokenizer off-policy distillation")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(str(path), [*single, bad] if "context" not in bad else [single[0], bad])
+    train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
+    small = [*single, "distillation.num_prompts_per_step=8", "distillation.max_num_steps=2",
+             "distillation.val_period=2", "distillation.topk_logits_k=8", "loss_fn.kl_type=reverse",
+             "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
+             "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",
+             "teacher.precision=float32", f"teacher.model_name={shipped.games_model()}", "checkpointing.enabled=false",
+             "cluster.gpus_per_node=1", "teacher.logprob_batch_size=8",
+             f"logger.log_dir={tmp_path / 'logs'}", f"model.path={trained_tiny_model_dir}",
+             f"trainer.run_dir={tmp_path / 'run'}", f"data.train_files=[{train_file}]", f"data.val_files=[{test_file}]",
+             "data.prompt_file=null", "data.max_response_length=4"]  # posttrain's keys mix in
+    cfg = load_config(str(path), small)
+    assert (cfg.distillation.distillation_loss.kl_type, cfg.distillation.log_prob_micro_batch_size) == ("reverse", 8)
+    run = build_run(cfg)
+    before = {n: p.detach().clone() for n, p in run.actor.policy.named_parameters()}
+    assert train(run)["steps"] == 2
+    assert any(not torch.equal(before[n], p.detach()) for n, p in run.actor.policy.named_parameters())
+    steps = [x for x in read_metrics(tmp_path / "run") if "distillation/loss" in x]
+    assert len(steps) == 2 and all(x["distillation/loss"] > 0 and "critic/score/mean" in x for x in steps)
+    assert any("val/score/mean" in x for x in read_metrics(tmp_path / "run"))

@@ -9,13 +9,13 @@ The guide docs/coming-from-nemo-rl.md lists the same keys for people.
 
 # top-level sections only NeMo-RL has (posttrain and verl have `data` too)
 SECTIONS = ("grpo", "loss_fn", "policy", "checkpointing", "cluster", "logger", "env", "reward_penalties",
-            "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo", "value", "value_loss_fn")
+            "data_plane", "on_policy_distillation", "sft", "dpo", "rm", "distillation", "ppo", "value", "value_loss_fn",
+            "teacher", "teachers")
 # NeMo-RL's other trainers, each known by its own section: what a file with one runs (refused by posttrain train)
 OTHER_TRAINERS = {
     "sft": "NeMo-RL's supervised fine-tuning (examples/run_sft.py; `posttrain sft --config FILE` reads it)",
     "dpo": "NeMo-RL's DPO (examples/run_dpo.py)",
     "rm": "NeMo-RL's reward-model training (examples/run_rm.py)",
-    "distillation": "NeMo-RL's distillation (examples/run_distillation*.py)",
 }
 # a PPO file's value.* (the critic), translated as a policy section: its posttrain keys -> the critic's
 VALUE_KEYS = {
@@ -145,7 +145,7 @@ TUNING = (
     "policy.generation.vllm_cfg.use_deep_gemm", "policy.generation.vllm_cfg.num_last_layers_in_bf16",
     "policy.generation.vllm_cfg.num_first_layers_in_bf16", "policy.generation.vllm_cfg.logprobs_mode",
     "policy.generation.vllm_cfg.precision", "policy.generation.vllm_cfg.skip_tokenizer_init",
-    "policy.generation.vllm_cfg.load_format", "policy.generation_batch_size", "policy.logprob_chunk_size",
+    "policy.generation.vllm_cfg.load_format", "policy.generation.vllm_cfg.distributed_executor_backend", "policy.generation_batch_size", "policy.logprob_chunk_size",
     "policy.offload_optimizer_for_logprob", "policy.make_sequence_length_divisible_by",
     "policy.tokenizer.use_fastokens", "policy.dtensor_cfg._v2", "policy.dtensor_cfg.automodel_kwargs.*",
     "policy.dtensor_cfg.clear_cache_every_n_steps", "policy.dtensor_cfg.env_vars.*",

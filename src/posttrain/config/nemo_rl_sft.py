@@ -24,7 +24,7 @@ from typing import Any, Container
 
 from posttrain.config.checks import clipped, printable
 from posttrain.config.nemo_rl_keys import OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
-from posttrain.config.nemo_rl_translate import _checkpointing_and_logger, _Leaves, _policy
+from posttrain.config.nemo_rl_policy import Leaves, checkpointing_and_logger, policy
 from posttrain.errors import ConfigError
 
 # NeMo-RL's chat_template: null (transformers' tokenizer gets this passthrough template; nemo_rl/data/chat_templates.py)
@@ -81,7 +81,7 @@ def translate_sft(tree: dict, origin: str, given: Container[str] = ()) -> dict[s
     for section in tree:
         if section not in SECTIONS and section != "defaults":
             raise ConfigError(_foreign(section, origin))
-    f = _Leaves(tree)
+    f = Leaves(tree)
     out: dict[str, Any] = {}
     for section, why in SWITCHED.items():
         if f.get(f"{section}.enabled") is True:
@@ -93,7 +93,7 @@ def translate_sft(tree: dict, origin: str, given: Container[str] = ()) -> dict[s
     _sft(f, out, origin)
     _parallel(f, origin)
     rows = f.flat.pop("policy.train_global_batch_size", None)  # rows here, not GRPO's samples: read above
-    _policy(f, out, origin)
+    policy(f, out, origin)
     if rows is not None:
         f.flat["policy.train_global_batch_size"] = rows
     for key in [k for k in out if k.startswith(("rollout.", "ref."))]:
@@ -101,7 +101,7 @@ def translate_sft(tree: dict, origin: str, given: Container[str] = ()) -> dict[s
     _schedule(f, out)
     _chat_template(f, out)
     _metric_name(f, origin)
-    _checkpointing_and_logger(f, out, origin)
+    checkpointing_and_logger(f, out, origin)
     _data(f, out, origin, given)
     unused = []
     for key, (allowed, why) in UNUSED.items():
@@ -124,7 +124,7 @@ def _foreign(section: str, origin: str) -> str:
             f"({', '.join(s + '.*' for s in SECTIONS)})")
 
 
-def _sft(f: _Leaves, out: dict, origin: str) -> None:
+def _sft(f: Leaves, out: dict, origin: str) -> None:
     if f.has("sft.max_num_epochs"):  # without max_num_steps the epochs alone bound the run, as in NeMo-RL
         out["trainer.total_epochs"] = f.get("sft.max_num_epochs")
     batches, rows = f.get("sft.val_batches"), f.get("sft.val_global_batch_size")
@@ -138,7 +138,7 @@ def _sft(f: _Leaves, out: dict, origin: str) -> None:
             out["data.val_max_samples"] = None
 
 
-def _parallel(f: _Leaves, origin: str) -> None:
+def _parallel(f: Leaves, origin: str) -> None:
     cp = f.get("policy.dtensor_cfg.context_parallel_size", 1)
     if cp not in (1, None):
         raise ConfigError(f"policy.dtensor_cfg.context_parallel_size={clipped(cp)} ({origin}): posttrain sft does "
@@ -146,7 +146,7 @@ def _parallel(f: _Leaves, origin: str) -> None:
                           "every worker)")
 
 
-def _schedule(f: _Leaves, out: dict) -> None:
+def _schedule(f: Leaves, out: dict) -> None:
     """A file that sets the optimizer sets the LR schedule too: NeMo-RL's is constant without policy.scheduler
     (posttrain sft's default is verl's warm-up and cosine)."""
     if not f.has("policy.optimizer.name"):
@@ -156,7 +156,7 @@ def _schedule(f: _Leaves, out: dict) -> None:
     out.setdefault("actor.lr_warmup_steps", 0)
 
 
-def _chat_template(f: _Leaves, out: dict) -> None:
+def _chat_template(f: Leaves, out: dict) -> None:
     """policy.tokenizer.chat_template: absent or "default": the tokenizer's own; null: NeMo-RL's passthrough
     template; else a Jinja template, or a path ending in .jinja (read when the run is built)."""
     if not f.has("policy.tokenizer.chat_template"):
@@ -168,7 +168,7 @@ def _chat_template(f: _Leaves, out: dict) -> None:
         out["data.custom_chat_template"] = template
 
 
-def _metric_name(f: _Leaves, origin: str) -> None:
+def _metric_name(f: Leaves, origin: str) -> None:
     """checkpointing.metric_name in NeMo-RL's SFT names (val:val_loss) -> the val:/train: + posttrain metric
     spelling the shared checkpointing translation reads."""
     name = f.flat.get("checkpointing.metric_name")
@@ -181,7 +181,7 @@ def _metric_name(f: _Leaves, origin: str) -> None:
                           "posttrain metric (val:val/loss)")
 
 
-def _data(f: _Leaves, out: dict, origin: str, given: Container[str]) -> None:
+def _data(f: Leaves, out: dict, origin: str, given: Container[str]) -> None:
     """data.train / data.validation (data.default filling what they leave out) -> posttrain sft's files, columns,
     held-out share and prompt file."""
     for split in ("train", "validation"):
@@ -263,7 +263,7 @@ def _named(split: str, name, columns: dict, origin: str) -> str:
             f"parquet rows with {what}{none}")
 
 
-def _left(f: _Leaves, origin: str) -> None:
+def _left(f: Leaves, origin: str) -> None:
     """Every leaf not read above: an "off" value, a tuning knob, or refused."""
     off = {**OFF, **SFT_OFF}
     for key, value in f.left().items():
