@@ -11,6 +11,7 @@ from posttrain.algorithms.distill import DistillSettings, distillation_advantage
 from posttrain.algorithms.losses import agg_loss
 from posttrain.build import build_run
 from posttrain.config import load_config
+from posttrain.config.schema_distill import teachers_of
 from posttrain.errors import ConfigError
 from posttrain.loop import train
 from posttrain.training.actor import distilled
@@ -170,9 +171,17 @@ def test_verls_keys_load_and_what_posttrain_cannot_honour_is_refused():
     with pytest.raises(ConfigError, match="model.use_fused_kernels=true never forms"):
         load_config(None, [*topk, "model.use_fused_kernels=true"])
     assert load_config(None, topk).distillation.distillation_loss.topk == 8
-    with pytest.raises(ConfigError, match="holds 2 teachers"):
-        load_config(None, ["distillation.enabled=true", "distillation.teacher_models.a.model_path=/a",
-                           "distillation.teacher_models.b.model_path=/b"])
+    # several teachers (verl's MOPD): each routed its rows by key; verl's empty teacher_model entry is left out
+    two = ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=null",
+           "distillation.teacher_models.a.model_path=/a", "distillation.teacher_models.a.key=openai/gsm8k",
+           "distillation.teacher_models.b.model_path=/b"]
+    assert teachers_of(load_config(None, two).distillation) == {"openai/gsm8k": {"model_path": "/a",
+                                                                               "key": "openai/gsm8k"},
+                                                                "b": {"model_path": "/b"}}
+    with pytest.raises(ConfigError, match="two teachers share the routing key 'b'"):
+        load_config(None, [*two, "distillation.teacher_models.a.key=b"])
+    with pytest.raises(ConfigError, match=r"loss_mode=k1 as a direct loss .*use_policy_gradient=true"):
+        load_config(None, [*one, "distillation.distillation_loss.loss_mode=k1"])
     with pytest.raises(ConfigError, match="teacher_models.a.model_path is not set"):
         load_config(None, ["distillation.enabled=true", "distillation.teacher_models.a.key=x"])
 
@@ -226,3 +235,47 @@ def test_a_student_moves_toward_its_teachers_top_k(tmp_path, data, trained_tiny_
     loss, kl = [x["distillation/loss"] for x in lines], [x["distillation/reverse_kl"] for x in lines]
     assert sum(loss[-2:]) < 0.75 * sum(loss[:2]) and sum(kl[-2:]) < sum(kl[:2])
     assert all(0 < x["distillation/teacher_mass"] <= 1 and 0 < x["distillation/student_mass"] <= 1 for x in lines)
+
+
+def test_several_teachers_each_score_the_rows_routed_to_them(tmp_path, trained_tiny_model_dir):
+    """verl's MOPD: two teachers, each with a key; a row goes to the teacher whose key is the row's
+    distillation.teacher_key value (here a field of extra_info). Their log-probs land on their own rows, a row no
+    teacher claims is refused by name, and a run with both trains."""
+    from posttrain.batch import RolloutBatch
+    from posttrain.data.schema import write_rows
+    from posttrain.loop import teacher_pass
+    from posttrain.models import shipped
+    from posttrain.rollout.base import SamplingParams
+
+    from helpers import embedded_rows
+
+    rows = embedded_rows()[:12]
+    for i, row in enumerate(rows):
+        row["extra_info"]["teacher"] = "games" if i % 2 else "arith"
+    write_rows(rows[:8], tmp_path / "train.parquet")
+    write_rows(rows[8:], tmp_path / "val.parquet")
+    teachers = ["distillation.enabled=true", "distillation.teacher_key=teacher",
+                f"distillation.teacher_models.g.model_path={shipped.games_model()}",
+                "distillation.teacher_models.g.key=games",
+                f"distillation.teacher_models.a.model_path={trained_tiny_model_dir}",
+                "distillation.teacher_models.a.key=arith",
+                "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"]
+    run = build_run(load_config(None, small_run_overrides(trained_tiny_model_dir, tmp_path, tmp_path / "r", 2,
+                                                          *teachers)))
+    out = run.actor.generate([[5 + i, 6, 7] for i in range(4)], SamplingParams(max_new_tokens=4, n=2, temperature=1.0))
+    routes = ["games", "arith", "arith", "games"]
+    batch = RolloutBatch.from_rollout(out, 2, ["arith"] * 4, ["0"] * 4, [{"teacher": t} for t in routes], [""] * 8)
+    teacher_pass(run, batch)
+    real = batch.response_mask.bool()
+    for key in ("games", "arith"):
+        mine = torch.tensor([routes[i // 2] == key for i in range(8)])
+        own = run.actor.compute_log_probs(batch, "teacher", key)
+        assert torch.allclose(batch.teacher_log_probs[mine][real[mine]], own[mine][real[mine]], atol=1e-6)
+        other = run.actor.compute_log_probs(batch, "teacher", "arith" if key == "games" else "games")
+        assert not torch.allclose(batch.teacher_log_probs[mine][real[mine]], other[mine][real[mine]], atol=1e-3)
+    batch.extra_info[0] = {"teacher": "nobody"}
+    with pytest.raises(ConfigError, match="distillation.teacher_key=teacher: row 0's routing value 'nobody' names no "
+                                          "teacher"):
+        teacher_pass(run, batch)
+    assert train(run)["steps"] == 2
+    assert all("distillation/reverse_kl" in x for x in read_metrics(tmp_path / "r") if "actor/grad_norm" in x)

@@ -22,6 +22,7 @@ from posttrain.async_rollout import RolloutsAhead
 from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
 from posttrain.config import config_to_dict, config_to_yaml
+from posttrain.config.schema_distill import teacher_entries
 from posttrain.data import named
 from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.data.preprocess import arith
@@ -192,14 +193,14 @@ def driver_eos_ids(model_dir: str, tokenizer) -> list[int]:
 
 
 def check_teacher(cfg, tokenizer) -> None:
-    """On-policy distillation: the teacher scores the student's token ids, so it needs the same vocabulary."""
-    [(name, teacher)] = cfg.distillation.teacher_models.items()
-    path = str(teacher["model_path"])
-    theirs = load_tokenizer(path, trust_remote_code=cfg.model.trust_remote_code)
-    if theirs.get_vocab() != tokenizer.get_vocab():
-        raise ConfigError(f"distillation.teacher_models.{name}.model_path={path}: its tokenizer's vocabulary differs "
-                          "from the student's; the teacher scores the student's token ids, so it needs the same "
-                          "tokenizer (a teacher of the same model family)")
+    """On-policy distillation: a teacher scores the student's token ids, so it needs the same vocabulary."""
+    for name, _, teacher in teacher_entries(cfg.distillation):
+        path = str(teacher["model_path"])
+        theirs = load_tokenizer(path, trust_remote_code=cfg.model.trust_remote_code)
+        if theirs.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"distillation.teacher_models.{name}.model_path={path}: its tokenizer's vocabulary "
+                              "differs from the student's; the teacher scores the student's token ids, so it needs "
+                              "the same tokenizer (a teacher of the same model family)")
     k, loss = cfg.distillation.distillation_loss.topk, cfg.distillation.distillation_loss
     if loss.loss_mode.endswith("_topk") and k > len(tokenizer):
         raise ConfigError(f"distillation.distillation_loss.topk={k} is more than the vocabulary's {len(tokenizer)} "

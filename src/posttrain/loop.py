@@ -21,12 +21,13 @@ from posttrain.algorithms import (
     NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
     pf_ppo_weights, truncated_rows,
 )
-from posttrain.algorithms.distill import TOPK_MODES
+from posttrain.algorithms.distill import TOPK_MODES, route
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.batch import RolloutBatch
 from posttrain.config import config_to_dict
+from posttrain.config.schema_distill import teachers_of
 from posttrain.data.dataset import PromptDataset, PromptSampler
-from posttrain.errors import NonfiniteError, Preempted
+from posttrain.errors import ConfigError, NonfiniteError, Preempted
 from posttrain.flops import ModelFlops
 from posttrain.conversations import EnvSide
 from posttrain.generation import reward_components, rollout_and_score, scaled
@@ -140,12 +141,7 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             batch.ref_log_probs = run.actor.compute_log_probs(batch, "ref")
     if cfg.distillation.enabled:  # on-policy distillation: the teacher scores the student's own samples
         with timed(m, "teacher"):
-            k = cfg.distillation.distillation_loss.topk
-            if cfg.distillation.distillation_loss.loss_mode in TOPK_MODES:  # also its k likeliest tokens, each position
-                batch.teacher_log_probs, batch.teacher_topk_log_probs, batch.teacher_topk_ids = \
-                    run.actor.compute_teacher_topk(batch, k)
-            else:
-                batch.teacher_log_probs = run.actor.compute_log_probs(batch, "teacher")
+            teacher_pass(run, batch)
     if run.has_critic:
         with timed(m, "values"):
             batch.values = run.actor.compute_values(batch)
@@ -203,6 +199,34 @@ def overlong_filtered(batch: RolloutBatch, max_response_length: int, m: dict) ->
     if not bool(cut.any()):
         return batch
     return dataclasses.replace(batch, response_mask=batch.response_mask.masked_fill(cut.unsqueeze(-1), 0))
+
+
+def teacher_pass(run, batch: RolloutBatch) -> None:
+    """The teachers' log-probs of the sampled tokens (and with a top-k loss their k likeliest tokens at each
+    position) into `batch`; with several teachers each scores the rows its key routes to it (distillation.teacher_key:
+    the row's data_source, or that key of its extra_info)."""
+    d = run.cfg.distillation
+    keys = list(teachers_of(d))
+    if keys == [None]:
+        routes = {None: list(range(len(batch)))}
+    else:
+        field = d.teacher_key or "data_source"
+        values = batch.data_source if field == "data_source" else [(x or {}).get(field) for x in batch.extra_info]
+        try:
+            routes = route(values, keys)
+        except ValueError as e:
+            raise ConfigError(f"distillation.teacher_key={field}: {e}; give every row's {field} a teacher") from None
+    topk = d.distillation_loss.loss_mode in TOPK_MODES
+    outs = {key: run.actor.compute_teacher_topk(part, d.distillation_loss.topk, key) if topk else
+            (run.actor.compute_log_probs(part, "teacher", key),)
+            for key, rows in routes.items() for part in [batch if len(routes) == 1 else batch.select(rows)]}
+    whole = [torch.zeros((len(batch), *t.shape[1:]), dtype=t.dtype) for t in next(iter(outs.values()))]
+    for key, rows in routes.items():
+        for target, got in zip(whole, outs[key]):
+            target[torch.tensor(rows)] = got
+    batch.teacher_log_probs = whole[0]
+    if topk:
+        batch.teacher_topk_log_probs, batch.teacher_topk_ids = whole[1], whole[2]
 
 
 def engine_log_probs(batch: RolloutBatch) -> torch.Tensor:

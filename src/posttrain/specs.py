@@ -16,6 +16,7 @@ from posttrain.algorithms import NEEDS_CRITIC
 from posttrain.algorithms.distill import DistillSettings
 from posttrain.config import VLLM_SETTINGS, uses_lora
 from posttrain.config.validate_rollout import reinforce, rollout_correction
+from posttrain.config.schema_distill import teachers_of
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
@@ -47,7 +48,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         mixed_precision=mixed_precision(cfg, device), reduce_dtype=a.mixed_precision.reduce_dtype,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
         threads=split_threads(cfg, device)[0], ref=ref_spec(cfg), rollout=rollout_spec(cfg, device), critic=critic,
-        teacher=teacher_spec(cfg),
+        teachers=teacher_specs(cfg),
     )
 
 
@@ -137,16 +138,17 @@ def distill_settings(cfg) -> DistillSettings | None:
                            kl_type=d.kl_type, mixed_kl_weight=d.mixed_kl_weight, zero_outside_topk=d.zero_outside_topk)
 
 
-def teacher_spec(cfg) -> TeacherSpec | None:
-    """The teacher's model and passes with distillation.enabled (its one teacher_models entry), else None."""
+def teacher_specs(cfg) -> tuple[TeacherSpec, ...]:
+    """The teachers' models and passes with distillation.enabled (one, or one per routing key), else ()."""
     d = cfg.distillation
     if not d.enabled:
-        return None
-    [teacher] = d.teacher_models.values()  # validation allows one
+        return ()
     ref = cfg.ref
-    return TeacherSpec(model_dir=str(teacher["model_path"]), param_offload=d.param_offload,
-                       log_prob_micro_batch_size=d.log_prob_micro_batch_size or ref.log_prob_micro_batch_size,
-                       log_prob_max_tokens=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
+    return tuple(TeacherSpec(model_dir=str(t["model_path"]), key=key, param_offload=d.param_offload,
+                             log_prob_micro_batch_size=d.log_prob_micro_batch_size or ref.log_prob_micro_batch_size,
+                             log_prob_max_tokens=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz
+                             else None)
+                 for key, t in teachers_of(d).items())
 
 
 def lora_settings(cfg) -> LoraSettings | None:

@@ -57,7 +57,8 @@ class Worker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, sharded: bool | None = None):
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.sharded = world_size > 1 if sharded is None else sharded
-        self.policy = self.ref = self.teacher = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
+        self.teachers: dict = {}  # distillation: key (None with one teacher) -> frozen model
+        self.policy = self.ref = self.engine = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
         self.history = None  # rollout.weights.WeightHistory, with rollout.stale_updates > 0 or a remote engine
@@ -113,10 +114,10 @@ class Worker:
             if self.sharded:
                 parallelize(self.ref, param_dtype=s.mixed_precision, offload_params=s.ref.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
-        if s.teacher is not None:  # on-policy distillation: frozen, placed as the reference is
-            self.teacher = load_model(s.teacher.model_dir, **kwargs).requires_grad_(False).eval()
+        for t in s.teachers:  # on-policy distillation: frozen, placed as the reference is
+            self.teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
             if self.sharded:
-                parallelize(self.teacher, param_dtype=s.mixed_precision, offload_params=s.teacher.param_offload,
+                parallelize(self.teachers[t.key], param_dtype=s.mixed_precision, offload_params=t.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
         self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor, s.total_steps,
@@ -233,29 +234,36 @@ class Worker:
         finally:
             self._sleep()
 
-    def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
-        """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher."""
+    def compute_log_probs(self, batch, which: str = "policy", teacher: str | None = None) -> torch.Tensor:
+        """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher (of key
+        `teacher` when there are several)."""
         from posttrain.models.lora import base_only
 
         s = self.spec
         lora_ref = which == "ref" and s.lora is not None  # the reference is the base: the policy, adapters off
-        model = {"policy": self.policy, "ref": self.policy if lora_ref else self.ref, "teacher": self.teacher}[which]
-        size, budget = {"policy": (s.log_prob_micro_batch_size, s.log_prob_max_tokens),
-                        "ref": (s.ref.log_prob_micro_batch_size, s.ref.log_prob_max_tokens),
-                        "teacher": (s.teacher.log_prob_micro_batch_size, s.teacher.log_prob_max_tokens)
-                        if s.teacher else (0, None)}[which]
+        if which == "teacher":
+            t = self._teacher_spec(teacher)
+            model, size, budget = self.teachers[t.key], t.log_prob_micro_batch_size, t.log_prob_max_tokens
+        else:
+            model = {"policy": self.policy, "ref": self.policy if lora_ref else self.ref}[which]
+            size, budget = {"policy": (s.log_prob_micro_batch_size, s.log_prob_max_tokens),
+                            "ref": (s.ref.log_prob_micro_batch_size, s.ref.log_prob_max_tokens)}[which]
         options = s.update.pass_options(compile=None if which == "policy" else s.ref.torch_compile, sp=self.sp)
         with self.autocast(), base_only(model) if lora_ref else contextlib.nullcontext():
             return compute_log_probs(model, batch, size, s.temperature, options=options, max_tokens=budget)[0]
 
-    def compute_teacher_topk(self, batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
         """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
         likeliest tokens' log-probs [N, R, k] and ids [N, R, k])."""
-        t = self.spec.teacher
+        t = self._teacher_spec(teacher)
         options = self.spec.update.pass_options(compile=False, sp=self.sp)
         with self.autocast():
-            return compute_topk_log_probs(self.teacher, batch, k, t.log_prob_micro_batch_size, self.spec.temperature,
-                                          options=options, max_tokens=t.log_prob_max_tokens)
+            return compute_topk_log_probs(self.teachers[t.key], batch, k, t.log_prob_micro_batch_size,
+                                          self.spec.temperature, options=options, max_tokens=t.log_prob_max_tokens)
+
+    def _teacher_spec(self, key: str | None):
+        """The teacher of routing key `key` (None: the only one)."""
+        return next(t for t in self.spec.teachers if t.key == key or len(self.spec.teachers) == 1)
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,

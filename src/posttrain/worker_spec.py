@@ -48,6 +48,7 @@ class TeacherSpec:
     """On-policy distillation's teacher: a frozen model of its own, placed and run as the reference is."""
 
     model_dir: str
+    key: str | None = None  # several teachers: the rows it scores are those whose routing value is this
     param_offload: bool = False  # its sharded parameters in CPU memory (FSDP2, workers)
     log_prob_micro_batch_size: int = 64
     log_prob_max_tokens: int | None = None
@@ -125,4 +126,4 @@ class WorkerSpec:
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     critic: CriticSpec | None = None  # PPO with GAE: a value model beside the policy
     sft: SFTSettings | None = None  # posttrain sft: the supervised update's micro-batches and clipping
-    teacher: TeacherSpec | None = None  # on-policy distillation (distillation.enabled)
+    teachers: tuple[TeacherSpec, ...] = ()  # on-policy distillation (distillation.enabled): one, or one per key

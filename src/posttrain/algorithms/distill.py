@@ -76,6 +76,19 @@ def token_divergence(student_lp: torch.Tensor, teacher_lp: torch.Tensor, s: Dist
     return _clamped(d, s)
 
 
+def route(values: list, keys: list[str]) -> dict[str, list[int]]:
+    """Several teachers: each row to the teacher whose key is the row's routing value -> {key: row indices},
+    teachers without rows left out. A value no teacher has is a ValueError naming it and the keys.
+
+    Example: route(["gsm8k", "geo", "gsm8k"], ["gsm8k", "geo"]) -> {"gsm8k": [0, 2], "geo": [1]}."""
+    rows: dict[str, list[int]] = {}
+    for i, value in enumerate(values):
+        if str(value) not in keys:
+            raise ValueError(f"row {i}'s routing value {value!r} names no teacher (their keys: {', '.join(keys)})")
+        rows.setdefault(str(value), []).append(i)
+    return rows
+
+
 def _clamped(d: torch.Tensor, s: DistillSettings) -> torch.Tensor:
     """loss_max_clamp on both sides, as verl clamps (k1 may be negative)."""
     return d.clamp(-s.loss_max_clamp, s.loss_max_clamp) if s.loss_max_clamp is not None else d

@@ -31,12 +31,32 @@ class DistillationLossConfig:
 @dataclass
 class DistillationConfig:
     enabled: bool = False
-    # {name: {model_path: DIR, ...}}: one teacher (a Hugging Face directory with the student's tokenizer); verl's
-    # inference.* (the teacher's own engine), key and num_replicas are named unused
+    # {name: {model_path: DIR, key: ROUTE, ...}}: the teachers (Hugging Face directories with the student's
+    # tokenizer); with several, each scores the rows whose teacher_key value is its key (verl's MOPD); verl's
+    # inference.* (a teacher's own engine) and num_replicas are named unused
     teacher_models: Dict[str, Any] = field(default_factory=dict)
-    teacher_key: Optional[str] = None  # verl's routing of rows to several teachers: one teacher only
+    teacher_key: Optional[str] = None  # several teachers: the row's field that routes it (null: data_source)
     n_gpus_per_node: Optional[int] = None  # verl's devices of the teacher's own: posttrain runs it beside the policy
     nnodes: Optional[int] = None
     param_offload: bool = False  # the teacher's sharded parameters in CPU memory (FSDP2 workers), as ref.param_offload
     log_prob_micro_batch_size: Optional[int] = None  # the teacher's pass; null: ref.log_prob_micro_batch_size
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+
+
+PLACEHOLDER = "teacher_model"  # verl's config names its one teacher so; with several, an entry of that name left empty
+
+
+def teacher_entries(d: DistillationConfig) -> list[tuple[str, str | None, dict]]:
+    """distillation.teacher_models as run: [(name, routing key, entry)], the key None with one teacher. With
+    several, verl's empty `teacher_model` entry is left out and each one's key is its `key` (else its name)."""
+    entries = {name: dict(t) if isinstance(t, dict) else {} for name, t in d.teacher_models.items()}
+    if len(entries) > 1 and not entries.get(PLACEHOLDER, {}).get("model_path"):
+        entries.pop(PLACEHOLDER, None)
+    if len(entries) == 1:
+        return [(name, None, t) for name, t in entries.items()]
+    return [(name, str(t.get("key") or name), t) for name, t in entries.items()]
+
+
+def teachers_of(d: DistillationConfig) -> dict[str | None, dict]:
+    """{routing key (None with one teacher): entry} of teacher_entries."""
+    return {key: t for _, key, t in teacher_entries(d)}

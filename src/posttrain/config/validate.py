@@ -12,14 +12,12 @@ from __future__ import annotations
 import warnings
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
-from posttrain.algorithms.distill import KL_TYPES as DISTILL_KL_TYPES
-from posttrain.algorithms.distill import LOSS_MODES as DISTILL_LOSS_MODES
-from posttrain.algorithms.distill import TOPK_MODES
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
                                      positive_or_null, printable, repr_cut, warmup_start_factor)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
+from posttrain.config.validate_distill import validate_distillation
 from posttrain.config.validate_rollout import validate_rollout, validate_rollout_correction
 
 
@@ -396,52 +394,3 @@ def validate_token_budgets(cfg: Config) -> None:
     for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
                 "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
         need(get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {get(cfg, key)}")
-
-
-def validate_distillation(cfg: Config) -> None:
-    """distillation.*: one teacher with a model_path, a loss of the sampled tokens' log-probs, one policy loss."""
-    d, loss = cfg.distillation, cfg.distillation.distillation_loss
-    if not d.enabled:
-        if d.teacher_models:
-            warnings.warn("distillation.teacher_models: set, but unused (distillation.enabled=false)", stacklevel=3)
-        return
-    need(len(d.teacher_models) == 1, f"distillation.teacher_models holds {len(d.teacher_models)} teachers "
-          f"({', '.join(map(str, d.teacher_models)) or 'none'}): give one, "
-          "distillation.teacher_models.teacher_model.model_path=DIR (several teachers routed by "
-          "distillation.teacher_key are not supported yet)")
-    [(name, teacher)] = d.teacher_models.items()
-    need(isinstance(teacher, dict) and bool(teacher.get("model_path")),
-          f"distillation.teacher_models.{name}.model_path is not set: the teacher's Hugging Face model directory")
-    key = "distillation.distillation_loss"
-    need(loss.loss_mode not in ("reverse_kl_topk", "jsd_topk"),
-         f"{key}.loss_mode={loss.loss_mode} needs the student's own top-k tokens beside the teacher's, not supported; "
-         f"forward_kl_topk, or kl_topk with {key}.kl_type=reverse|mixed, compare the distributions on the teacher's "
-         "top k")
-    choice(f"{key}.loss_mode", loss.loss_mode, DISTILL_LOSS_MODES + TOPK_MODES)
-    if loss.loss_mode in TOPK_MODES:
-        need(isinstance(loss.topk, int) and loss.topk >= 1,
-             f"{key}.topk={loss.topk}: loss_mode={loss.loss_mode} needs the number of the teacher's likeliest tokens "
-             "kept at each position (e.g. 64)")
-        need(not loss.use_policy_gradient, f"{key}.loss_mode={loss.loss_mode} is a direct loss over the top-k "
-             f"distribution; set {key}.use_policy_gradient=false (k1 with it true is the policy-gradient form)")
-        choice(f"{key}.kl_type", loss.kl_type, DISTILL_KL_TYPES)
-        need(0.0 <= loss.mixed_kl_weight <= 1.0, f"{key}.mixed_kl_weight={loss.mixed_kl_weight} must be in [0, 1]")
-        need(not cfg.model.use_fused_kernels, f"{key}.loss_mode={loss.loss_mode} needs the student's logits, which "
-             "model.use_fused_kernels=true never forms; set it to false")
-        need(cfg.actor.ulysses_sequence_parallel_size == 1, f"{key}.loss_mode={loss.loss_mode} with "
-             f"actor.ulysses_sequence_parallel_size={cfg.actor.ulysses_sequence_parallel_size} is not supported; "
-             "set it to 1 (or use a loss of the sampled tokens, e.g. k1 with use_policy_gradient=true)")
-    mode = loss.policy_loss_mode
-    need(mode is None or mode == cfg.actor.policy_loss.loss_mode or (mode == "vanilla"),
-          f"distillation.distillation_loss.policy_loss_mode={mode} differs from actor.policy_loss.loss_mode="
-          f"{cfg.actor.policy_loss.loss_mode}: posttrain has one policy loss; set the actor's")
-    need(loss.distillation_loss_coef > 0, "distillation.distillation_loss.distillation_loss_coef must be > 0")
-    need(loss.loss_max_clamp is None or loss.loss_max_clamp > 0,
-          "distillation.distillation_loss.loss_max_clamp must be > 0 or null")
-    positive_or_null(cfg, "distillation.log_prob_micro_batch_size")
-    elsewhere = [k for k in ("teacher_key", "n_gpus_per_node", "nnodes") if getattr(d, k) is not None]
-    elsewhere += [f"teacher_models.{name}.{k}" for k in teacher if k != "model_path"]
-    if elsewhere:
-        warnings.warn(f"distillation.{', distillation.'.join(elsewhere)}: verl's settings of a teacher on devices "
-                      "and an engine of its own; posttrain runs the teacher beside the policy on the same workers "
-                      "(as the reference): set, but unused", stacklevel=3)

@@ -91,14 +91,14 @@ class WorkerGroup:
         outs = self._call(busy, "generate", [([prompts[i] for i in chunks[w]], params) for w in busy])
         return concat_rollouts(outs, self.pad_token_id)
 
-    def compute_log_probs(self, batch, which: str = "policy") -> torch.Tensor:
-        return self._per_row("compute_log_probs", batch, which)
+    def compute_log_probs(self, batch, which: str = "policy", teacher: str | None = None) -> torch.Tensor:
+        return self._per_row("compute_log_probs", batch, which, teacher)
 
     def compute_values(self, batch) -> torch.Tensor:
         return self._per_row("compute_values", batch)
 
-    def compute_teacher_topk(self, batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._per_row("compute_teacher_topk", batch, k)
+    def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
+        return self._per_row("compute_teacher_topk", batch, k, teacher)
 
     @property
     def sp(self) -> int:
@@ -107,7 +107,13 @@ class WorkerGroup:
 
     def _per_row(self, verb: str, batch, *args):
         """A no-grad pass giving [N, R, ...] (or a tuple of such): rows balanced by tokens over the
-        workers (over the sequence-parallel groups: each group's first answers)."""
+        workers (over the sequence-parallel groups: each group's first answers). Rows that do not divide
+        evenly (a teacher's share of a step's rows) are made up with copies of the last, whose results are
+        dropped: every worker runs as many passes (a sharded model's collectives need all of them)."""
+        count = len(batch)
+        fill = -count % (self.world_size // self.sp)
+        if fill:
+            batch = batch.select(list(range(count)) + [count - 1] * fill)
         lengths = batch.attention_mask.sum(-1).tolist()
         parts = balanced_partition(lengths, self.world_size // self.sp)
         outs = self._call_all_with(verb, [(tensors_only(batch.select(parts[w // self.sp])), *args)
@@ -121,8 +127,8 @@ class WorkerGroup:
             return whole
 
         if isinstance(pairs[0][1], tuple):
-            return tuple(joined([(rows, out[j]) for rows, out in pairs]) for j in range(len(pairs[0][1])))
-        return joined(pairs)
+            return tuple(joined([(rows, out[j]) for rows, out in pairs])[:count] for j in range(len(pairs[0][1])))
+        return joined(pairs)[:count]
 
     def train_step(self, batch) -> dict[str, float]:
         return self._data_parallel("train_step", batch, self.spec.update.mini_batch_size,
