@@ -270,6 +270,10 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
         batch.old_log_probs = local.compute_log_probs(batch, "policy")
         batch.teacher_log_probs = local.compute_log_probs(batch, "teacher")
         assert torch.allclose(group.compute_log_probs(batch, "teacher"), batch.teacher_log_probs, atol=1e-5)
+        # 5 rows (a teacher's share of a step's rows) over 2 workers: made up with a copy, dropped again
+        five = batch.select([0, 3, 8, 9, 30])
+        assert torch.allclose(group.compute_log_probs(five, "teacher"), batch.teacher_log_probs[[0, 3, 8, 9, 30]],
+                              atol=1e-5)
         if loss == "kl_topk":
             sampled, batch.teacher_topk_log_probs, batch.teacher_topk_ids = local.compute_teacher_topk(batch, 8)
             got = group.compute_teacher_topk(batch, 8)
