@@ -33,7 +33,7 @@ def sft_template() -> str:
     return json.loads(EXAMPLES.read_text())["configs"]["sft.yaml"]["policy"]["tokenizer"]["chat_template"]
 
 
-def test_nemo_rls_sft_yaml_maps_onto_posttrain_sft_and_runs_two_steps(tmp_path, tiny_model_dir, capsys):
+def test_nemo_rls_sft_yaml_maps_onto_posttrain_sft_and_runs_two_steps(tmp_path, tiny_model_dir):
     train = write_sft(tmp_path / "train.parquet", [(a, b) for a in range(10, 14) for b in (20, 31)])
     val = write_sft(tmp_path / "val.parquet", [(40, 2), (51, 7), (63, 9), (72, 5), (80, 1)])
     cfg = load_config(example(tmp_path, "sft"), [
@@ -42,7 +42,6 @@ def test_nemo_rls_sft_yaml_maps_onto_posttrain_sft_and_runs_two_steps(tmp_path, 
         "policy.max_total_sequence_length=128", "policy.precision=float32", "sft.val_global_batch_size=2",
         "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
         f"checkpointing.checkpoint_dir={tmp_path / 'run'}"], command="sft")
-    assert "policy.optimizer.kwargs.eps=1e-05" in capsys.readouterr().err  # named unused: torch's 1e-8
     d, a, t = cfg.data, cfg.actor, cfg.trainer
     assert (d.train_files, d.val_files, d.prompt_key, d.response_key) == \
            ([str(train)], [str(val)], "question", "answer")
@@ -54,10 +53,11 @@ def test_nemo_rls_sft_yaml_maps_onto_posttrain_sft_and_runs_two_steps(tmp_path, 
     assert (t.run_dir, t.save_freq, t.keep_top_k, t.keep_top_k_metric, t.keep_top_k_mode) == \
            (str(tmp_path / "run"), 10, 3, "val/loss", "min")  # metric_name val:val_loss, higher_is_better false
     assert (t.logger, t.n_gpus_per_node, t.nnodes) == (["console"], 1, 1)
-    assert (a.lr, a.weight_decay, a.betas, a.grad_clip) == (5e-6, 0.1, [0.9, 0.98], 1.0)
+    assert (a.lr, a.weight_decay, a.betas, a.eps, a.grad_clip) == (5e-6, 0.1, [0.9, 0.98], 1e-5, 1.0)
     assert (a.lr_scheduler_type, a.lr_warmup_steps) == ("constant", 0)  # NeMo-RL: no policy.scheduler, constant
     assert (cfg.model.path, cfg.model.dtype, cfg.model.lora_rank) == (str(tiny_model_dir), "float32", 0)
     run = build_sft_run(cfg)
+    assert run.actor.optimizer.param_groups[0]["eps"] == 1e-5  # AdamW's epsilon, as the file sets it
     ex = run.train_data[0]  # the file's template writes no end of turn after the answer: the EOS is learned
     assert run.tokenizer.decode(ex.input_ids) == " Question: What is 10 + 20? Answer: 30<|im_end|>"
     assert run.tokenizer.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m]) == " 30<|im_end|>"

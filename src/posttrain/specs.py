@@ -37,7 +37,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         small_attention=cfg.model.small_attention, device=device, lr=a.lr,
         param_offload=a.param_offload, optimizer_offload=a.optimizer_offload,
-        weight_decay=a.weight_decay, betas=tuple(a.betas),
+        weight_decay=a.weight_decay, betas=tuple(a.betas), eps=a.eps,
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),
         warmup_start_factor=a.lr_warmup_start_factor, lr_scheduler_type=a.lr_scheduler_type,
         min_lr_ratio=a.min_lr_ratio, num_cycles=a.num_cycles, total_steps=total_steps,
@@ -98,7 +98,7 @@ def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
         remove_padding=cfg.model.use_remove_padding if c.model.use_remove_padding is None
         else c.model.use_remove_padding)
     return CriticSpec(model_dir=str(critic_dir), update=settings, lr=c.lr, weight_decay=c.weight_decay,
-                      betas=tuple(c.betas), warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
+                      betas=tuple(c.betas), eps=c.eps, warmup_steps=warmup_steps(c.lr_warmup_steps, c.lr_warmup_steps_ratio,
                                                                       total_steps),
                       warmup_start_factor=c.lr_warmup_start_factor, lr_scheduler_type=c.lr_scheduler_type,
                       min_lr_ratio=c.min_lr_ratio, num_cycles=c.num_cycles, total_steps=total_steps,

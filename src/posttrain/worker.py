@@ -119,7 +119,7 @@ class Worker:
             if self.sharded:
                 parallelize(self.teachers[t.key], param_dtype=s.mixed_precision, offload_params=t.param_offload,
                             forward_prefetch=s.ref.forward_prefetch)
-        self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas)
+        self.optimizer = make_optimizer(self.policy, s.lr, s.weight_decay, s.betas, s.eps)
         self.scheduler = make_lr_scheduler(self.optimizer, s.warmup_steps, s.warmup_start_factor, s.total_steps,
                                            s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)
         if s.critic is not None:
@@ -179,7 +179,7 @@ class Worker:
                         activation_checkpointing=c.gradient_checkpointing, offload_params=c.param_offload)
         elif c.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
-        self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas)
+        self.critic_optimizer = make_optimizer(self.critic, c.lr, c.weight_decay, c.betas, c.eps)
         self.critic_scheduler = make_lr_scheduler(self.critic_optimizer, c.warmup_steps, c.warmup_start_factor,
                                                   c.total_steps, c.lr_scheduler_type, c.min_lr_ratio, c.num_cycles)
 

@@ -20,6 +20,7 @@ class CriticSpec:
     lr: float = 1e-5
     weight_decay: float = 0.01
     betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8  # AdamW's epsilon
     warmup_steps: int = 0
     warmup_start_factor: float | None = None  # critic.lr_warmup_start_factor (training.actor.warmup_lr_factor)
     lr_scheduler_type: str = "constant"  # critic.lr_scheduler_type, min_lr_ratio, num_cycles (training.actor.lr_factor)
@@ -101,6 +102,7 @@ class WorkerSpec:
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8  # AdamW's epsilon
     warmup_steps: int = 0
     warmup_start_factor: float | None = None  # actor.lr_warmup_start_factor (training.actor.warmup_lr_factor)
     lr_scheduler_type: str = "constant"  # actor.lr_scheduler_type, min_lr_ratio, num_cycles (training.actor.lr_factor)

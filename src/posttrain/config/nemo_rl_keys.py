@@ -20,7 +20,7 @@ OTHER_TRAINERS = {
 # a PPO file's value.* (the critic), translated as a policy section: its posttrain keys -> the critic's
 VALUE_KEYS = {
     "model.path": "critic.model.path", "actor.lr": "critic.lr", "actor.weight_decay": "critic.weight_decay",
-    "actor.betas": "critic.betas", "actor.grad_clip": "critic.grad_clip",
+    "actor.betas": "critic.betas", "actor.eps": "critic.eps", "actor.grad_clip": "critic.grad_clip",
     "actor.ppo_mini_batch_size": "critic.ppo_mini_batch_size",
     "actor.ppo_micro_batch_size": "critic.ppo_micro_batch_size",
     "actor.lr_warmup_steps": "critic.lr_warmup_steps", "actor.lr_warmup_start_factor": "critic.lr_warmup_start_factor",
@@ -70,6 +70,7 @@ RENAMES = {
     "policy.optimizer.kwargs.lr": "actor.lr",
     "policy.optimizer.kwargs.weight_decay": "actor.weight_decay",
     "policy.optimizer.kwargs.betas": "actor.betas",
+    "policy.optimizer.kwargs.eps": "actor.eps",
     "checkpointing.save_period": "trainer.save_freq",
     "cluster.gpus_per_node": "trainer.n_gpus_per_node",
     "cluster.num_nodes": "trainer.nnodes",
@@ -104,7 +105,6 @@ OFF = {
     "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (False, None),  # the KV cache in flight stays as it is
     "grpo.async_grpo.max_generation_failures": (0, None),  # the first failure of the rollout process stops the run
     "grpo.async_grpo": (None,),  # null: NeMo-RL's single-controller path (async_rl.*) decides instead
-    "policy.optimizer.kwargs.eps": (1e-8,),  # torch's AdamW default, posttrain's
     "data.use_multiple_dataloader": (False,),
     "data.default.env_name": ("math", "reward_model", "math_multi_reward", None),
     "data.train.env_name": ("math", "reward_model", "math_multi_reward", None),

@@ -65,7 +65,6 @@ METRICS = {"val:val_loss": "val/loss", "train:loss": "train/loss", "train:grad_n
            "train:lr": "train/lr"}
 # named unused in one warning line when set to anything else
 UNUSED = {
-    "policy.optimizer.kwargs.eps": ((1e-8,), "posttrain's AdamW keeps torch's eps, 1e-8"),
     "data.default.system_prompt_file": ((None,), "NeMo-RL's SFT does not apply it either"),
     "data.train.system_prompt_file": ((None,), "NeMo-RL's SFT does not apply it either"),
     "data.validation.system_prompt_file": ((None,), "NeMo-RL's SFT does not apply it either"),

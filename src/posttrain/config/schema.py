@@ -123,6 +123,7 @@ class ActorConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8  # AdamW's epsilon (torch's default; NeMo-RL's policy.optimizer.kwargs.eps)
     lr_warmup_steps: int = -1  # -1: lr_warmup_steps_ratio x total steps
     lr_warmup_steps_ratio: float = 0.0
     # null: warm-up factor (step + 1) / W; s in (0, 1]: torch LinearLR's s + (1 - s) * min(step, W) / W (NeMo-RL)
@@ -353,6 +354,7 @@ class CriticConfig:
     lr: float = 1e-5
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8  # AdamW's epsilon
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     lr_warmup_start_factor: Optional[float] = None  # as actor.lr_warmup_start_factor, for the critic's warm-up

@@ -86,7 +86,7 @@ def validate_model(cfg: Config) -> None:
 
 def validate_actor(cfg: Config) -> None:
     a = cfg.actor
-    positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs")
+    positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.eps")
     need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
     need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
     need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
@@ -298,7 +298,7 @@ def validate_critic(cfg: Config) -> None:
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
     positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",
-              "critic.forward_micro_batch_size")
+              "critic.forward_micro_batch_size", "critic.eps")
     need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
     need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
     need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")

@@ -54,9 +54,10 @@ class UpdateSettings:
                            self.entropy_checkpointing, self.torch_compile if compile is None else compile, sp)
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas,
+                   eps: float = 1e-8) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, to_cpu: bool) -> None:
