@@ -15,7 +15,7 @@ from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.errors import ConfigError, DataError
 from posttrain.sft_loop import train_sft
-from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, sft_update
+from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, nll_sum, sft_update
 
 from helpers import comparable, sft_overrides, write_sft
 
@@ -150,6 +150,28 @@ def test_verls_sft_command_loads():
     assert (sft.data.prompt_key, sft.data.response_key, sft.data.train_batch_size, sft.actor.lr,
             sft.actor.betas, sft.actor.lr_warmup_steps_ratio, sft.trainer.total_epochs) == \
            ("question", "answer", 256, 1e-5, [0.9, 0.95], 0.1, 4)
+
+
+def test_fused_kernels_give_the_same_loss_and_step(random_qwen2):
+    """model.use_fused_kernels: -log p from the hidden states a chunk at a time, the logits never whole: the same
+    summed loss and the same update as the cross-entropy of the full logits, to float rounding."""
+    a, b = random_qwen2.train(), copy.deepcopy(random_qwen2)
+    torch.manual_seed(2)
+    ids = torch.randint(2, 40, (3, 9))
+    attention = torch.ones_like(ids)
+    attention[1:, 6:] = 0
+    labels = torch.where(attention.bool(), ids, -100)
+    labels[:, :2] = -100
+    batch = {"input_ids": ids, "attention_mask": attention, "labels": labels}
+    with torch.no_grad():
+        assert nll_sum(b, batch, "cpu", fused=True).item() == pytest.approx(nll_sum(a, batch, "cpu").item(), rel=1e-5)
+    opt_a, opt_b = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
+    m_a = sft_update(a, opt_a, batch, SFTSettings(micro_batch_size=2, grad_clip=None))
+    m_b = sft_update(b, opt_b, batch, SFTSettings(micro_batch_size=2, grad_clip=None, fused=True))
+    assert m_b["train/loss"] == pytest.approx(m_a["train/loss"], rel=1e-5)
+    assert m_b["train/grad_norm"] == pytest.approx(m_a["train/grad_norm"], rel=1e-4)
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert type(b.get_output_embeddings()).__name__ == "Linear"  # the stand-in head is gone after the pass
 
 
 def test_bad_sft_settings_are_refused_or_named():

@@ -35,7 +35,7 @@ def data_settings(cfg) -> SFTDataSettings:
 def update_settings(cfg) -> SFTSettings:
     a = cfg.actor
     return SFTSettings(micro_batch_size=a.ppo_micro_batch_size, grad_clip=a.grad_clip,
-                       remove_padding=cfg.model.use_remove_padding,
+                       remove_padding=cfg.model.use_remove_padding, fused=cfg.model.use_fused_kernels,
                        micro_max_tokens=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
 
 

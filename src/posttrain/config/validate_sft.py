@@ -48,8 +48,6 @@ def validate_sft(cfg: Config, given: set[str]) -> None:
     need(not (templates and d.multiturn.enable), f"data.{templates[0] if templates else ''} with "
           "data.multiturn.enable=true: prompt files rewrite a single-turn row's prompt; put the text in the "
           "conversations themselves, or leave it out")
-    need(not cfg.model.use_fused_kernels, "model.use_fused_kernels=true: posttrain sft computes its loss from the "
-          "logits (transformers' cross-entropy); leave it false")
     rl = sorted(k for k in given if k.startswith(RL_SECTIONS) or k in RL_ACTOR_KEYS)
     if rl:
         warnings.warn(f"{', '.join(rl)}: reinforcement-learning settings; posttrain sft does not use them",

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain.training.actor import all_finite, full_value
+from posttrain.training.fused import stats_head
 from posttrain.training.logprobs import compute_device, spans
 
 IGNORE = -100
@@ -34,6 +35,7 @@ class SFTSettings:
     grad_clip: float | None = 1.0  # None: no clipping
     remove_padding: bool = True  # rows ordered by length, each micro-batch cut to its longest row
     micro_max_tokens: int | None = None  # micro-batches of at most this many real tokens (use_dynamic_bsz)
+    fused: bool = False  # model.use_fused_kernels: -log p from the hidden states a chunk at a time (training/fused.py)
 
 
 def learned_tokens(batch: dict) -> int:
@@ -41,12 +43,18 @@ def learned_tokens(batch: dict) -> int:
     return int((batch["labels"][:, 1:] != IGNORE).sum())
 
 
-def nll_sum(model, batch: dict, device) -> torch.Tensor:
+def nll_sum(model, batch: dict, device, fused: bool = False) -> torch.Tensor:
     """The summed -log p of `batch`'s learned tokens (a scalar with grad), as transformers' causal-LM loss
-    computes it before its division."""
-    logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
-    logits = logits.float()  # [b, L, V]
+    computes it before its division; `fused`: from the hidden states a chunk of tokens at a time, the [b, L, V]
+    logits never whole (the same sum to float rounding)."""
+    inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
     labels = F.pad(batch["labels"].to(device), (0, 1), value=IGNORE)[:, 1:]  # [b, L]: position t predicts t + 1
+    if fused:
+        learned = labels != IGNORE
+        with stats_head(model, labels.clamp(min=0)):
+            log_p = model(**inputs).logits[..., 0]  # [b, L]: log p(label), 0's on unlearned positions
+        return -(log_p * learned).sum()
+    logits = model(**inputs).logits.float()  # [b, L, V]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
 
@@ -83,7 +91,7 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for mb in micro_batches(batch, s):
-        loss = nll_sum(model, mb, device) / max(total, 1)
+        loss = nll_sum(model, mb, device, s.fused) / max(total, 1)
         (loss * world_size if world_size > 1 else loss).backward()
         loss_sum += float(loss.detach())
     if s.grad_clip is not None:
@@ -106,5 +114,5 @@ def nll_of(model, batch: dict, s: SFTSettings) -> tuple[float, int]:
     model.eval()
     total = 0.0
     for mb in micro_batches(batch, s):
-        total += float(nll_sum(model, mb, device))
+        total += float(nll_sum(model, mb, device, s.fused))
     return total, learned_tokens(batch)
