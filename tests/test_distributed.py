@@ -215,15 +215,18 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
 
 
 @pytest.mark.ray
-def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("variant", ["plain", "ulysses"])
+def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path, variant):
     """posttrain sft on two FSDP2 workers (each an equal share of every batch, micro-batches of 2, a validation
-    set of 3 rows: one worker gets a filler row): the same losses and weights as one process."""
+    set of 3 rows: one worker gets a filler row; with Ulysses both take every row, each half of its positions):
+    the same losses and weights as one process."""
     from posttrain.build_sft import build_sft_run
     from posttrain.sft_loop import train_sft
 
     train_rows = write_sft(tmp_path / "train.parquet", [(a, b) for a in range(10, 18) for b in (20, 31)])
     val_rows = write_sft(tmp_path / "val.parquet", [(40, 2), (51, 7), (63, 9)])
-    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=3")
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=3",
+           f"actor.ulysses_sequence_parallel_size={2 if variant == 'ulysses' else 1}")
     one = train_sft(build_sft_run(load_config(None, sft_overrides(
         tiny_model_dir, train_rows, val_rows, tmp_path / "one", 3, "trainer.save_freq=3"), command="sft")))
     both = train_sft(build_sft_run(load_config(None, sft_overrides(

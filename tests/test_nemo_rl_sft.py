@@ -142,7 +142,7 @@ def test_nemo_rls_own_data_files_and_columns(tmp_path):
 
 
 @pytest.mark.parametrize("override, match", [
-    ("policy.dtensor_cfg.context_parallel_size=2", r"^policy\.dtensor_cfg\.context_parallel_size=2 .*set it to 1"),
+    ("policy.dtensor_cfg.context_parallel_size=1", ("actor.ulysses_sequence_parallel_size", 1)),  # 2: two workers
     ("policy.sequence_packing.enabled=true", ("actor.use_dynamic_bsz", True)),  # a token budget per micro-batch
     ("data.add_eos=false", r"^data\.add_eos=False .*set it to true"),
     ("checkpointing.metric_name=val:accuracy", r"^checkpointing\.metric_name=val:accuracy .*val:val_loss"),

@@ -282,7 +282,8 @@ class Worker:
         from posttrain.training.sft import sft_update
 
         with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
-            metrics = sft_update(self.policy, self.optimizer, batch, self.spec.sft, total_tokens, self.world_size)
+            metrics = sft_update(self.policy, self.optimizer, batch, self.spec.sft, total_tokens, self.world_size,
+                                 sp=self.sp)
         self.scheduler.step()
         return metrics
 
@@ -291,7 +292,7 @@ class Worker:
         from posttrain.training.sft import nll_of
 
         with self.autocast():
-            return nll_of(self.policy, batch, self.spec.sft)
+            return nll_of(self.policy, batch, self.spec.sft, sp=self.sp)
 
     def compute_values(self, batch) -> torch.Tensor:
         """-> the critic's values [N, R] of batch's response positions."""

@@ -31,7 +31,7 @@ from posttrain.errors import ConfigError
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 SECTIONS = ("sft", "policy", "data", "checkpointing", "logger", "cluster")
 # the GRPO table's keys that an SFT file means otherwise, or that mean nothing in SFT
-NOT_SFT = ("data.max_input_seq_length", "logger.num_val_samples_to_print", "policy.dtensor_cfg.context_parallel_size")
+NOT_SFT = ("data.max_input_seq_length", "logger.num_val_samples_to_print")
 
 SFT_RENAMES = {
     "sft.max_num_steps": "trainer.total_training_steps",
@@ -90,7 +90,6 @@ def translate_sft(tree: dict, origin: str, given: Container[str] = ()) -> dict[s
         if f.has(nemo):
             out[ours] = f.get(nemo)
     _sft(f, out, origin)
-    _parallel(f, origin)
     rows = f.flat.pop("policy.train_global_batch_size", None)  # rows here, not GRPO's samples: read above
     policy(f, out, origin)
     if rows is not None:
@@ -135,14 +134,6 @@ def _sft(f: Leaves, out: dict, origin: str) -> None:
             out["data.val_max_samples"] = batches * (rows if rows is not None else 32)  # 32: NeMo-RL's default
         elif batches is not None:  # <= 0: every batch
             out["data.val_max_samples"] = None
-
-
-def _parallel(f: Leaves, origin: str) -> None:
-    cp = f.get("policy.dtensor_cfg.context_parallel_size", 1)
-    if cp not in (1, None):
-        raise ConfigError(f"policy.dtensor_cfg.context_parallel_size={clipped(cp)} ({origin}): posttrain sft does "
-                          "not split sequences over workers yet; set it to 1 (FSDP2 still shards the model over "
-                          "every worker)")
 
 
 def _schedule(f: Leaves, out: dict) -> None:

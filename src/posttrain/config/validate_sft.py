@@ -10,7 +10,8 @@ import warnings
 
 from posttrain.config.checks import choice, need, positive, positive_or_null
 from posttrain.config.schema import Config, data_parallel_groups
-from posttrain.config.validate import validate_actor, validate_data, validate_model, validate_trainer, warn_unused
+from posttrain.config.validate import (validate_actor, validate_data, validate_model, validate_sequence_parallel,
+                                       validate_trainer, warn_unused)
 
 # what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the RL
 # loss's knobs (a run that sets them is told, in one line)
@@ -35,12 +36,10 @@ def validate_sft(cfg: Config, given: set[str]) -> None:
     positive(cfg, "data.max_length")
     positive_or_null(cfg, "data.train_max_samples")
     choice("data.truncation", d.truncation, ("error", "left", "right"))
+    validate_sequence_parallel(cfg)  # the group's workers take the same rows, each 1/P of their positions
     groups = data_parallel_groups(cfg)
     need(d.train_batch_size % groups == 0, f"data.train_batch_size={d.train_batch_size} rows must divide evenly "
           f"over the {groups} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple")
-    need(a.ulysses_sequence_parallel_size == 1, f"actor.ulysses_sequence_parallel_size="
-          f"{a.ulysses_sequence_parallel_size}: posttrain sft does not split sequences over workers yet; "
-          "leave it at 1 (FSDP2 still shards the model over every worker)")
     need(d.custom_chat_template is None or bool(str(d.custom_chat_template).strip()),
           "data.custom_chat_template is empty; give a Jinja chat template or a .jinja file, or null for the "
           "tokenizer's own")

@@ -154,22 +154,26 @@ class WorkerGroup:
         """posttrain sft's update: each worker an equal, token-balanced share of the batch's rows (every worker
         runs as many passes: FSDP2 gathers with the others), the whole batch's learned-token count along, so
         the averaged gradient is that of one process."""
-        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), self.world_size)
+        groups = self.world_size // self.sp  # a sequence-parallel group's workers take the same rows
+        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), groups)
         total = learned_tokens(batch)
-        outs = self._call_all_with("sft_step", [({k: v[p] for k, v in batch.items()}, total) for p in parts])
-        summed = ("train/loss", "train/learned_tokens")  # each worker's part of the batch's
-        return {k: sum(o[k] for o in outs) / (1 if k in summed else len(outs)) for k in outs[0]}
+        outs = self._call_all_with("sft_step", [({k: v[parts[w // self.sp]] for k, v in batch.items()}, total)
+                                                for w in range(self.world_size)])
+        summed = ("train/loss", "train/learned_tokens")  # each group's part of the batch's
+        return {k: sum(o[k] for o in outs[::self.sp]) if k in summed else sum(o[k] for o in outs) / len(outs)
+                for k in outs[0]}
 
     def sft_loss(self, batch: dict) -> tuple[float, int]:
         """(summed -log p, learned tokens) of `batch`, its rows spread over the workers; rows that learn nothing
         fill it up to a multiple of the workers (each worker the same number of passes)."""
-        n = len(batch["input_ids"])
-        fill = -n % self.world_size
+        n, groups = len(batch["input_ids"]), self.world_size // self.sp
+        fill = -n % groups
         if fill:
             batch = {k: torch.cat([v, v[:1].expand(fill, -1)]) for k, v in batch.items()}
             batch["labels"][n:] = -100
-        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), self.world_size)
-        outs = self._call_all_with("sft_loss", [({k: v[p] for k, v in batch.items()},) for p in parts])
+        parts = balanced_partition(batch["attention_mask"].sum(-1).tolist(), groups)
+        outs = self._call_all_with("sft_loss", [({k: v[parts[w // self.sp]] for k, v in batch.items()},)
+                                                for w in range(self.world_size)])[::self.sp]
         return sum(o[0] for o in outs), sum(o[1] for o in outs)
 
     def sync_weights(self) -> None:

@@ -43,12 +43,15 @@ def learned_tokens(batch: dict) -> int:
     return int((batch["labels"][:, 1:] != IGNORE).sum())
 
 
-def nll_sum(model, batch: dict, device, fused: bool = False) -> torch.Tensor:
+def nll_sum(model, batch: dict, device, fused: bool = False, sp=None) -> torch.Tensor:
     """The summed -log p of `batch`'s learned tokens (a scalar with grad), as transformers' causal-LM loss
     computes it before its division; `fused`: from the hidden states a chunk of tokens at a time, the [b, L, V]
-    logits never whole (the same sum to float rounding)."""
+    logits never whole (the same sum to float rounding); `sp` (training/ulysses.py): this worker runs its 1/P
+    of the positions, the per-position losses are gathered, so every worker of the group has the whole sum."""
     inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
     labels = F.pad(batch["labels"].to(device), (0, 1), value=IGNORE)[:, 1:]  # [b, L]: position t predicts t + 1
+    if sp is not None:
+        return _sequence_parallel_nll(model, inputs, labels, sp)
     if fused:
         learned = labels != IGNORE
         with stats_head(model, labels.clamp(min=0)):
@@ -57,6 +60,18 @@ def nll_sum(model, batch: dict, device, fused: bool = False) -> torch.Tensor:
     logits = model(**inputs).logits.float()  # [b, L, V]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
+
+
+def _sequence_parallel_nll(model, inputs: dict, labels: torch.Tensor, sp) -> torch.Tensor:
+    from posttrain.training import ulysses
+
+    ids = inputs["input_ids"]
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # as the plain pass's default
+    logits, _ = ulysses.sharded_forward(model, ids, inputs["attention_mask"], positions, sp)  # [b, L'/P, V]
+    targets = ulysses.shard(ulysses.pad_positions(labels, sp.size, IGNORE), sp)  # [b, L'/P]
+    nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
+                          reduction="none").reshape(targets.shape)
+    return ulysses.gather(nll, sp).sum()
 
 
 def micro_batches(batch: dict, s: SFTSettings) -> list[dict]:
@@ -74,12 +89,13 @@ def micro_batches(batch: dict, s: SFTSettings) -> list[dict]:
 
 
 def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int | None = None,
-               world_size: int = 1) -> dict[str, float]:
+               world_size: int = 1, sp=None) -> dict[str, float]:
     """One optimizer step on `batch`, gradients accumulated over its micro-batches.
 
     Data parallel (world_size > 1, a sharded model whose gradients are averaged over the workers): `batch`
     is this worker's share of the rows and `total_tokens` the whole batch's learned tokens, so each worker's
-    loss is scaled by world_size and the averaged gradient is that of the whole batch's token mean.
+    loss is scaled by world_size and the averaged gradient is that of the whole batch's token mean. With
+    sequence parallelism (`sp`) the P workers of a group hold the same rows and each its part of the gradient.
     A step whose loss or gradient norm is not finite is skipped (the weights stay; on every worker).
     -> train/loss (the whole batch's token mean: summed over workers), train/grad_norm, train/lr,
     train/nonfinite_updates, train/learned_tokens."""
@@ -91,7 +107,7 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for mb in micro_batches(batch, s):
-        loss = nll_sum(model, mb, device, s.fused) / max(total, 1)
+        loss = nll_sum(model, mb, device, s.fused, sp) / max(total, 1)
         (loss * world_size if world_size > 1 else loss).backward()
         loss_sum += float(loss.detach())
     if s.grad_clip is not None:
@@ -108,11 +124,11 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
 
 
 @torch.no_grad()
-def nll_of(model, batch: dict, s: SFTSettings) -> tuple[float, int]:
+def nll_of(model, batch: dict, s: SFTSettings, sp=None) -> tuple[float, int]:
     """(summed -log p of the learned tokens, their count) of `batch`, for the validation loss."""
     device = compute_device(model)
     model.eval()
     total = 0.0
     for mb in micro_batches(batch, s):
-        total += float(nll_sum(model, mb, device, s.fused))
+        total += float(nll_sum(model, mb, device, s.fused, sp))
     return total, learned_tokens(batch)
