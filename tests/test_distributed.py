@@ -245,7 +245,8 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
 
 
 LOSSES = {"k1-pg": ["loss_mode=k1", "use_policy_gradient=true"],
-          "kl_topk": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}
+          "kl_topk": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],
+          "kl_topk-ulysses": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}  # each half the positions
 
 
 @pytest.mark.ray
@@ -261,7 +262,8 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
                                   "algorithm.use_kl_in_reward=False", "actor.use_kl_loss=False",
                                   "distillation.enabled=true",
                                   f"distillation.teacher_models.t.model_path={trained_tiny_model_dir}",
-                                  *(f"distillation.distillation_loss.{k}" for k in LOSSES[loss])))
+                                  *(f"distillation.distillation_loss.{k}" for k in LOSSES[loss]),
+                                  f"actor.ulysses_sequence_parallel_size={2 if 'ulysses' in loss else 1}"))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
     local = Worker(spec)
     local.setup()
@@ -277,7 +279,7 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
         five = batch.select([0, 3, 8, 9, 30])
         assert torch.allclose(group.compute_log_probs(five, "teacher"), batch.teacher_log_probs[[0, 3, 8, 9, 30]],
                               atol=1e-5)
-        if loss == "kl_topk":
+        if loss.startswith("kl_topk"):
             sampled, batch.teacher_topk_log_probs, batch.teacher_topk_ids = local.compute_teacher_topk(batch, 8)
             got = group.compute_teacher_topk(batch, 8)
             assert torch.allclose(sampled, batch.teacher_log_probs, atol=1e-5)

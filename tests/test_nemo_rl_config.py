@@ -585,8 +585,8 @@ def test_chat_template_kwargs_pass_on_as_one_mapping(tmp_path):
 
 def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
     """distillation_math.yaml: distillation.* read as grpo.*'s layout, loss_fn.* the KL over the teacher's top-k
-    logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. With the policy's tensor and context
-    parallel sizes at 1 it runs two steps on the tiny model, distilled from its number-guessing variant, one sample a
+    logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. With the policy's tensor parallel
+    size at 1 it loads; on one worker (context parallelism 1) it runs two steps on the tiny model, distilled from its number-guessing variant, one sample a
     prompt as the file says; the loss is the top-k KL alone, logged beside the reward it does not train on."""
     from posttrain.build import build_run
     from posttrain.data.preprocess import arith
@@ -597,8 +597,9 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
     path.write_text(json.dumps(examples()["configs"]["distillation_math.yaml"]))  # JSON is YAML
     with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2 .*set it to 1"):
         load_config(str(path), [])
-    single = ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.context_parallel_size=1"]
+    single = ["policy.dtensor_cfg.tensor_parallel_size=1"]
     cfg = load_config(str(path), single)
+    assert cfg.actor.ulysses_sequence_parallel_size == 2  # its context parallelism: Ulysses, 2 workers a sequence
     d, loss = cfg.distillation, cfg.distillation.distillation_loss
     assert d.enabled and d.teacher_models == {"teacher": {"model_path": "Qwen/Qwen3-4B"}}
     assert (loss.loss_mode, loss.topk, loss.kl_type, loss.mixed_kl_weight, loss.zero_outside_topk) == \
@@ -608,13 +609,12 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
     assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.actor.lr) == (1000, 20, 2e-5)
     for bad, said in (("loss_fn.kl_type=both", r"loss_fn\.kl_type=both .* not one of: forward, reverse, mixed"),
                       ("++loss_fn.ratio_clip_min=0.2", r"'loss_fn\.ratio_clip_min' .* takes kl_type"),
-                      ("policy.dtensor_cfg.context_parallel_size=2", r"^policy\.dtensor_cfg\.context_parallel_size=2"),
                       ("teacher.tokenizer.name=other", r"^teacher\.tokenizer\.name=other"),
                       ("++teachers=[{model_name: x}]", r"^teachers .*cross-tokenizer off-policy distillation")):
         with pytest.raises(ConfigError, match=said):
-            load_config(str(path), [*single, bad] if "context" not in bad else [single[0], bad])
+            load_config(str(path), [*single, bad])
     train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
-    small = [*single, "distillation.num_prompts_per_step=8", "distillation.max_num_steps=2",
+    small = [*single, "policy.dtensor_cfg.context_parallel_size=1", "distillation.num_prompts_per_step=8", "distillation.max_num_steps=2",
              "distillation.val_period=2", "distillation.topk_logits_k=8", "loss_fn.kl_type=reverse",
              "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
              "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",

@@ -192,7 +192,7 @@ class Worker:
 
         groups = [dist.new_group(list(range(r, r + size))) for r in range(0, self.world_size, size)]  # every rank
         self.sp = SequenceParallel(groups[self.rank // size], size, self.rank % size)  # makes every group
-        for model in (self.policy, self.ref, self.critic):
+        for model in (self.policy, self.ref, self.critic, *self.teachers.values()):  # every model its passes split
             if model is not None:
                 try:
                     use_ulysses(model, self.sp)

@@ -42,10 +42,6 @@ def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, s
         out = translate({**rest, **({"grpo": dist} if dist else {})}, origin)
     except ConfigError as e:  # its keys as the file spells them
         raise ConfigError(str(e).replace("grpo.", "distillation.")) from None
-    if out.get("actor.ulysses_sequence_parallel_size", 1) > 1:
-        raise ConfigError(f"policy.dtensor_cfg.context_parallel_size={out['actor.ulysses_sequence_parallel_size']} "
-                          f"({origin}): the loss over the teacher's top-k logits needs each worker's whole sequences "
-                          "in posttrain; set it to 1")
     kl_type = loss.pop("kl_type", "mixed")
     if kl_type not in KL_TYPES:
         raise ConfigError(f"loss_fn.kl_type={clipped(kl_type)} ({origin}) is not one of: {', '.join(KL_TYPES)}")

@@ -65,9 +65,6 @@ def _loss(cfg: Config) -> None:
         need(0.0 <= loss.mixed_kl_weight <= 1.0, f"{KEY}.mixed_kl_weight={loss.mixed_kl_weight} must be in [0, 1]")
         need(not cfg.model.use_fused_kernels, f"{KEY}.loss_mode={loss.loss_mode} needs the student's logits, which "
              "model.use_fused_kernels=true never forms; set it to false")
-        need(cfg.actor.ulysses_sequence_parallel_size == 1, f"{KEY}.loss_mode={loss.loss_mode} with "
-             f"actor.ulysses_sequence_parallel_size={cfg.actor.ulysses_sequence_parallel_size} is not supported; "
-             "set it to 1 (or use a loss of the sampled tokens, e.g. k1 with use_policy_gradient=true)")
     mode = loss.policy_loss_mode
     need(mode is None or mode == cfg.actor.policy_loss.loss_mode or (mode == "vanilla"),
          f"{KEY}.policy_loss_mode={mode} differs from actor.policy_loss.loss_mode="

@@ -280,6 +280,8 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     """The training pass of the top-k distillation modes (algorithms/distill.py), all over the whole vocabulary:
     -> (log p(token) [n, R], entropy [n, R] (with a gradient only with `entropy_grad`), log p at `topk_ids`
     [n, R, k], sum of p log p [n, R] with its gradient)."""
+    if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
+        return _sequence_parallel_topk(model, mb, device, temperature, options.sp, topk_ids, entropy_grad)
     args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
     logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model))
     log_p = torch.log_softmax(logits, dim=-1)  # [n, R, V]
@@ -287,6 +289,30 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     neg_entropy = (log_p.exp() * log_p).sum(-1)
     entropy = -neg_entropy if entropy_grad else -neg_entropy.detach()
     return log_prob, entropy, log_p.gather(-1, topk_ids.to(device).long()), neg_entropy
+
+
+def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entropy_grad):
+    """topk_stats with the positions split over the sequence-parallel group; the per-position values are
+    gathered, so every worker returns the whole."""
+    from posttrain.training import ulysses
+
+    width, ids = mb.response_length, mb.input_ids.to(device)
+    prompt_width = ids.shape[1] - width
+    logits, _ = ulysses.sharded_forward(model, ids[:, :-1], mb.attention_mask[:, :-1].to(device),
+                                        mb.position_ids[:, :-1].to(device), sp)  # [n, L'/P, V]
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_p = torch.log_softmax(logits, dim=-1)
+    cols = slice(prompt_width - 1, prompt_width - 1 + width)  # the positions that predict the response
+    targets = ulysses.shard(ulysses.pad_positions(ids[:, 1:], sp.size), sp)
+    every = torch.zeros((*ids[:, 1:].shape, topk_ids.shape[-1]), dtype=torch.long, device=device)
+    every[:, cols] = topk_ids.to(device).long()
+    every = ulysses.shard(ulysses.pad_positions(every, sp.size), sp)
+    log_prob = ulysses.gather(log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), sp)[:, cols]
+    neg_entropy = ulysses.gather((log_p.exp() * log_p).sum(-1), sp)[:, cols]
+    topk = ulysses.gather(log_p.gather(-1, every), sp)[:, cols]
+    return log_prob, -neg_entropy if entropy_grad else -neg_entropy.detach(), topk, neg_entropy
 
 
 @torch.no_grad()
