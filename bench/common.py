@@ -27,8 +27,8 @@ import torch
 BENCH_SPEC = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2)
 
 
-def make_model(output_dir: str | Path, seed: int = 0) -> Path:
-    """Write the benchmark model (config, safetensors, tokenizer) to `output_dir`."""
+def make_model(output_dir: str | Path, seed: int = 0, spec: dict | None = None) -> Path:
+    """Write the benchmark model (config, safetensors, tokenizer) to `output_dir` (`spec`: other sizes)."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from posttrain.tiny.arith import TinySpec, _config
@@ -38,7 +38,7 @@ def make_model(output_dir: str | Path, seed: int = 0) -> Path:
     write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(_config(TinySpec(**BENCH_SPEC), tokenizer))
+    model = Qwen2ForCausalLM(_config(TinySpec(**(spec or BENCH_SPEC)), tokenizer))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
