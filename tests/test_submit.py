@@ -242,9 +242,11 @@ def test_ctrl_c_stops_following_and_stop_stops_the_job(ray_cluster, cluster_env,
     assert rc == 0 and f"job {job_id} RUNNING" in out, out + err  # following stopped, the job did not
     rc, out, err = posttrain(cluster_env, *address, "--stop", job_id)
     assert rc == 0 and f"job {job_id} STOPPED" in out, out + err
-    assert list((tmp_path / "run" / "checkpoints").glob("global_step_*")), "no checkpoint saved on --stop"
-    rc, out, err = posttrain(cluster_env, *address, "--logs", job_id, "--follow")
-    assert rc == 130 and re.search(r"^step 1/", out, re.M), out + err  # a stopped job's status
+    saved = list((tmp_path / "run" / "checkpoints").glob("global_step_*"))
+    rc, logs, err = posttrain(cluster_env, *address, "--logs", job_id, "--follow")
+    # the job's own words on a failure: what it did between the SIGTERM and its end
+    assert saved, f"no checkpoint saved on --stop; the job's log ends:\n{logs[-3000:]}{err[-1000:]}"
+    assert rc == 130 and re.search(r"^step 1/", logs, re.M), logs + err  # a stopped job's status
 
 
 
