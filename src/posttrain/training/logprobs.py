@@ -259,20 +259,29 @@ def _sequence_parallel_stats(model, mb, device, temperature, options, with_entro
     log-probs and entropies are gathered, so every worker returns the whole."""
     from posttrain.training import ulysses
 
-    sp, width = options.sp, mb.response_length
+    sp = options.sp
+    logits, targets, cols = _sharded_logits(model, mb, device, temperature, sp)
+    log_prob, entropy = _stats(logits, targets, options, with_entropy, entropy_grad)
+    log_prob = ulysses.gather(log_prob, sp)[:, cols]
+    return log_prob, ulysses.gather(entropy, sp)[:, cols] if with_entropy else None
+
+
+def _sharded_logits(model, mb, device, temperature, sp):
+    """This worker's 1/P of the positions of `mb`'s rows: -> (their logits [n, L'/P, V] in float32 over the
+    temperature, the tokens they predict [n, L'/P], the slice of the gathered positions that predict the
+    response)."""
+    from posttrain.training import ulysses
+
     ids = mb.input_ids.to(device)
-    prompt_width = ids.shape[1] - width
+    prompt_width = ids.shape[1] - mb.response_length
     # position t predicts token t + 1; the last token predicts nothing we score
-    logits, padded = ulysses.sharded_forward(model, ids[:, :-1], mb.attention_mask[:, :-1].to(device),
-                                             mb.position_ids[:, :-1].to(device), sp)  # [n, L'/P, V]
+    logits, _ = ulysses.sharded_forward(model, ids[:, :-1], mb.attention_mask[:, :-1].to(device),
+                                        mb.position_ids[:, :-1].to(device), sp)  # [n, L'/P, V]
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     targets = ulysses.shard(ulysses.pad_positions(ids[:, 1:], sp.size), sp)  # [n, L'/P]
-    log_prob, entropy = _stats(logits, targets, options, with_entropy, entropy_grad)
-    cols = slice(prompt_width - 1, prompt_width - 1 + width)  # the positions that predict the response
-    log_prob = ulysses.gather(log_prob, sp)[:, cols]
-    return log_prob, ulysses.gather(entropy, sp)[:, cols] if with_entropy else None
+    return logits, targets, slice(prompt_width - 1, prompt_width - 1 + mb.response_length)
 
 
 def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk_ids: torch.Tensor,
@@ -282,9 +291,7 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     [n, R, k], sum of p log p [n, R] with its gradient)."""
     if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
         return _sequence_parallel_topk(model, mb, device, temperature, options.sp, topk_ids, entropy_grad)
-    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
-    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model))
-    log_p = torch.log_softmax(logits, dim=-1)  # [n, R, V]
+    log_p = _response_log_p(model, mb, device, temperature, options)  # [n, R, V]
     log_prob = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1)
     neg_entropy = (log_p.exp() * log_p).sum(-1)
     entropy = -neg_entropy if entropy_grad else -neg_entropy.detach()
@@ -296,23 +303,22 @@ def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entrop
     gathered, so every worker returns the whole."""
     from posttrain.training import ulysses
 
-    width, ids = mb.response_length, mb.input_ids.to(device)
-    prompt_width = ids.shape[1] - width
-    logits, _ = ulysses.sharded_forward(model, ids[:, :-1], mb.attention_mask[:, :-1].to(device),
-                                        mb.position_ids[:, :-1].to(device), sp)  # [n, L'/P, V]
-    logits = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    logits, targets, cols = _sharded_logits(model, mb, device, temperature, sp)
     log_p = torch.log_softmax(logits, dim=-1)
-    cols = slice(prompt_width - 1, prompt_width - 1 + width)  # the positions that predict the response
-    targets = ulysses.shard(ulysses.pad_positions(ids[:, 1:], sp.size), sp)
-    every = torch.zeros((*ids[:, 1:].shape, topk_ids.shape[-1]), dtype=torch.long, device=device)
+    every = torch.zeros((len(mb), mb.input_ids.shape[1] - 1, topk_ids.shape[-1]), dtype=torch.long, device=device)
     every[:, cols] = topk_ids.to(device).long()
     every = ulysses.shard(ulysses.pad_positions(every, sp.size), sp)
     log_prob = ulysses.gather(log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), sp)[:, cols]
     neg_entropy = ulysses.gather((log_p.exp() * log_p).sum(-1), sp)[:, cols]
     topk = ulysses.gather(log_p.gather(-1, every), sp)[:, cols]
     return log_prob, -neg_entropy if entropy_grad else -neg_entropy.detach(), topk, neg_entropy
+
+
+def _response_log_p(model, mb, device, temperature, options: PassOptions) -> torch.Tensor:
+    """log-softmax [n, R, V] of the logits that predict `mb`'s response tokens (over the temperature)."""
+    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
+    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model))
+    return torch.log_softmax(logits, dim=-1)
 
 
 @torch.no_grad()
@@ -329,10 +335,7 @@ def compute_topk_log_probs(model, batch, k: int, micro_batch_size: int, temperat
     top_ids = torch.zeros((*batch.responses.shape, k), dtype=torch.int32)
     try:
         for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
-            args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device),
-                    mb.response_length)
-            log_p = torch.log_softmax(response_logits(model, *args, temperature, options.share_prompt and
-                                                      can_share_prompt(model)), dim=-1)
+            log_p = _response_log_p(model, mb, device, temperature, options)
             width = mb.response_length
             log_probs[rows, :width] = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1).cpu()
             values, ids = log_p.topk(k, dim=-1)
