@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from posttrain.algorithms.distill import KL_TYPES
 from posttrain.config.checks import clipped
+from posttrain.config.nemo_rl_policy import Leaves
 from posttrain.errors import ConfigError
 
 TEACHER = "teacher"  # the name of the one teacher in distillation.teacher_models
@@ -58,7 +59,7 @@ def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, s
 
 def _teacher(teacher: dict, policy_out: dict, origin: str) -> dict[str, Any]:
     """teacher.* -> distillation.teacher_models.teacher and the teacher's pass."""
-    flat = _flat(teacher)
+    flat = Leaves(teacher).flat
     model = flat.get("model_name")
     if not model:
         raise ConfigError(f"teacher.model_name is not set ({origin}): the teacher's Hugging Face model directory")
@@ -77,12 +78,3 @@ def _teacher(teacher: dict, policy_out: dict, origin: str) -> dict[str, Any]:
         out["distillation.param_offload"] = True
     return out
 
-
-def _flat(node: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
