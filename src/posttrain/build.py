@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from posttrain.algorithms import make_kl_controller
+from posttrain.algorithms.distill import TOPK_MODES
 from posttrain.async_rollout import RolloutsAhead
 from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
@@ -201,10 +202,10 @@ def check_teacher(cfg, tokenizer) -> None:
             raise ConfigError(f"distillation.teacher_models.{name}.model_path={path}: its tokenizer's vocabulary "
                               "differs from the student's; the teacher scores the student's token ids, so it needs "
                               "the same tokenizer (a teacher of the same model family)")
-    k, loss = cfg.distillation.distillation_loss.topk, cfg.distillation.distillation_loss
-    if loss.loss_mode.endswith("_topk") and k > len(tokenizer):
-        raise ConfigError(f"distillation.distillation_loss.topk={k} is more than the vocabulary's {len(tokenizer)} "
-                          "tokens; set it at most that")
+    loss = cfg.distillation.distillation_loss
+    if loss.loss_mode in TOPK_MODES and loss.topk > len(tokenizer):
+        raise ConfigError(f"distillation.distillation_loss.topk={loss.topk} is more than the vocabulary's "
+                          f"{len(tokenizer)} tokens; set it at most that")
 
 
 def hold_out(train, val, share: float, seed: int | None, max_samples: int | None = None):
