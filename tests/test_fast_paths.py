@@ -8,6 +8,7 @@ in two calls, micro-batches are reordered), so they are compared to 1e-5.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -65,6 +66,56 @@ def test_inverse_cdf_sampling_matches_the_distribution():
                         torch.rand(200_000, generator=g))
     freq = torch.bincount(draws, minlength=4).double() / 200_000
     torch.testing.assert_close(freq, probs.double(), atol=4e-3, rtol=0)  # ~4 standard errors
+
+
+def test_sampled_tokens_log_probs_come_from_the_same_log_softmax_and_never_land_past_the_mass():
+    from posttrain.rollout.hf import next_tokens
+
+    # the last token has no mass (logit -inf): a point rounded onto the total (u = 1) takes the last one with mass
+    logits = torch.tensor([[0.1, 0.2, 0.7, 0.0]]).log().expand(3, 4)
+    token, log_p = next_tokens(logits, SamplingParams(max_new_tokens=1), torch.tensor([0.0, 0.5, 1.0]), True)
+    assert token.tolist() == [0, 2, 2]
+    torch.testing.assert_close(log_p, torch.tensor([0.1, 0.7, 0.7]).log())
+    # the log-probs are those at the sampling temperature before top-k: what the trainer's passes compute
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(max_new_tokens=1, temperature=0.7, top_k=4)
+    token, log_p = next_tokens(logits, params, torch.rand(5, generator=torch.Generator().manual_seed(1)), True)
+    assert torch.equal(token, sample_next(logits, params, torch.rand(5, generator=torch.Generator().manual_seed(1))))
+    assert all(t in row.topk(4).indices for t, row in zip(token.tolist(), logits))
+    torch.testing.assert_close(log_p, torch.log_softmax(logits / 0.7, -1).gather(-1, token[:, None]).squeeze(-1))
+    greedy, log_p = next_tokens(logits, SamplingParams(max_new_tokens=1, temperature=0.0), None, True)
+    assert torch.equal(greedy, logits.argmax(-1))
+    torch.testing.assert_close(log_p, torch.log_softmax(logits, -1).max(-1).values)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_sliced_output_layer_gives_the_plain_layers_logits(monkeypatch, bias):
+    from posttrain.rollout import head
+
+    monkeypatch.setattr(head, "VOCAB_SLICE", 3)  # 40 = 13 slices of 3 and one of 1
+    layer = torch.nn.Linear(16, 40, bias=bias)
+    hidden = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(head.sliced_linear(layer, hidden), layer(hidden), atol=1e-6, rtol=1e-6)
+
+
+def test_generation_with_the_sliced_output_layer_is_the_same_and_leaves_the_model_as_it_was(model64, monkeypatch):
+    from posttrain.rollout import head
+
+    params = SamplingParams(n=3, max_new_tokens=6, temperature=1.0, logprobs=True)
+    monkeypatch.setattr(head, "MIN_VOCAB", 10**9)  # the plain layer
+    plain = generate(model64, params)
+    monkeypatch.setattr(head, "MIN_VOCAB", 1)
+    monkeypatch.setattr(head, "VOCAB_SLICE", 7)
+    names = list(model64.state_dict())
+    calls = []
+    real = head.sliced_linear
+    monkeypatch.setattr(head, "sliced_linear", lambda *a: calls.append(1) or real(*a))
+    sliced = generate(model64, params)
+    assert calls  # the decoding steps went through it
+    same_samples(plain, sliced)
+    torch.testing.assert_close(plain.log_probs, sliced.log_probs, atol=1e-12, rtol=0)
+    assert list(model64.state_dict()) == names and "forward" not in vars(model64.get_output_embeddings())
 
 
 @pytest.mark.parametrize("micro_batch_size", [None, 6])
@@ -316,6 +367,28 @@ def test_training_is_the_same_with_the_memory_switches(random_qwen2, small_chunk
     torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-4)
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         assert m[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
+
+
+def test_log_prob_and_entropy_from_one_log_softmax_by_hand_and_against_the_two_passes(monkeypatch):
+    from posttrain.algorithms.losses import entropy_from_logits
+    from posttrain.training import logprobs
+    from posttrain.training.logprobs import log_prob_and_entropy, token_log_probs
+
+    # p = [0.5, 0.25, 0.25] (logits shifted by 3: only differences count): entropy 1.5 ln 2, log p(token 1) = ln 1/4
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]])) + 3.0
+    log_prob, entropy = log_prob_and_entropy(logits, torch.tensor([[1]]))
+    assert log_prob.item() == pytest.approx(math.log(0.25), abs=1e-6)
+    assert entropy.item() == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    monkeypatch.setattr(logprobs, "ENTROPY_ROWS", 4)  # 15 positions: pieces of 4, 4, 4 and 3
+    logits = (torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(0)) * 4).requires_grad_()
+    tokens = torch.randint(0, 40, (3, 5), generator=torch.Generator().manual_seed(1))
+    log_prob, entropy = log_prob_and_entropy(logits, tokens)
+    torch.testing.assert_close(log_prob, token_log_probs(logits, tokens), atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits).detach(), atol=1e-5, rtol=0)
+    assert log_prob.requires_grad and not entropy.requires_grad  # the entropy is a metric here: no graph
+    (grad,) = torch.autograd.grad(log_prob.sum(), logits)
+    (want,) = torch.autograd.grad(token_log_probs(logits, tokens).sum(), logits)
+    torch.testing.assert_close(grad, want)
 
 
 class LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):

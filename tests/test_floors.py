@@ -31,7 +31,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("config", "configs", "tools", "envs", "arguments"),
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor
-    ("algorithms", "errors", "text", "redact", "quiet", "files", "yamlfile", "nonfinite", "profiling", "samples",
+    ("algorithms", "errors", "text", "redact", "quiet", "malloc", "files", "yamlfile", "nonfinite", "profiling", "samples",
      "processes", "pyfile", "debugging",
      "__init__"),
 ]

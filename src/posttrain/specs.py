@@ -35,7 +35,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
     return WorkerSpec(
         model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
-        small_attention=cfg.model.small_attention, device=device, lr=a.lr,
+        small_attention=cfg.model.small_attention, reuse_cpu_memory=cfg.trainer.reuse_cpu_memory, device=device, lr=a.lr,
         param_offload=a.param_offload, optimizer_offload=a.optimizer_offload,
         weight_decay=a.weight_decay, betas=tuple(a.betas), eps=a.eps,
         warmup_steps=warmup_steps(a.lr_warmup_steps, a.lr_warmup_steps_ratio, total_steps),

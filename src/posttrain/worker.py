@@ -71,6 +71,7 @@ class Worker:
         make the optimizer and the rollout engine. -> where this worker runs."""
         from posttrain.models import load_model, load_tokenizer
         from posttrain.models.loader import eos_token_ids, freeze_vision_tower
+        from posttrain.malloc import reuse_freed_memory
         from posttrain.quiet import quiet_libraries
         from posttrain.training.parallelize import parallelize
 
@@ -82,6 +83,8 @@ class Worker:
         if s.threads:
             torch.set_num_threads(s.threads)
         device = torch.device(s.device)
+        if device.type == "cpu" and s.reuse_cpu_memory:
+            reuse_freed_memory()
         if self.sharded:
             self._init_process_group(init_method, device)
         torch.manual_seed(s.seed)

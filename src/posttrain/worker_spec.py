@@ -96,6 +96,7 @@ class WorkerSpec:
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     small_attention: bool = True  # models/attention.py
+    reuse_cpu_memory: bool = True  # malloc.py: on the CPU, freed memory kept for reuse
     param_offload: bool = False  # the policy's sharded parameters and gradients in CPU memory (FSDP2, workers)
     optimizer_offload: bool = False  # the policy optimizer's state on the CPU between updates
     device: str = "cpu"  # cpu | cuda

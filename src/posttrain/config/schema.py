@@ -400,6 +400,9 @@ class TrainerConfig:
     n_gpus_per_node: int = 1  # workers per node (devices; CPU workers with device=cpu)
     nnodes: int = 1
     device: str = "auto"  # auto | cpu | cuda
+    # on the CPU, malloc keeps the memory a step frees for the next allocation instead of handing it back and
+    # page-faulting it in again (malloc.py); the process keeps its peak memory
+    reuse_cpu_memory: bool = True
     use_ray: Optional[bool] = None  # null: on Ray when nnodes x n_gpus_per_node > 1 or a Ray address is set
     ray_address: Optional[str] = None  # a running cluster (HEAD:6379); null: $RAY_ADDRESS, else a local cluster
     cpus_per_worker: int = 1

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.head import sliced_head
 from posttrain.rollout.kv import CACHE, cache_of, reserve
 
 
@@ -45,15 +46,30 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def sample_next(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None) -> torch.Tensor:
     """logits [N, V], uniform [N] in [0, 1) -> next token ids [N]: the token
     whose CDF interval holds the uniform number (exact sampling; None: greedy)."""
+    return next_tokens(logits, params, uniform, log_probs=False)[0]
+
+
+def next_tokens(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None, log_probs: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sample_next, and with `log_probs` each chosen token's log-probability [N] under the distribution at the
+    sampling temperature (before top-k/top-p: the one the trainer's passes compute). Without top-k/top-p the
+    sampling distribution is the exp of that same log-softmax: one pass over the vocabulary serves both."""
     if params.greedy:
-        return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(logits, dim=-1)  # [N, V]
+        token = logits.argmax(dim=-1)
+        if not log_probs:
+            return token, None
+        return token, torch.log_softmax(logits.float(), -1).gather(-1, token[:, None]).squeeze(-1)
+    scaled = logits.float() / params.temperature
+    log_p = torch.log_softmax(scaled, dim=-1) if log_probs else None  # [N, V]
+    kept = filter_logits(scaled, params.top_k, params.top_p)
+    probs = log_p.exp() if log_p is not None and kept is scaled else torch.softmax(kept, dim=-1)  # [N, V]
     cdf = probs.cumsum(dim=-1)
-    token = torch.searchsorted(cdf, (uniform[:, None] * cdf[:, -1:]).contiguous(), right=True).squeeze(-1)
-    # rounding can put the point past the last token with mass: take that one then
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
-    return torch.minimum(token, last)
+    total = cdf[:, -1:]
+    # the point u * total, kept below the total where rounding would put it on it: then it falls in the
+    # interval of the last token with mass (past it the CDF is flat), never past the vocabulary
+    point = torch.minimum(uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    token = torch.searchsorted(cdf, point.contiguous(), right=True).squeeze(-1)
+    return token, (log_p.gather(-1, token[:, None]).squeeze(-1) if log_p is not None else None)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,16 +154,17 @@ class HFRolloutEngine:
         parts = []  # (rows of the chunk in the output, responses, masks, log-probs, truncated, versions)
         bar = tqdm(total=len(expanded), desc="gen", unit="seq", leave=False, disable=None if self.progress else True)
         try:
-            for start in range(0, len(order), per_chunk):
-                chunk = order[start:start + per_chunk]
-                group = [prompts[i] for i in chunk]
-                ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
-                rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
-                u = uniforms[rows.to(self.device)] if uniforms is not None else None
-                r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
-                parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(),
-                              ver.cpu() if ver is not None else None))
-                bar.update(len(chunk) * n)
+            with sliced_head(self.model):  # the vocabulary's logits a slice at a time (CPU; rollout/head.py)
+                for start in range(0, len(order), per_chunk):
+                    chunk = order[start:start + per_chunk]
+                    group = [prompts[i] for i in chunk]
+                    ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
+                    rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
+                    u = uniforms[rows.to(self.device)] if uniforms is not None else None
+                    r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
+                    parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(),
+                                  ver.cpu() if ver is not None else None))
+                    bar.update(len(chunk) * n)
         finally:
             bar.close()
             self.model.train(was_training)
@@ -204,14 +221,14 @@ class HFRolloutEngine:
             if len(running) == 0:  # early_stop=False and every row has ended: only padding is left to add
                 continue
             live = ~finished[running]  # [len(running)]: rows that had not ended before this token
-            tok = sample_next(logits, params, None if uniforms is None else uniforms[running, step])
+            tok, lp = next_tokens(logits, params, None if uniforms is None else uniforms[running, step],
+                                  log_probs is not None)
             tok = torch.where(live, tok, torch.full_like(tok, self.pad_token_id))
             tokens[running, step], alive[running, step] = tok, live.long()
             if versions is not None:
                 versions[running, step] = logits_version
             if log_probs is not None:
-                scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
-                log_probs[running, step] = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1) * live
+                log_probs[running, step] = lp * live
             if not params.ignore_eos:
                 finished[running] |= live & torch.isin(tok, eos)
             if step == params.max_new_tokens - 1 or (self.early_stop and bool(finished.all())):

@@ -205,6 +205,23 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+ENTROPY_ROWS = 16  # positions per piece of log_prob_and_entropy's entropy: its temporaries stay small
+
+
+def log_prob_and_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, R, V], tokens [N, R] -> (log p(token) [N, R], entropy [N, R],
+    without a gradient), both from one log-softmax: the entropy -sum p log p is
+    summed from it ENTROPY_ROWS positions at a time, instead of a softmax and
+    a logsumexp of its own over the whole logits (entropy_from_logits; equal to
+    float rounding). Logits must be finite, as there."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    log_prob = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        flat = log_p.detach().reshape(-1, log_p.shape[-1])
+        entropy = torch.cat([-(piece.exp() * piece).sum(-1) for piece in flat.split(ENTROPY_ROWS)])
+    return log_prob, entropy.reshape(log_prob.shape)
+
+
 ENTROPY_CHUNK = 2048  # tokens per piece with entropy_chunking
 
 
@@ -242,6 +259,8 @@ def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOp
 
 def _stats(logits, tokens, options: PassOptions, with_entropy: bool, entropy_grad: bool):
     """logits [n, T, V], tokens [n, T] -> (log p(token) [n, T], entropy [n, T] or None)."""
+    if with_entropy and not (entropy_grad and torch.is_grad_enabled()) and not options.compile:
+        return log_prob_and_entropy(logits, tokens)  # the entropy as a metric: from the same log-softmax
     log_prob = (compiled(token_log_probs) if options.compile else token_log_probs)(logits, tokens)
     if not with_entropy:
         return log_prob, None
