@@ -99,6 +99,34 @@ def test_the_sliced_output_layer_gives_the_plain_layers_logits(monkeypatch, bias
         torch.testing.assert_close(head.sliced_linear(layer, hidden), layer(hidden), atol=1e-6, rtol=1e-6)
 
 
+def test_the_sliced_output_layer_keeps_the_plain_product_where_a_gradient_or_autocast_is_on():
+    from posttrain.rollout import head
+
+    layer = torch.nn.Linear(16, 40 * head.VOCAB_SLICE)
+    hidden = torch.randn(3, 16)
+    out = head.sliced_linear(layer, hidden)  # the weight wants a gradient: the plain product, with its graph
+    assert out.grad_fn is not None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert head.sliced_linear(layer, hidden).dtype == torch.bfloat16  # autocast's product, as the layer's
+
+
+def test_log_prob_passes_with_the_sliced_output_layer_are_the_same(random_qwen2, monkeypatch):
+    from posttrain.rollout import head
+
+    b = make_batch(random_qwen2)
+    mask = b.response_mask.bool()
+    want, want_entropy = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True)
+    monkeypatch.setattr(head, "MIN_VOCAB", 1)
+    monkeypatch.setattr(head, "VOCAB_SLICE", 7)
+    calls = []
+    real = head.sliced_linear
+    monkeypatch.setattr(head, "sliced_linear", lambda *a: calls.append(1) or real(*a))
+    got, entropy = compute_log_probs(random_qwen2, b, 4, temperature=0.7, with_entropy=True)
+    assert calls
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[mask], want_entropy[mask], atol=1e-5, rtol=1e-5)
+
+
 def test_generation_with_the_sliced_output_layer_is_the_same_and_leaves_the_model_as_it_was(model64, monkeypatch):
     from posttrain.rollout import head
 

@@ -26,6 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
+from posttrain.rollout.head import sliced_head
 from posttrain.rollout.kv import CACHE, cache_of
 from posttrain.training.fused import stats_head
 
@@ -391,12 +392,13 @@ def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 
     log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
     entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
     try:
-        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
-            log_prob, entropy = log_probs_and_entropy(model, mb, device, temperature, options, with_entropy)
-            width = mb.response_length
-            log_probs[rows, :width] = log_prob.cpu()
-            if with_entropy:
-                entropies[rows, :width] = entropy.cpu()
+        with sliced_head(model):  # the vocabulary's logits a slice at a time (CPU; rollout/head.py)
+            for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+                log_prob, entropy = log_probs_and_entropy(model, mb, device, temperature, options, with_entropy)
+                width = mb.response_length
+                log_probs[rows, :width] = log_prob.cpu()
+                if with_entropy:
+                    entropies[rows, :width] = entropy.cpu()
     finally:
         model.train(was_training)
     return log_probs, entropies
