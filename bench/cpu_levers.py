@@ -15,8 +15,10 @@ micro-batches of 64 rows; hidden 576, vocabulary 49152), with random weights:
 
 The first lever's sides run in processes of their own; the others in this one, with reuse_cpu_memory on (as a
 step runs them). Each time is the median of `--repeats` after a warm-up. Prints a markdown table: lever, peer s, lever s, peer/lever.
+`--compiled-decode` adds a lever tried and not kept: generation on the bench model (16 prompts x 8 samples x 16
+tokens) with the model's forward torch.compile'd (dynamic shapes), against eager, and the time its first call took.
 
-    .venv/bin/python bench/cpu_levers.py [--threads 2] [--repeats 7]
+    .venv/bin/python bench/cpu_levers.py [--threads 2] [--repeats 7] [--compiled-decode]
 """
 
 from __future__ import annotations
@@ -119,10 +121,38 @@ def sampling_row(repeats: int) -> list:
             timed(lambda: next_tokens(logits, params, uniform, True), repeats)]
 
 
+def compiled_decode_row(repeats: int) -> list:
+    """A lever tried and not kept: the bench model's forward torch.compile'd (dynamic shapes) for generation,
+    against eager; the time to compile is reported beside."""
+    import tempfile
+    from pathlib import Path
+
+    from posttrain.models.loader import load_model, load_tokenizer
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.hf import HFRolloutEngine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = common.make_model(Path(tmp) / "model")
+        tokenizer, model = load_tokenizer(model_dir), load_model(model_dir)
+    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+               for row in common.make_prompts(16)]
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, progress=False)
+    params = SamplingParams(n=8, max_new_tokens=16, temperature=1.0, ignore_eos=True, logprobs=True)
+    eager = timed(lambda: engine.generate(prompts, params), repeats)
+    model.forward = torch.compile(model.forward, dynamic=True)
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    first = time.perf_counter() - start
+    return [f"(not kept) the 3M bench model's generation with its forward torch.compile'd; the first call, "
+            f"compiling, took {first:.1f} s", eager, timed(lambda: engine.generate(prompts, params), repeats)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--compiled-decode", action="store_true", help="also the lever tried and not kept (a minute)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -138,6 +168,8 @@ def main() -> None:
              timed(lambda: two_passes(logits, tokens), args.repeats),
              timed(lambda: one_pass(logits, tokens), args.repeats)],
             head_row(args.repeats), sampling_row(args.repeats)]
+    if args.compiled_decode:
+        rows.append(compiled_decode_row(args.repeats))
     print(f"# {args.threads} threads, median of {args.repeats}; {common.versions()}")
     print(common.markdown_table(["lever", "peer s", "lever s", "peer / lever"],
                                 [[name, f"{a:.4f}", f"{b:.4f}", f"{a / b:.2f}x"] for name, a, b in rows]))

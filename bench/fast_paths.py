@@ -32,6 +32,7 @@ FLAGS = {
     "model.share_prompt": "prompt run once in log-prob/training passes",
     "model.small_attention": "small CPU attentions as grouped matmuls",
     "actor.reuse_on_policy_log_probs": "no separate old log-prob pass",
+    "trainer.reuse_cpu_memory": "malloc keeps freed memory for reuse (CPU)",
 }
 
 

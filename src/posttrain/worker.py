@@ -83,8 +83,8 @@ class Worker:
         if s.threads:
             torch.set_num_threads(s.threads)
         device = torch.device(s.device)
-        if device.type == "cpu" and s.reuse_cpu_memory:
-            reuse_freed_memory()
+        if device.type == "cpu":
+            reuse_freed_memory(s.reuse_cpu_memory)
         if self.sharded:
             self._init_process_group(init_method, device)
         torch.manual_seed(s.seed)
