@@ -17,7 +17,7 @@ whole process: no block is served by mmap (all come from the heap, whose
 freed blocks are reused), and up to 2 GiB freed at the heap's top is kept
 rather than given back to the system. The process then holds about its peak:
 as a GPU's caching allocator does, memory once used stays with the process
-(SmolLM2's step peaked at 6.80 GB resident without it, 6.92 GB with it).
+(SmolLM2's step peaked at 6.49 GiB resident without it, 6.60 GiB with it).
 Only on Linux with glibc; elsewhere it does nothing (and returns False).
 """
 

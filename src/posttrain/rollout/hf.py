@@ -205,6 +205,11 @@ class HFRolloutEngine:
         if repeats > 1:
             logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
         next_pos = position_ids[:, -1:] + 1  # [rows, 1]
+        # the attention mask of every decoding step, allocated once: a step passes a view of its first `width`
+        # columns (the prompt's mask, then ones), as the reserved cache holds the keys (no per-token cat)
+        width = mask.shape[1]
+        full_mask = torch.ones((rows, width + params.max_new_tokens), dtype=mask.dtype, device=device)
+        full_mask[:, :width] = mask
         eos = torch.tensor(self.eos_token_ids, device=device)
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
@@ -235,14 +240,14 @@ class HFRolloutEngine:
                 break
             if self.remove_padding and bool(finished[running].any()):  # ended rows leave the batch
                 keep = torch.nonzero(~finished[running]).squeeze(-1)
-                running, tok, mask, next_pos = running[keep], tok[keep], mask[keep], next_pos[keep]
+                running, tok, full_mask, next_pos = running[keep], tok[keep], full_mask[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
                 if len(running) == 0:
                     continue
-            mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=device)], dim=1)
+            width += 1
             self._new_weights()  # the sequences in flight go on with them (their KV cache kept as it is)
             logits_version = self.weights_version
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+            out = self.model(input_ids=tok[:, None], attention_mask=full_mask[:, :width], position_ids=next_pos,
                              use_cache=True, **{CACHE: cache})
             cache, logits = cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
