@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.loop import rl_step, save
+from posttrain.driver.loop import rl_step, save
 
 
 def timed_steps(run, n: int, before_step=None, after_step=None) -> list[float]:

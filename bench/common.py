@@ -103,9 +103,9 @@ def timed_run(overrides) -> dict:
     of each step (as the run's metrics.jsonl records timing_s/step), the mean
     response length and the median seconds of each phase (timing_s/...) after
     the first step."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         train(build_run(load_config(None, overrides(Path(tmp) / "run"))))

@@ -74,7 +74,7 @@ def child(mode: str, threads: int, repeats: int) -> None:
     """The malloc lever's side: one_pass timed in this fresh process. Prints its seconds."""
     torch.set_num_threads(threads)
     if mode == "reuse":
-        from posttrain.malloc import reuse_freed_memory
+        from posttrain.runtime.malloc import reuse_freed_memory
 
         assert reuse_freed_memory(), "malloc.reuse_freed_memory needs Linux with glibc"
     logits, tokens = logits_and_tokens()
@@ -159,7 +159,7 @@ def main() -> None:
         return child(args.child, args.threads, args.repeats)
     torch.set_num_threads(args.threads)
     first = malloc_row(args.threads, args.repeats)
-    from posttrain.malloc import reuse_freed_memory
+    from posttrain.runtime.malloc import reuse_freed_memory
 
     reuse_freed_memory()  # the other levers as a step runs them: with it
     logits, tokens = logits_and_tokens()

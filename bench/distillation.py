@@ -47,9 +47,9 @@ SETTINGS = {
 
 
 def run(run_dir: Path, extra: list[str]) -> list[dict]:
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -31,7 +31,7 @@ import common
 def synthetic_batch(model_dir: Path, prompts: int, n: int, min_len: int, max_len: int, seed: int = 0):
     """A RolloutBatch as a rollout would give it: the benchmark prompts, n random
     responses each of a random length in [min_len, max_len], random advantages."""
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.models import load_tokenizer
     from posttrain.rollout.base import RolloutOutput
     from posttrain.rollout.hf import left_pad
@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--budgets", default="2048,4096,8192,16384", help="token budgets to compare")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from posttrain.flops import ModelFlops, cpu_peak_flops
+    from posttrain.metrics.flops import ModelFlops, cpu_peak_flops
     from posttrain.models import load_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -104,7 +104,7 @@ def main() -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # posttrain subprocesses (default, two_workers)
     import torch
 
-    from posttrain.quiet import quiet_libraries
+    from posttrain.runtime.quiet import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(args.threads)

@@ -40,9 +40,9 @@ def run_steps(model_dir: Path, data_file: Path, steps: int, prompts: int, n: int
     """`steps` steps of the work; -> each step's metrics (the first, warm-up, left out)."""
     import json
 
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -83,7 +83,7 @@ def main() -> None:
     p.add_argument("--response-length", type=int, default=16)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from posttrain.flops import ModelFlops, cpu_peak_flops
+    from posttrain.metrics.flops import ModelFlops, cpu_peak_flops
 
     peak = cpu_peak_flops(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -47,7 +47,7 @@ def model_and_prompts(name: str, count: int) -> tuple[Path, list[list[int]]]:
     from posttrain.models.loader import load_tokenizer
 
     if name == "tiny":
-        from posttrain.build import embedded_data_files
+        from posttrain.driver.build import embedded_data_files
         from posttrain.data.schema import read_rows
         from posttrain.tiny.arith import ensure_tiny_model
 
@@ -102,7 +102,7 @@ def timed(fn):
 def mismatch(engine, model, prompts: list[list[int]], n: int, max_tokens: int) -> dict[str, float]:
     """vLLM samples (temperature 1, logprobs on); the trainer's float32 forward scores the same tokens."""
     from posttrain.algorithms.rollout_corr import mismatch_metrics
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.rollout.base import SamplingParams
     from posttrain.training.logprobs import compute_log_probs
 

@@ -132,9 +132,9 @@ def test_the_endpoint_refuses_what_it_cannot_serve(tools_engine):
 
 def test_a_few_steps_whose_samples_are_agent_runs(tmp_path, data, trained_tiny_model_dir):
     """The tiny model through the endpoint, one question per run; the agent's own reward is the score."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     mt = "rollout.multi_turn."
     run = build_run(load_config(None, small_run_overrides(

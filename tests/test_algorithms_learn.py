@@ -7,9 +7,9 @@ import statistics
 import pytest
 
 from posttrain.config.presets import ALGORITHMS
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.loop import train
+from posttrain.driver.loop import train
 
 from helpers import read_metrics
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
-from posttrain.loop import train
+from posttrain.driver.loop import train
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.remote import RolloutProcessError
 
@@ -27,7 +27,7 @@ ASYNC = ("async_training.enable=true", "async_training.rollout_threads=1")
 def two_cores(monkeypatch):
     """Trainer and rollout process one torch thread each, on any machine (the split of a 2-core one), so the
     synchronous runs they are compared with can use the same one thread; the session's threads come back after."""
-    monkeypatch.setattr("posttrain.specs.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("posttrain.driver.settings.os.cpu_count", lambda: 2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -121,12 +121,12 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
     as the HF engine in this one; its errors come back with the child's traceback."""
     from functools import partial
 
-    from posttrain.engines import build_rollout_engine
+    from posttrain.worker.engines import build_rollout_engine
     from posttrain.models import load_model
     from posttrain.rollout.hf import HFRolloutEngine
     from posttrain.rollout.remote import RemoteEngine
     from posttrain.rollout.weights import named_full_weights
-    from posttrain.specs import worker_spec
+    from posttrain.driver.settings import worker_spec
 
     cfg = load_config(None, [f"model.path={trained_tiny_model_dir}", *ASYNC])
     spec = worker_spec(cfg, str(trained_tiny_model_dir), None, "cpu", 1)

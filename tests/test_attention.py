@@ -153,7 +153,7 @@ def test_the_loader_switches_unless_told_not_to(tiny_model_dir):
 
 
 def test_shared_prompt_log_probs_are_the_same(random_qwen2):
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.training.logprobs import PassOptions, compute_log_probs
 
     sdpa, fast = pair(random_qwen2.double())

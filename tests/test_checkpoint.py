@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.checkpoint import CheckpointWriter, list_checkpoints, take_snapshot
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.errors import CheckpointError, ConfigError
-from posttrain.loop import train
+from posttrain.driver.loop import train
 
 from helpers import POSTTRAIN, comparable, read_metrics, resume_overrides
 

@@ -185,7 +185,7 @@ def test_algorithm_family_errors(overrides, message):
 
 
 def test_nemo_rl_grpo_keys_load_and_reach_the_update():
-    from posttrain.specs import critic_spec, update_settings, worker_spec
+    from posttrain.driver.settings import critic_spec, update_settings, worker_spec
 
     cfg = load_config()
     assert cfg.actor.clip_ratio_c == 3.0 and cfg.actor.lr_warmup_start_factor is None
@@ -203,7 +203,7 @@ def test_nemo_rl_grpo_keys_load_and_reach_the_update():
 
 
 def test_verls_lr_schedule_keys_reach_the_actors_and_critics_specs():
-    from posttrain.specs import critic_spec, worker_spec
+    from posttrain.driver.settings import critic_spec, worker_spec
 
     cfg = load_config()
     assert (cfg.actor.lr_scheduler_type, cfg.actor.min_lr_ratio, cfg.actor.num_cycles) == ("constant", 0.0, 0.5)
@@ -250,7 +250,7 @@ def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
 
 
 def test_verls_dynamic_batch_keys_set_token_budgets_for_every_pass():
-    from posttrain.specs import critic_spec, update_settings, worker_spec
+    from posttrain.driver.settings import critic_spec, update_settings, worker_spec
 
     base = ["model.path=/m", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=3",
             "actor.ppo_micro_batch_size=5"]  # 12 sequences do not divide into 5: no matter with a token budget
@@ -305,7 +305,7 @@ def test_verls_memory_and_compile_switches_reach_the_passes():
     are honoured (their effect: tests/test_fast_paths.py); a triton backend is named unused."""
     import warnings
 
-    from posttrain.specs import update_settings, worker_spec
+    from posttrain.driver.settings import update_settings, worker_spec
 
     keys = ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.entropy_checkpointing=true",
             "++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
@@ -358,7 +358,7 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
 
 
 def test_rows_with_images_are_refused_at_load(tmp_path):
-    from posttrain.build import refuse_images
+    from posttrain.driver.build import refuse_images
     from posttrain.errors import DataError
 
     rows = [{"prompt": "a", "images": None}, {"prompt": "b", "images": []}, {"prompt": "c"}]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.batch import RolloutBatch
-from posttrain.build import build_run
+from posttrain.driver.batch import RolloutBatch
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.errors import ModelError
-from posttrain.loop import train
+from posttrain.driver.loop import train
 from posttrain.models import load_value_model
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training.actor import make_optimizer
@@ -122,8 +122,8 @@ def test_ppo_checkpoints_hold_the_critic_and_resume_exactly(tmp_path, data, tiny
 
 def test_sharded_critic_state_round_trips_in_one_process(tmp_path, tiny_model_dir, data):
     """save_shards / load_checkpoint write and read critic_dcp/ beside actor_dcp/."""
-    from posttrain.specs import worker_spec
-    from posttrain.worker import Worker
+    from posttrain.driver.settings import worker_spec
+    from posttrain.worker.verbs import Worker
 
     cfg = load_config(None, ppo(tiny_model_dir, data, tmp_path / "r", 2))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)

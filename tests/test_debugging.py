@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.build import build_run, uses_ray
+from posttrain.driver.build import build_run, uses_ray
 from posttrain.config import load_config
 from posttrain.data.schema import read_rows, write_rows
 from posttrain.distributed.group import worker_env
 from posttrain.rewards.pool import in_process
 from posttrain.tools import ToolCall, ToolResult, load_tools
-from posttrain.worker import Worker
+from posttrain.worker.verbs import Worker
 
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 WAIT_S = 240.0  # for the first prompt: the run imports torch and builds its model first, on a busy 2-core machine
@@ -29,7 +29,7 @@ WAIT_S = 240.0  # for the first prompt: the run imports torch and builds its mod
 
 def tiny_overrides(tmp_path: Path, model_dir) -> list[str]:
     """One GRPO step on 8 prompts x 2 samples of 4 tokens, no validation."""
-    from posttrain.build import embedded_data_files
+    from posttrain.driver.build import embedded_data_files
 
     write_rows(read_rows(embedded_data_files()[1])[:8], tmp_path / "train.parquet")
     return [f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=8",

@@ -9,11 +9,11 @@ import torch
 
 from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence, topk_divergence
 from posttrain.algorithms.losses import agg_loss
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.config.schema_distill import teachers_of
 from posttrain.errors import ConfigError
-from posttrain.loop import train
+from posttrain.driver.loop import train
 from posttrain.training.actor import distilled
 
 from helpers import read_metrics, small_run_overrides
@@ -83,7 +83,7 @@ def test_with_the_whole_vocabulary_as_k_the_top_k_kls_are_the_full_kls():
 def test_the_teachers_pass_keeps_its_k_likeliest_tokens(tiny_model_dir):
     """compute_topk_log_probs: the k likeliest tokens of each response position, most likely first, their
     full-vocabulary log-probs, and the sampled tokens' log-probs as compute_log_probs gives them."""
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.models.loader import load_model
     from posttrain.training.logprobs import compute_log_probs, compute_topk_log_probs, response_logits
 
@@ -241,9 +241,9 @@ def test_several_teachers_each_score_the_rows_routed_to_them(tmp_path, trained_t
     """verl's MOPD: two teachers, each with a key; a row goes to the teacher whose key is the row's
     distillation.teacher_key value (here a field of extra_info). Their log-probs land on their own rows, a row no
     teacher claims is refused by name, and a run with both trains."""
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.data.schema import write_rows
-    from posttrain.loop import teacher_pass
+    from posttrain.driver.loop import teacher_pass
     from posttrain.models import shipped
     from posttrain.rollout.base import SamplingParams
 

@@ -11,16 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.batch import RolloutBatch
-from posttrain.build import build_run
+from posttrain.driver.batch import RolloutBatch
+from posttrain.driver.build import build_run
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import load_config
 from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
-from posttrain.loop import train
+from posttrain.driver.loop import train
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.weights import hf_name
-from posttrain.specs import worker_spec
-from posttrain.worker import Worker
+from posttrain.driver.settings import worker_spec
+from posttrain.worker.verbs import Worker
 
 from helpers import POSTTRAIN, read_metrics, resume_overrides, sft_overrides, write_prompts, write_sft
 from listeners import non_loopback_listeners, process_tree
@@ -220,8 +220,8 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
     """posttrain sft on two FSDP2 workers (each an equal share of every batch, micro-batches of 2, a validation
     set of 3 rows: one worker gets a filler row; with Ulysses both take every row, each half of its positions):
     the same losses and weights as one process."""
-    from posttrain.build_sft import build_sft_run
-    from posttrain.sft_loop import train_sft
+    from posttrain.driver.build_sft import build_sft_run
+    from posttrain.driver.sft import train_sft
 
     train_rows = write_sft(tmp_path / "train.parquet", [(a, b) for a in range(10, 18) for b in (20, 31)])
     val_rows = write_sft(tmp_path / "val.parquet", [(40, 2), (51, 7), (63, 9)])

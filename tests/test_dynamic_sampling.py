@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.config import load_config
-from posttrain.generation import rollout_and_score
-from posttrain.loop import Run
+from posttrain.driver.rollouts import rollout_and_score
+from posttrain.driver.loop import Run
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams

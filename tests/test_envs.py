@@ -99,8 +99,8 @@ def test_a_misbehaving_environment_fails_its_own_conversation_and_the_others_go_
 
 
 def test_a_failed_conversation_trains_nothing(tok):
-    from posttrain.conversations import EnvSide
-    from posttrain.generation import sample
+    from posttrain.driver.env_side import EnvSide
+    from posttrain.driver.rollouts import sample
     from posttrain.data.dataset import PromptItem
 
     item = PromptItem(encode_prompt(tok, PROMPT), PROMPT, "game", "7", {})
@@ -172,8 +172,8 @@ def test_environment_settings_that_cannot_work_are_refused(overrides, message):
 def test_a_few_steps_scored_by_an_environment(tmp_path, data, trained_tiny_model_dir):
     """The tiny model answers sums; the game says higher/lower until it is right (2 turns at most): the score is
     the environment's, the weights move, and the environment's metrics are logged."""
-    from posttrain.build import build_run
-    from posttrain.loop import train
+    from posttrain.driver.build import build_run
+    from posttrain.driver.loop import train
 
     args = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 2, f"{MT}enable=true",
                                f"{MT}environment={GAME}", f"{MT}max_assistant_turns=2", f"{MT}environment_workers=1",
@@ -275,8 +275,8 @@ def test_the_sliding_puzzle_plays_by_nemo_rls_rules():
 def test_a_run_with_verls_interaction_config_scores_with_the_reward_function(tmp_path, data, trained_tiny_model_dir):
     """verl's keys as its example passes them: the simulated user answers each turn, the reward function (arith,
     the rows' own) scores the last answer, and the interaction's turn scores are logged."""
-    from posttrain.build import build_run
-    from posttrain.loop import train
+    from posttrain.driver.build import build_run
+    from posttrain.driver.loop import train
 
     config = write(tmp_path / "interaction.yaml", f"interaction:\n  - name: gsm8k\n    class_name: {GSM8K}\n")
     args = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 1,

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine, sample_next
 from posttrain.training.actor import UpdateSettings, update_policy
@@ -257,7 +257,7 @@ def test_on_policy_update_without_old_log_probs_equals_one_with_them(random_qwen
 
 
 def one_step_run(tmp_path, model_dir, name, *overrides):
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
 
     write_prompts(tmp_path, 4)
@@ -281,7 +281,7 @@ def one_step_run(tmp_path, model_dir, name, *overrides):
 ])
 def test_the_old_log_prob_pass_runs_only_when_the_update_is_off_policy(tmp_path, tiny_model_dir, overrides,
                                                                        separate_pass):
-    from posttrain.loop import rl_step
+    from posttrain.driver.loop import rl_step
 
     run, passes = one_step_run(tmp_path, tiny_model_dir, "run", *overrides)
     _, indices = run.sampler.next_batch()
@@ -295,7 +295,7 @@ def test_the_old_log_prob_pass_runs_only_when_the_update_is_off_policy(tmp_path,
 
 def test_a_step_reusing_its_log_probs_equals_one_with_a_separate_pass(tmp_path, tiny_model_dir):
     """Same seed, same samples: the step's losses and the weights it leaves are those of the separate pass."""
-    from posttrain.loop import rl_step
+    from posttrain.driver.loop import rl_step
 
     results = []
     for name, flag in (("reused", "true"), ("separate", "false")):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from helpers import runtime_nodes
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "posttrain"
 
@@ -22,18 +21,16 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "posttrain"
 # Keep this table and DESIGN.md's floors the same picture.
 FLOORS: list[tuple[str, ...]] = [
     ("cli", "__main__"),
-    ("build", "build_sft", "specs"),  # specs: config -> worker settings; build_sft: posttrain sft's run
-    ("loop", "sft_loop", "distributed"),
-    ("worker", "worker_spec", "engines", "async_rollout", "metrics", "generation", "validation", "conversations"),  # generation, validation: the loop's sampling/scoring, evals
-    ("training", "checkpoint", "flops", "tiny"),  # tiny: the tiny models' warm-up recipes
-    ("models", "batch"),
-    ("rollout", "agents", "report", "deploy", "sinks"),
-    ("config", "configs", "tools", "envs", "arguments"),
+    ("driver",),  # building a run, the RL and SFT loops, sampling and scoring, validation, rollouts ahead
+    ("distributed",),
+    ("worker",),  # the verbs of one device, what it is built from, its rollout engine
+    ("training", "checkpoint", "tiny"),  # tiny: the tiny models' warm-up recipes
+    ("models", "metrics"),
+    ("rollout", "agents", "report", "deploy"),
+    ("config", "dialects", "configs", "tools", "envs", "arguments"),
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor
-    ("algorithms", "errors", "text", "redact", "quiet", "malloc", "files", "yamlfile", "nonfinite", "profiling", "samples",
-     "processes", "pyfile", "debugging",
-     "__init__"),
+    ("algorithms", "errors", "text", "files", "runtime", "__init__"),
 ]
 FLOOR = {key: len(FLOORS) - i for i, keys in enumerate(FLOORS) for key in keys}  # higher number, higher floor
 
@@ -82,7 +79,7 @@ def _ours(name: str) -> str | None:
 def imports(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
     """(line, imported posttrain module) for every import in `module`'s source, nested ones too."""
     found = []
-    for node in runtime_nodes(ast.parse(source)):
+    for node in ast.walk(ast.parse(source)):  # under `if TYPE_CHECKING:` too
         if isinstance(node, ast.Import):
             found += [(node.lineno, _ours(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -130,7 +127,7 @@ def test_the_checker_finds_every_kind_of_import():
     assert _ours("posttrain") == "__init__"
     assert _ours("torch.nn") is None
     assert floor_of("config.schema") == floor_of("config") and floor_of("data.preprocess.gsm8k") == floor_of("data")
-    assert floor_of("cli") > floor_of("build") > floor_of("loop") > floor_of("models") > floor_of("errors")
+    assert floor_of("cli") > floor_of("driver.build") > floor_of("worker.verbs") > floor_of("models") > floor_of("errors")
     rel = ast.parse("from .lora import x\nfrom . import loader\nfrom .. import errors\n").body
     assert _absolute("models.fetch", rel[0]) == "posttrain.models.lora"
     assert _absolute("models.fetch", rel[1]) == "posttrain.models"
@@ -138,14 +135,64 @@ def test_the_checker_finds_every_kind_of_import():
     assert _absolute("models", rel[0], is_package=True) == "posttrain.models.lora"  # in models/__init__.py
     source = ("import posttrain.errors\nfrom posttrain.models import lora\n\n\ndef f():\n"
               "    from ..checkpoint import manifest\n    import posttrain.cli as c\n"
-              "    from . import gguf\n    from posttrain import loop\n")
+              "    from . import gguf\n    from posttrain.driver import loop\n")
     assert climbs("models.fetch", source, "src/posttrain/models/fetch.py") == [
-        "src/posttrain/models/fetch.py:6: models.fetch (floor 'models, batch') imports checkpoint.manifest "
-        "(floor 'training, checkpoint, flops, tiny'), a higher floor",
-        "src/posttrain/models/fetch.py:7: models.fetch (floor 'models, batch') imports cli "
+        "src/posttrain/models/fetch.py:6: models.fetch (floor 'models, metrics') imports checkpoint.manifest "
+        "(floor 'training, checkpoint, tiny'), a higher floor",
+        "src/posttrain/models/fetch.py:7: models.fetch (floor 'models, metrics') imports cli "
         "(floor 'cli, __main__'), a higher floor",
-        "src/posttrain/models/fetch.py:9: models.fetch (floor 'models, batch') imports loop "
-        "(floor 'loop, sft_loop, distributed'), a higher floor",
+        "src/posttrain/models/fetch.py:9: models.fetch (floor 'models, metrics') imports driver.loop "
+        "(floor 'driver'), a higher floor",
     ]
-    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from posttrain.loop import Run\nimport posttrain.cli\n"
-    assert [m.split(": ")[0] for m in climbs("models.fetch", typed, "f.py")] == ["f.py:4"]  # annotations only: no climb
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from posttrain.driver.loop import Run\nimport posttrain.cli\n"
+    # an import for annotations only is still a dependency: it climbs too
+    assert [m.split(": ")[0] for m in climbs("models.fetch", typed, "f.py")] == ["f.py:3", "f.py:4"]
+
+
+LAYOUT = SRC.parent.parent / "docs" / "layout.md"
+
+
+def layout_entries(text: str) -> list[str]:
+    """The module paths docs/layout.md lists, one per line: a line `  name.py  what it holds` under a package
+    line `  package/` (indented by two more per level) inside its ```src/posttrain/``` block."""
+    block = text.split("```\nsrc/posttrain/\n", 1)[1].split("```", 1)[0]
+    entries, parents = [], []
+    for line in block.splitlines():
+        if not line.strip() or not line.startswith("  "):
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2 - 1
+        name = line.split()[0]
+        if depth > len(parents):  # a continuation line of the one above
+            continue
+        parents = parents[:depth]
+        if name.endswith("/"):
+            parents.append(name)
+        elif name.endswith(".py"):
+            entries.append("".join(parents) + name)
+    return entries
+
+
+def test_layout_lists_every_module_once():
+    """docs/layout.md is the map: every module of src/posttrain has its line (packages' __init__.py may), and
+    every module it lists exists."""
+    listed = layout_entries(LAYOUT.read_text(encoding="utf-8"))
+    files = {str(p.relative_to(SRC)) for p in MODULES.values()}
+    missing = sorted(f for f in files - set(listed) if not f.endswith("__init__.py"))
+    gone = sorted(set(listed) - files)
+    twice = sorted({e for e in listed if listed.count(e) > 1})
+    assert not missing and not gone and not twice, (
+        f"docs/layout.md: not listed {missing}; listed but no such module {gone}; listed twice {twice}")
+
+
+def test_layout_states_the_floors():
+    """docs/layout.md's floors section is FLOORS, top to bottom, one line a floor."""
+    text = LAYOUT.read_text(encoding="utf-8")
+    block = text.split("## Floors", 1)[1].split("```", 2)[1]
+    stated = [tuple(x.strip() for x in line.split("|")[0].split(",")) for line in block.strip().splitlines()]
+    assert stated == FLOORS, "docs/layout.md's floors differ from tests/test_floors.py's FLOORS"
+
+
+def test_layout_reader():
+    text = "```\nsrc/posttrain/\n  cli.py   the top\n           more about it.py\n  driver/\n    loop.py  the loop\n" \
+           "    sub/\n      x.py  x\n  errors.py  errors\n```\n"
+    assert layout_entries(text) == ["cli.py", "driver/loop.py", "driver/sub/x.py", "errors.py"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from posttrain import flops as F
-from posttrain.flops import ModelFlops, mfu
+from posttrain.metrics import flops as F
+from posttrain.metrics.flops import ModelFlops, mfu
 
 # h=64, L=2, 4 heads of 16, 2 key/value heads, MLP 128, vocabulary 100
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -147,7 +147,7 @@ def test_a_step_faster_than_the_measured_peak_raises_it_and_asks_for_a_new_measu
     """A peak measured on a busy machine (0.5e11) against a step that computed 0.8e11 FLOP/s per device: MFU
     1.6 is impossible, so the step's rate becomes the peak (MFU 1 for it), cached, and the next run start
     measures again (keeping the best)."""
-    from posttrain.metrics import raise_measured_peak
+    from posttrain.metrics.logger import raise_measured_peak
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
     key = F.cpu_peak_key(2, torch.float32)
@@ -210,7 +210,7 @@ def test_frozen_weights_count_one_backward_pass():
     forward + one backward (the activations' gradients), 2/3 of a full one."""
     import dataclasses
 
-    from posttrain.flops import ModelFlops
+    from posttrain.metrics.flops import ModelFlops
 
     full = ModelFlops(matmul_params=1000, attn_width=10)
     lora = dataclasses.replace(full, backward_factor=1.0)
@@ -223,7 +223,7 @@ def test_frozen_weights_count_one_backward_pass():
 
 
 def test_only_a_measured_cpu_peak_is_raised_by_a_faster_step():
-    from posttrain.build import measured_peaks
+    from posttrain.driver.build import measured_peaks
 
     cpu = [{"peak_key": "cpu|threads=2|float32"}, {"peak_key": "cpu|threads=2|float32"}]
     assert measured_peaks(None, cpu) == ["cpu|threads=2|float32"]

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings
-from posttrain.worker import Worker
-from posttrain.worker_spec import WorkerSpec
+from posttrain.worker.verbs import Worker
+from posttrain.worker.spec import WorkerSpec
 
 from helpers import read_metrics
 
@@ -235,7 +235,7 @@ sys.exit(main(["train", *sys.argv[1:]]))
 
 
 def cuda_run(tmp: Path, run_dir: Path, steps: int, save_freq: int, deterministic: bool = False) -> None:
-    from posttrain.build import embedded_data_files
+    from posttrain.driver.build import embedded_data_files
 
     train, _ = embedded_data_files()
     args = [f"data.train_files={train}", "data.val_files=null", "data.train_batch_size=8", "rollout.n=4",
@@ -273,13 +273,13 @@ def test_a_cuda_run_stopped_and_resumed_equals_the_whole_run(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_a_cuda_run_reports_device_memory_and_mfu_against_the_gpus_peak(tmp_path):
-    from posttrain.flops import gpu_peak_flops
+    from posttrain.metrics.flops import gpu_peak_flops
 
     cuda_run(tmp_path, tmp_path / "run", 2, -1)
     steps = [m for m in read_metrics(tmp_path / "run") if "timing_s/step" in m]
     assert steps and all(m["perf/max_memory_allocated_gb"] > 0 for m in steps)
     name = torch.cuda.get_device_name(0)
     if gpu_peak_flops(name) is None:
-        pytest.fail(f"no bf16 peak known for {name!r}: add it to posttrain.flops.GPU_PEAK_FLOPS")
+        pytest.fail(f"no bf16 peak known for {name!r}: add it to posttrain.metrics.flops.GPU_PEAK_FLOPS")
     for m in steps:
         assert 0 < m["perf/mfu/actor"] < 1 and 0 < m["perf/mfu/rollout"] < 1, m

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.loop import train
+from posttrain.driver.loop import train
 
 from helpers import one_batch_overrides, read_metrics, run_overrides, write_prompts
 
@@ -63,7 +63,7 @@ def test_a_raising_reward_costs_only_its_samples(tmp_path, tiny_model_dir, capsy
 
 
 def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
-    from posttrain.build import embedded_data_files
+    from posttrain.driver.build import embedded_data_files
     from posttrain.cli import main
 
     assert main(["eval", "--model", str(trained_tiny_model_dir), "--data", embedded_data_files()[1],
@@ -98,7 +98,7 @@ def test_kl_in_the_reward_with_an_adaptive_controller(tmp_path, tiny_model_dir):
 def test_training_steps_total_epochs_and_max_epochs():
     from types import SimpleNamespace
 
-    from posttrain.build import training_steps
+    from posttrain.driver.build import training_steps
 
     def tr(total_epochs=1, total_training_steps=None, max_epochs=None):
         return SimpleNamespace(total_epochs=total_epochs, total_training_steps=total_training_steps,

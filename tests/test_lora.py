@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from posttrain.build import build_run  # noqa: E402
+from posttrain.driver.build import build_run  # noqa: E402
 from posttrain.config import load_config  # noqa: E402
-from posttrain.loop import train  # noqa: E402
+from posttrain.driver.loop import train  # noqa: E402
 from posttrain.models.lora import LoraSettings, add_adapters, base_only, lora_scaling, merged_weights  # noqa: E402
-from posttrain.specs import worker_spec  # noqa: E402
-from posttrain.worker import Worker  # noqa: E402
+from posttrain.driver.settings import worker_spec  # noqa: E402
+from posttrain.worker.verbs import Worker  # noqa: E402
 
 from helpers import comparable, resume_overrides  # noqa: E402
 
@@ -52,7 +52,7 @@ def test_only_adapters_train_and_the_reference_is_the_base(tiny_model_dir):
     in_optimizer = sum(p.numel() for g in w.optimizer.param_groups for p in g["params"])
     assert in_optimizer == sum(p.numel() for n, p in w.policy.named_parameters() if n in trainable)
     base = {n: p.detach().clone() for n, p in w.policy.named_parameters() if n not in trainable}
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.rollout.base import SamplingParams
 
     out = w.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=4, n=2, temperature=1.0))

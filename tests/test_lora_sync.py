@@ -15,8 +15,8 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.models.lora import LoraSettings  # noqa: E402
 from posttrain.rollout.vllm import vllm_lora_rank  # noqa: E402
 from posttrain.training.actor import UpdateSettings  # noqa: E402
-from posttrain.worker import Worker  # noqa: E402
-from posttrain.worker_spec import RolloutSpec, WorkerSpec  # noqa: E402
+from posttrain.worker.verbs import Worker  # noqa: E402
+from posttrain.worker.spec import RolloutSpec, WorkerSpec  # noqa: E402
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 
@@ -41,7 +41,7 @@ def spec(model_dir, sync, rollout="hf", **kw):
 
 
 def test_the_default_is_applied_adapters_on_hf_and_merged_weights_on_vllm():
-    from posttrain.specs import lora_settings
+    from posttrain.driver.settings import lora_settings
 
     hf = load_config(None, ["model.path=/m", "model.lora_rank=8"])
     assert lora_settings(hf).sync == "adapter"

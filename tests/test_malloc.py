@@ -13,7 +13,7 @@ GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 # 20 rounds of a 64 MiB tensor written and freed; -> the page faults of each round
 ROUNDS = """
 import resource, sys, torch
-from posttrain.malloc import reuse_freed_memory
+from posttrain.runtime.malloc import reuse_freed_memory
 if sys.argv[1] in ("reuse", "reuse then off"):
     assert reuse_freed_memory()
 if sys.argv[1] == "reuse then off":
@@ -48,9 +48,9 @@ def test_a_freed_tensor_comes_back_without_page_faults():
 
 
 def test_a_cpu_worker_keeps_freed_memory_unless_switched_off(tmp_path, tiny_model_dir, monkeypatch):
-    from posttrain import malloc
-    from posttrain.specs import worker_spec
-    from posttrain.worker import Worker
+    from posttrain.runtime import malloc
+    from posttrain.driver.settings import worker_spec
+    from posttrain.worker.verbs import Worker
 
     calls = []
     monkeypatch.setattr(malloc, "reuse_freed_memory", lambda on=True: calls.append(on) or True)

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
-from posttrain.flops import ModelFlops
-from posttrain.metrics import format_line, perf_metrics
-from posttrain.samples import sample_rows, val_sample_rows
+from posttrain.driver.batch import RolloutBatch
+from posttrain.metrics.flops import ModelFlops
+from posttrain.metrics.logger import format_line, perf_metrics
+from posttrain.metrics.samples import sample_rows, val_sample_rows
 
 from helpers import POSTTRAIN, read_metrics
 

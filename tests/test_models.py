@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from posttrain.errors import ModelError
-from posttrain.files import directory_digest
+from posttrain.files.cache import directory_digest
 from posttrain.models import check_model_dir, load_model, load_tokenizer, shipped
 from posttrain.tiny import arith
 from posttrain.tiny.arith import TinySpec, build_tiny_model, ensure_tiny_model

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.data.dataset import encode_prompt
 from posttrain.algorithms import place_on_last_token
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -111,7 +111,7 @@ def test_a_training_run_with_tools_calls_them_and_trains_on_the_models_tokens_on
     """The embedded tiny model never writes a tool call, so its first turn is replaced by one (the tokens
     of a call to `add`); the rest is the real loop: the tool runs in its worker, the model answers in a
     second turn, the reward sees the trajectory, and the update trains on the generated tokens only."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
 
     from helpers import run_overrides, write_prompts
@@ -144,7 +144,7 @@ def test_a_training_run_with_tools_calls_them_and_trains_on_the_models_tokens_on
 
     monkeypatch.setattr(run.actor, "generate", first_turn_calls)
     before = {k: v.clone() for k, v in run.actor.policy.state_dict().items()}
-    from posttrain.loop import rl_step
+    from posttrain.driver.loop import rl_step
 
     m, batch = rl_step(run, [run.train_data[i] for i in range(4)])
     run.tools.close()
@@ -158,7 +158,7 @@ def test_a_training_run_with_tools_calls_them_and_trains_on_the_models_tokens_on
     assert bool((batch.advantages[trained == 0] == 0).all())
     moved = max((run.actor.policy.state_dict()[k] - v).abs().max().item() for k, v in before.items())
     assert moved > 0
-    from posttrain.samples import sample_rows
+    from posttrain.metrics.samples import sample_rows
 
     row = sample_rows(batch, run.tokenizer, 1)[0]  # samples.jsonl: the conversation, turn by turn
     assert row["turns"].startswith(f"[assistant] {call}\n[tool add] 5\n[assistant] ")
@@ -231,7 +231,7 @@ def test_verls_gsm8k_multi_turn_keys_and_tool_config_load(tmp_path):
 
 
 def test_samples_and_the_report_show_a_conversation_turn_by_turn():
-    from posttrain.samples import turns_text
+    from posttrain.metrics.samples import turns_text
 
     messages = [{"role": "assistant", "content": CALL}, {"role": "tool", "name": "calculator", "content": "4"},
                 {"role": "assistant", "content": "It is 4."}]

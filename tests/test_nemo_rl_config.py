@@ -218,9 +218,9 @@ def test_nemo_rls_sliding_puzzle_is_the_built_in_game_on_its_seeds(tmp_path, mon
     assert got["rollout.multi_turn.environment_kwargs"] == {"size": 3, "shuffle_moves": 10, "max_moves": 9}
     assert (got["rollout.multi_turn.max_assistant_turns"], got["data.dataset_name"]) == (4, "sliding_puzzle")
     assert got["data.apply_chat_template_kwargs"] == {"add_system_prompt": False}
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.data.preprocess import sliding_puzzle
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     monkeypatch.setenv("POSTTRAIN_DATA", str(tmp_path / "data"))
     sliding_puzzle.run(tmp_path / "data" / "sliding-puzzle", num_train=8, num_test=2)
@@ -238,9 +238,9 @@ def test_nemo_rls_sliding_puzzle_is_the_built_in_game_on_its_seeds(tmp_path, mon
 def test_nemo_rls_prorl_v2_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
     """prorlv2.v2.yaml (resolved, as tests/data/nemo_rl holds it) runs two steps on the tiny model and the arith
     task: dynamic sampling, REINFORCE++ with a baseline, ICE-POP and the stop-properly scale, as the file sets."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.data.preprocess import arith
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
     path = tmp_path / "prorlv2.v2.yaml"
@@ -270,9 +270,9 @@ def test_nemo_rls_gdpo_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_
     """gdpo_math_1B.yaml: the GDPO estimator over math_multi_reward's components; here two steps on the tiny model
     and the arith task, scored by a reward file whose components the tiny model can vary (right, short): the
     components are logged, each normalized in its group, and the weights move."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.data.preprocess import arith
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     cfg = load_config(None, [f"model.path={trained_tiny_model_dir}", "algorithm.adv_estimator=gdpo"])
     assert cfg.algorithm.adv_estimator == "gdpo" and cfg.algorithm.gdpo.reward_keys == []
@@ -309,9 +309,9 @@ def test_nemo_rls_ppo_layout_is_gae_with_its_value_model_as_the_critic(tmp_path,
     """ppo_math_1B.yaml: ppo.* is grpo.*'s layout with GAE, PPO epochs and a critic warm-up; value.* (a policy
     section of its own) is the critic; value_loss_fn its loss; reward_scaling on. It runs two steps on the tiny
     model, the critic trained (its loss logged) beside the policy."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.data.preprocess import arith
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     path = tmp_path / "ppo_math_1B.yaml"
     path.write_text(json.dumps(examples()["configs"]["ppo_math_1B.yaml"]))  # JSON is YAML
@@ -390,7 +390,7 @@ def test_importance_sampling_correction_maps_onto_rollout_correction():
     cfg = load_config(BASE, ["policy.model_name=m", "data.dataset_name=null", IS, kind + "tis", ratio + "2"])
     rc = cfg.algorithm.rollout_correction
     assert (rc.rollout_is, rc.rollout_is_threshold, rc.bypass_mode) == ("token", 2, False)
-    from posttrain.specs import rollout_log_probs
+    from posttrain.driver.settings import rollout_log_probs
     assert rollout_log_probs(cfg)
 
 
@@ -447,7 +447,7 @@ def test_config_flag_and_hydra_delete_on_the_command_line():
 
 
 def test_split_validation_size_holds_out_a_seeded_share_of_the_training_prompts():
-    from posttrain.build import hold_out
+    from posttrain.driver.build import hold_out
     from posttrain.data.dataset import PromptDataset
 
     assert layer(BASE, "++data.train.split_validation_size=0.05")["data.val_split_size"] == 0.05
@@ -588,9 +588,9 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
     logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. With the policy's tensor parallel
     size at 1 it loads; on one worker (context parallelism 1) it runs two steps on the tiny model, distilled from its number-guessing variant, one sample a
     prompt as the file says; the loss is the top-k KL alone, logged beside the reward it does not train on."""
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.data.preprocess import arith
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
     from posttrain.models import shipped
 
     path = tmp_path / "distillation_math.yaml"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.build_sft import build_sft_run
+from posttrain.driver.build_sft import build_sft_run
 from posttrain.config import load_config
 from posttrain.config.nemo_rl_sft import PASSTHROUGH_TEMPLATE
 from posttrain.errors import ConfigError
 from posttrain.models import load_tokenizer
-from posttrain.sft_loop import train_sft
+from posttrain.driver.sft import train_sft
 
 from helpers import write_sft
 

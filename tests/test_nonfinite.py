@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 
 import posttrain.training.actor as actor_mod
-import posttrain.worker as worker_mod
-from posttrain.batch import RolloutBatch
-from posttrain.build import build_run
+import posttrain.worker.verbs as worker_mod
+from posttrain.driver.batch import RolloutBatch
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.loop import train
-from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
+from posttrain.driver.loop import train
+from posttrain.driver.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training.actor import run_updates
 

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from posttrain.build import check_offload
+from posttrain.driver.build import check_offload
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
-from posttrain.specs import critic_spec, worker_spec
+from posttrain.driver.settings import critic_spec, worker_spec
 from posttrain.training.actor import move_optimizer_state
 
 SHARDED_STEP = """
@@ -71,10 +71,10 @@ def test_verls_offload_keys_reach_every_model():
 
 
 def test_optimizer_state_moves_to_the_cpu_between_updates_and_back(monkeypatch, tiny_model_dir):
-    from posttrain import worker as worker_module
+    from posttrain.worker import verbs as worker_module
     from posttrain.training.actor import UpdateSettings
-    from posttrain.worker import Worker
-    from posttrain.worker_spec import WorkerSpec
+    from posttrain.worker.verbs import Worker
+    from posttrain.worker.spec import WorkerSpec
 
     calls = []
     monkeypatch.setattr(worker_module, "move_optimizer_state", lambda opt, to_cpu: calls.append(to_cpu))

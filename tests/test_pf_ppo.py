@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from posttrain.algorithms import pf_ppo_resample, pf_ppo_weights
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
-from posttrain.loop import pf_ppo_batch
+from posttrain.driver.loop import pf_ppo_batch
 from posttrain.rollout.base import RolloutOutput
 
 T = torch.tensor

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from posttrain.algorithms import POLICY_LOSSES
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.config import load_config
 from posttrain.rollout.base import RolloutOutput
-from posttrain.specs import worker_spec
-from posttrain.worker import Worker
+from posttrain.driver.settings import worker_spec
+from posttrain.worker.verbs import Worker
 
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from posttrain.build import make_profiler
+from posttrain.driver.build import make_profiler
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
-from posttrain.profiling import StepProfiler, phase
+from posttrain.runtime.profiling import StepProfiler, phase
 
 NPU = ["global_profiler.tool=npu", "global_profiler.steps=[2,4]", "global_profiler.save_path=/home/u/profile_data",
        *[f"actor_rollout_ref.{role}.profiler.{key}" for role in ("actor", "ref") for key in (
@@ -155,8 +155,8 @@ def test_torch_memory_records_and_dumps_a_snapshot_per_step(monkeypatch, tmp_pat
 
 
 def test_a_short_run_writes_the_listed_steps_trace(tmp_path, tiny_model_dir):
-    from posttrain.build import build_run
-    from posttrain.loop import train
+    from posttrain.driver.build import build_run
+    from posttrain.driver.loop import train
 
     from helpers import run_overrides, write_prompts
 

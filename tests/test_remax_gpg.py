@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from posttrain.algorithms import compute_advantages, gpg_advantages, grpo_advantages, remax_advantages
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.generation import greedy_baselines, rollout_and_score
-from posttrain.loop import Run, rl_step, train
+from posttrain.driver.rollouts import greedy_baselines, rollout_and_score
+from posttrain.driver.loop import Run, rl_step, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams

@@ -230,9 +230,9 @@ def find_chromium() -> str | None:
 
 
 def real_run(tmp_path: Path) -> Path:
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import describe_keys, load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     run_dir = tmp_path / "real-run"
     extra = [o for o in ("trainer.log_samples_freq=1", "trainer.log_val_generations=4")

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from posttrain.algorithms import compute_advantages
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.errors import RewardError
-from posttrain.generation import generate_and_score
-from posttrain.loop import Run, train
+from posttrain.driver.rollouts import generate_and_score
+from posttrain.driver.loop import Run, train
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import RewardPool, builtin_rewards, in_process, reward_loader
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -194,7 +194,7 @@ def test_an_empty_response_is_not_scored_and_adds_no_loss(tiny_model_dir):
 def test_a_dict_returns_numbers_are_logged_in_training_and_validation(tiny_model_dir):
     """verl's {"score", "acc", "pred"}: acc's mean is logged as reward/acc/mean in a step, and as
     val/acc/mean and val/<data_source>/acc/mean in validation; the text "pred" is not."""
-    from posttrain.validation import validate
+    from posttrain.driver.validation import validate
 
     tok = load_tokenizer(tiny_model_dir)
     eos = tok.eos_token_id

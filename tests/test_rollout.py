@@ -107,7 +107,7 @@ def test_filter_logits_top_k_and_top_p():
 
 def test_sampling_log_probs_match_a_full_forward(random_qwen2):
     """The cached decode's log-probs equal those of one forward pass over prompt + response."""
-    from posttrain.batch import RolloutBatch
+    from posttrain.driver.batch import RolloutBatch
     from posttrain.training.logprobs import compute_log_probs
 
     params = SamplingParams(max_new_tokens=5, n=3, temperature=0.7, logprobs=True)

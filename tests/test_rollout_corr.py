@@ -10,9 +10,9 @@ import torch
 
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, from_nemo_rl, from_verl, mismatch_metrics
 from posttrain.algorithms.rollout_rules import RejectRule, parse_rules
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.loop import train
+from posttrain.driver.loop import train
 
 from helpers import read_metrics, run_overrides, write_prompts
 
@@ -58,7 +58,7 @@ def test_a_run_with_rollout_log_probs_logs_the_gap_after_its_own_log_prob_pass(t
 
 
 def test_rollout_log_probs_are_off_by_default_on_the_hf_engine_and_on_with_vllm():
-    from posttrain.specs import rollout_log_probs
+    from posttrain.driver.settings import rollout_log_probs
 
     assert not rollout_log_probs(load_config(None, ["model.path=/m"]))
     assert rollout_log_probs(load_config(None, ["model.path=/m", "rollout.name=vllm"]))

@@ -11,11 +11,11 @@ import torch
 
 from posttrain.algorithms.losses import gpg_policy_loss, gspo_policy_loss, ppo_policy_loss
 from posttrain.algorithms.rollout_corr import RolloutCorrection
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
-from posttrain.loop import rollout_corrected, train
-from posttrain.specs import rollout_correction, rollout_log_probs, update_settings
+from posttrain.driver.loop import rollout_corrected, train
+from posttrain.driver.settings import rollout_correction, rollout_log_probs, update_settings
 from posttrain.training.actor import is_weights
 
 from helpers import one_batch_overrides, read_metrics, write_prompts

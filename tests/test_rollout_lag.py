@@ -7,14 +7,14 @@ import types
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 from posttrain.rollout.base import SamplingParams
-from posttrain.specs import worker_spec
+from posttrain.driver.settings import worker_spec
 from posttrain.training.actor import UpdateSettings
-from posttrain.worker import Worker
-from posttrain.worker_spec import RolloutSpec, WorkerSpec
+from posttrain.worker.verbs import Worker
+from posttrain.worker.spec import RolloutSpec, WorkerSpec
 
 PROMPTS = [[5 + i, 6, 7 + i % 3] for i in range(4)]
 

@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-from posttrain.build import build_run
+from posttrain.driver.build import build_run
 from posttrain.checkpoint.manifest import write_manifest
 from posttrain.checkpoint.sharded import load_full_model, save_sharded
 from posttrain.config import load_config
 from posttrain.errors import CheckpointError, ModelError
-from posttrain.loop import train
+from posttrain.driver.loop import train
 from posttrain.models import load_model, load_tokenizer
 
 from helpers import one_batch_overrides, write_prompts

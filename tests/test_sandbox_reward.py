@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from posttrain.build import make_rewards
+from posttrain.driver.build import make_rewards
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 from posttrain.rewards import compute_score, sandbox

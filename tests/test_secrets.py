@@ -1,6 +1,6 @@
 """Secrets never leak: the values of credential-named environment variables and URL
 passwords stay out of the run directory (config, checkpoints, loggers' files, report)
-and the console, and `posttrain submit` shows them as *** (posttrain.redact)."""
+and the console, and `posttrain submit` shows them as *** (posttrain.text.redact)."""
 
 import json
 import sys
@@ -16,7 +16,7 @@ from posttrain.config import SCHEMA
 from posttrain.config.verl import alias_table
 from posttrain.distributed import jobs
 from posttrain.errors import ConfigError
-from posttrain.redact import (
+from posttrain.text.redact import (
     is_secret_name,
     matches_redacted,
     redact_mapping,
@@ -59,9 +59,9 @@ def test_no_posttrain_config_key_is_a_secret_name():
 def test_docstring_examples():
     import doctest
 
-    import posttrain.redact
+    import posttrain.text.redact
 
-    for module in (posttrain.redact, jobs):
+    for module in (posttrain.text.redact, jobs):
         assert doctest.testmod(module).failed == 0
 
 

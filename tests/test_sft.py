@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.build_sft import build_sft_run
+from posttrain.driver.build_sft import build_sft_run
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.errors import ConfigError, DataError
-from posttrain.sft_loop import train_sft
+from posttrain.driver.sft import train_sft
 from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, nll_sum, sft_update
 
 from helpers import comparable, sft_overrides, write_sft

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from posttrain import sinks
+from posttrain.metrics import sinks
 from posttrain.errors import ConfigError
-from posttrain.sinks import OPTIONAL_SINKS, make_sinks
+from posttrain.metrics.sinks import OPTIONAL_SINKS, make_sinks
 
 from helpers import read_metrics
 from listeners import non_loopback_listeners, process_tree
@@ -355,9 +355,9 @@ def test_a_short_run_reaches_every_logger_with_its_steps(wandb_env, monkeypatch,
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = wandb_env / "run"

@@ -13,7 +13,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.distributed import jobs
 from posttrain.errors import ConfigError
-from posttrain.files import cache_root
+from posttrain.files.cache import cache_root
 
 from helpers import read_metrics
 

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.algorithms import place_on_last_token
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training.actor import UpdateSettings, loss_units, make_optimizer, update_policy
@@ -117,7 +117,7 @@ def test_overlong_filtering_leaves_truncated_rows_out_of_the_update(random_qwen2
     import dataclasses
 
     from posttrain.algorithms import grpo_advantages, truncated_rows
-    from posttrain.loop import overlong_filtered
+    from posttrain.driver.loop import overlong_filtered
 
     b = make_batch()  # responses [11, 12, EOS], [13, EOS], [14, 15, 16], [EOS]; EOS = 1, limit 3 tokens
     b.truncated = torch.tensor([False, False, True, False])  # row 2 reached the limit without an EOS

@@ -16,7 +16,7 @@ import copy, json, sys, types, torch, torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 rank, rdzv = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=2)
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.models.attention import grouped_attention, use_grouped_attention
 from posttrain.rollout.base import RolloutOutput
 from posttrain.training import ulysses as U

@@ -78,7 +78,7 @@ def test_a_cpu_torch_beside_cuda_builds_of_torchvision_is_named_with_the_fix(mon
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_config_with_vllm_without_vllm_stops_before_training(tmp_path, tiny_model_dir):
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import load_config
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
@@ -145,7 +145,7 @@ def test_verls_engine_keys_are_handed_to_vllm():
     import warnings
 
     from posttrain.config import load_config
-    from posttrain.specs import worker_spec
+    from posttrain.driver.settings import worker_spec
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # on vLLM nothing is reported unused

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import torch
 
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
 
 from helpers import POSTTRAIN, read_metrics
@@ -28,7 +28,7 @@ GREEDY = SamplingParams(max_new_tokens=8, n=1, do_sample=False, temperature=0.0)
 
 def spec_of(model_dir, *overrides):
     from posttrain.config import load_config
-    from posttrain.specs import worker_spec
+    from posttrain.driver.settings import worker_spec
 
     cfg = load_config(None, [f"model.path={model_dir}", "rollout.name=vllm", "data.max_prompt_length=32",
                              "data.max_response_length=16", "data.train_batch_size=8", "rollout.n=4",
@@ -71,7 +71,7 @@ def assert_logprobs_match_the_trainer(worker, batch: RolloutBatch) -> float:
 
 @pytest.fixture(scope="module")
 def worker(trained_tiny_model_dir):
-    from posttrain.worker import Worker
+    from posttrain.worker.verbs import Worker
 
     # verl's dummy load format: vLLM starts from random weights and the worker pushes the policy's in, so
     # every test below that compares with the hf engine also shows that push arrived
@@ -175,7 +175,7 @@ def test_engine_arguments_are_checked_against_the_real_engine_args():
 
 @pytest.mark.parametrize("sync", ["adapter", "merged"])
 def test_a_lora_policy_reaches_vllm_both_ways(trained_tiny_model_dir, sync):
-    from posttrain.worker import Worker
+    from posttrain.worker.verbs import Worker
 
     w = Worker(spec_of(trained_tiny_model_dir, "model.lora_rank=8", "model.lora_alpha=16", f"rollout.lora_sync={sync}"))
     w.setup()

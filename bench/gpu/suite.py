@@ -135,11 +135,11 @@ def part_tests(out: Path, logfile: Path) -> dict:
 # ------------------------------------------------------------------ posttrain runs
 
 def train_in_subprocess(overrides: list[str], logfile: Path, tmp: Path) -> dict:
-    """posttrain.loop.train in a fresh process (its device memory is its own) ->
+    """posttrain.driver.loop.train in a fresh process (its device memory is its own) ->
     the run's summary and every metrics line."""
     run_dir = next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.run_dir="))
-    script = ("import json, sys\nfrom posttrain.build import build_run\nfrom posttrain.config import load_config\n"
-              "from posttrain.loop import train\n"
+    script = ("import json, sys\nfrom posttrain.driver.build import build_run\nfrom posttrain.config import load_config\n"
+              "from posttrain.driver.loop import train\n"
               "s = train(build_run(load_config(None, sys.argv[2:])))\n"
               "open(sys.argv[1], 'w').write(json.dumps(s, default=str))\n")
     summary_file = tmp / f"summary-{time.monotonic_ns()}.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from posttrain.errors import ConfigError
-from posttrain.redact import redact_text
+from posttrain.text.redact import redact_text
 
 
 class Parser(argparse.ArgumentParser):

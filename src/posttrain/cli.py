@@ -13,16 +13,16 @@ import sys
 
 from posttrain.arguments import add_work_commands, root_parser, split_train_args
 from posttrain.errors import ConfigError, PosttrainError, Preempted
-from posttrain.quiet import quiet_libraries
-from posttrain.redact import redact_text
+from posttrain.runtime.quiet import quiet_libraries
+from posttrain.text.redact import redact_text
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again to resume
 
 
 def cmd_train(args) -> int:
-    from posttrain.build import build_run
+    from posttrain.driver.build import build_run
     from posttrain.config import describe_keys, load_config
-    from posttrain.loop import train
+    from posttrain.driver.loop import train
 
     if args.help_config:
         print(describe_keys())
@@ -30,7 +30,7 @@ def cmd_train(args) -> int:
     config_path, overrides = split_train_args(args.args, args.config)
     cfg = load_config(config_path, overrides)
     if args.debug_run or cfg.trainer.debug:  # a run to debug: docs/debugging.md
-        from posttrain.debugging import post_mortem_on_crash
+        from posttrain.runtime.debugging import post_mortem_on_crash
 
         cfg.trainer.debug = True
         post_mortem_on_crash()
@@ -42,10 +42,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from posttrain.build_sft import build_sft_run
+    from posttrain.driver.build_sft import build_sft_run
     from posttrain.config import describe_keys, load_config
     from posttrain.config.verl_sft import alias_table
-    from posttrain.sft_loop import train_sft
+    from posttrain.driver.sft import train_sft
 
     if args.help_config:
         print(describe_keys())
@@ -55,7 +55,7 @@ def cmd_sft(args) -> int:
     config_path, overrides = split_train_args(args.args, args.config)
     cfg = load_config(config_path, overrides, command="sft")
     if args.debug_run or cfg.trainer.debug:
-        from posttrain.debugging import post_mortem_on_crash
+        from posttrain.runtime.debugging import post_mortem_on_crash
 
         cfg.trainer.debug = True
         post_mortem_on_crash()
@@ -94,15 +94,15 @@ def format_summary(s: dict) -> str:
 def cmd_eval(args) -> int:
     import torch
 
-    from posttrain.build import make_reward_pool, pick_device
+    from posttrain.driver.build import make_reward_pool, pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
-    from posttrain.generation import load_tool_use
+    from posttrain.driver.rollouts import load_tool_use
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
-    from posttrain.validation import validate
+    from posttrain.driver.validation import validate
 
     if args.reward_workers is not None and args.reward_workers < 0:
         raise ConfigError(f"--reward-workers must be >= 0 (0: score in this process), got {args.reward_workers}")
@@ -162,7 +162,7 @@ def cmd_tiny_model(args) -> int:
     import shutil
     from pathlib import Path
 
-    from posttrain.files import directory_digest
+    from posttrain.files.cache import directory_digest
     from posttrain.models import shipped
     from posttrain.tiny import arith, games as tiny_games, tools as tiny_tools
 

@@ -22,7 +22,7 @@ import time
 from posttrain.rollout.base import RolloutOutput
 from posttrain.rollout.hf import left_pad
 from posttrain.rollout.multiturn import Trajectory, assemble
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 
 
 def rollout_with_agent(server, agent, rows: list[dict], n: int, workers: int, timeout_s: float,

@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from posttrain.data.dataset import encode_prompt
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings, continuation_ids
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 from posttrain.tools.hermes import CLOSE, OPEN, parse_tool_calls
 
 MAX_BODY = 16 * 2**20

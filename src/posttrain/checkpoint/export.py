@@ -7,7 +7,7 @@ from pathlib import Path
 
 from posttrain.checkpoint.manifest import STEP_DIR, latest_valid, verify
 from posttrain.errors import CheckpointError
-from posttrain.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a LoRA checkpoint's actor/ holds these only
+from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a LoRA checkpoint's actor/ holds these only
 
 
 def resolve(path: str | Path) -> Path:
@@ -53,7 +53,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, adapter: bool 
 
 def trained_adapters(ckpt: Path) -> bool:
     """Whether the run that wrote `ckpt` trained LoRA adapters (its saved config says)."""
-    from posttrain.yamlfile import UnreadableYaml, load_yaml
+    from posttrain.files.yamlfile import UnreadableYaml, load_yaml
 
     try:
         model = (load_yaml(ckpt / "config.yaml") or {}).get("model") or {}
@@ -90,7 +90,7 @@ def gather_adapters(ckpt: Path, out: Path, merge: bool) -> None:
     from posttrain.checkpoint.state import model_tensors
     from posttrain.models.loader import load_model
     from posttrain.models.lora import LoraSettings, adapter_config_json, add_adapters, adapter_tensors
-    from posttrain.yamlfile import load_yaml
+    from posttrain.files.yamlfile import load_yaml
 
     m = (load_yaml(ckpt / "config.yaml") or {}).get("model") or {}
     settings = LoraSettings(rank=m.get("lora_rank") or 8, alpha=m.get("lora_alpha", 16),

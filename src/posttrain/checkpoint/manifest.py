@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posttrain.files import sha256
+from posttrain.files.cache import sha256
 
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")

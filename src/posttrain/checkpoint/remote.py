@@ -16,7 +16,7 @@ from pathlib import Path
 
 from posttrain.checkpoint.manifest import MANIFEST, STEP_DIR, verify
 from posttrain.errors import ConfigError
-from posttrain.redact import redact_url
+from posttrain.text.redact import redact_url
 
 
 def is_url(path: str | None) -> bool:

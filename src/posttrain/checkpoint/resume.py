@@ -12,9 +12,9 @@ from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import ROLLOUTS_AHEAD, restore_rng
 from posttrain.config import SCHEMA, flatten
 from posttrain.errors import CheckpointError, ConfigError
-from posttrain.redact import matches_redacted, redact_mapping
-from posttrain.text import one_line
-from posttrain.yamlfile import UnreadableYaml, load_yaml
+from posttrain.text.redact import matches_redacted, redact_mapping
+from posttrain.text.lines import one_line
+from posttrain.files.yamlfile import UnreadableYaml, load_yaml
 
 # Keys that may change between a run and its resumption: how long to run,
 # how often to validate and save, where to log, how to validate.

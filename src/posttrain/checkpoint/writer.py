@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from posttrain.checkpoint.manifest import fsync_path, list_checkpoints, write_manifest
 from posttrain.checkpoint.state import ROLLOUTS_AHEAD, Snapshot
 from posttrain.errors import CheckpointError
-from posttrain.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 # A pause between writing the files and the manifest, for tests that kill a
 # process in the middle of a save. Not for production use.

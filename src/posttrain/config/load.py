@@ -27,8 +27,8 @@ from posttrain.config.schema import DICT_KEYS, LIST_KEYS, SCHEMA, Config
 from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
 from posttrain.errors import ConfigError
-from posttrain.text import invalid_text
-from posttrain.yamlfile import YAML_ERRORS, read_mapping
+from posttrain.text.lines import invalid_text
+from posttrain.files.yamlfile import YAML_ERRORS, read_mapping
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -26,7 +26,7 @@ from posttrain.config.nemo_rl_keys import DATA_KEYS, SECTIONS
 from posttrain.config.nemo_rl_translate import clipped, translate
 from posttrain.config.schema import SCHEMA
 from posttrain.errors import ConfigError
-from posttrain.yamlfile import YAML_ERRORS, first_line, read_mapping
+from posttrain.files.yamlfile import YAML_ERRORS, first_line, read_mapping
 
 _ABSENT = object()
 # posttrain's distillation.* keys (config/schema_distill.py): the section NeMo-RL's layout also names

@@ -319,7 +319,7 @@ def validate_critic(cfg: Config) -> None:
 def validate_profiler(cfg: Config) -> None:
     """profiler.*: checked; the roles' nulls filled (rollout's from the actor's, as verl's colocated worker;
     the others': off, rank 0); what posttrain does not use named in one warning line."""
-    from posttrain.profiling import CONTENTS, ROLE_PHASES, TOOLS, tool_settings
+    from posttrain.runtime.profiling import CONTENTS, ROLE_PHASES, TOOLS, tool_settings
 
     p, tm = cfg.profiler, cfg.profiler.torch_memory
     need(p.tool is None or p.tool in TOOLS,

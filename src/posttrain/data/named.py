@@ -105,7 +105,7 @@ def data_dir() -> Path:
     """$POSTTRAIN_DATA, else <posttrain cache>/data (the cache: files.cache_root)."""
     if os.environ.get("POSTTRAIN_DATA"):
         return Path(os.environ["POSTTRAIN_DATA"])
-    from posttrain.files import cache_root
+    from posttrain.files.cache import cache_root
 
     return cache_root() / "data"
 

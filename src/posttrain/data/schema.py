@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posttrain.errors import DataError
-from posttrain.text import invalid_text
+from posttrain.text.lines import invalid_text
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _FIX = (

@@ -302,7 +302,7 @@ def header(lay: Layout, command: str) -> list[str]:
 def command_line(args, parser, env: dict[str, str]) -> str:
     """The flags given (those that differ from their defaults), as the command that renders this again;
     the values of `env` (the parsed --env) that are credentials show as ***."""
-    from posttrain.redact import redact_text, secret_values
+    from posttrain.text.redact import redact_text, secret_values
 
     words = ["posttrain", "deploy", "kuberay"]
     for action in parser._actions:  # argparse has no public list of a parser's options
@@ -321,7 +321,7 @@ def command_line(args, parser, env: dict[str, str]) -> str:
 
 
 def notes(lay: Layout) -> list[str]:
-    from posttrain.redact import is_secret_name
+    from posttrain.text.redact import is_secret_name
 
     found = []
     first = lay.image.split("/")[0]

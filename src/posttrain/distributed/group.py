@@ -1,7 +1,7 @@
 """A group of workers on a Ray cluster, called by verb.
 
 `WorkerGroup` places `nnodes x per_node` workers (Ray actors running
-`posttrain.worker.Worker`) in a placement group, one bundle per device,
+`posttrain.worker.verbs.Worker`) in a placement group, one bundle per device,
 joins them into one torch.distributed process group, and offers the same
 verbs as a single `Worker`: it splits each batch over the workers, calls
 the verb on all of them and gathers the answers. The driver stays the
@@ -24,7 +24,7 @@ from posttrain.distributed.cluster import describe_resources, import_ray
 from posttrain.errors import PosttrainError
 from posttrain.training.actor import loss_units
 from posttrain.training.sft import learned_tokens
-from posttrain.worker_spec import WorkerSpec
+from posttrain.worker.spec import WorkerSpec
 
 PLACEMENT_TIMEOUT_S = 120.0
 RAY_DEBUGGER_ENV = ("RAY_DEBUG", "RAY_DEBUG_POST_MORTEM")  # Ray's debugger: docs/debugging.md
@@ -42,7 +42,7 @@ class WorkerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from posttrain.worker import Worker
+        from posttrain.worker.verbs import Worker
 
         self.spec, self.world_size, self.resume_hint = spec, nnodes * per_node, resume_hint
         gpu = spec.device == "cuda"

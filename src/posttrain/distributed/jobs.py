@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from posttrain.errors import ConfigError, PosttrainError
-from posttrain.redact import redact_mapping, redact_text, secret_values
+from posttrain.text.redact import redact_mapping, redact_text, secret_values
 
 # `--stop` sends SIGTERM; posttrain then finishes its step and saves a checkpoint.
 # Ray's default grace period (3 s) would SIGKILL it mid-step, so the job gets a longer one.

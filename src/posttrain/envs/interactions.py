@@ -29,7 +29,7 @@ from pathlib import Path
 from posttrain.envs.base import Step
 from posttrain.errors import ConfigError
 from posttrain.rewards import gsm8k
-from posttrain.yamlfile import read_yaml
+from posttrain.files.yamlfile import read_yaml
 
 GSM8K = "verl.interactions.gsm8k_interaction.Gsm8kInteraction"
 FORMAT = "interaction: [{name: ..., class_name: pkg.module.Class, config: {...}}]"

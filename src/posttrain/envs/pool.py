@@ -26,8 +26,8 @@ import threading
 from dataclasses import dataclass, field
 
 from posttrain.envs.base import Step, as_messages, as_step
-from posttrain.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
-from posttrain.text import one_line
+from posttrain.runtime.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
+from posttrain.text.lines import one_line
 
 GRACE_S = 5.0
 ERROR, TIMEOUT, CRASH = "error", "timeout", "crash"

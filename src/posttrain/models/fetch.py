@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.errors import ModelError
-from posttrain.files import cache_root
-from posttrain.files import sha256 as file_sha256
+from posttrain.files.cache import cache_root
+from posttrain.files.cache import sha256 as file_sha256
 from posttrain.models.gguf import convert_gguf, require_gguf_support
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from posttrain.errors import ModelError
-from posttrain.files import check_model_dir
+from posttrain.files.cache import check_model_dir
 from posttrain.models.attention import use_grouped_attention
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

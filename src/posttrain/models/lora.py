@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from posttrain.errors import ConfigError, ModelError
-from posttrain.files import ADAPTER_CONFIG
+from posttrain.files.cache import ADAPTER_CONFIG
 
 PEFT_PREFIX = "base_model.model."  # peft's wrappers in front of the base model's names
 

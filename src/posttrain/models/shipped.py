@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.errors import ModelError
-from posttrain.files import directory_digest
+from posttrain.files.cache import directory_digest
 
 EMBEDDED_DIR = Path(__file__).with_name("embedded")
 # directory_digest(EMBEDDED_DIR): the shipped model's bytes, every file of it

@@ -16,7 +16,7 @@ import yaml
 
 from posttrain.config import flatten
 from posttrain.errors import PosttrainError
-from posttrain.redact import redact_mapping, redact_text
+from posttrain.text.redact import redact_mapping, redact_text
 
 RUN_DIR_CONTENTS = "config.yaml and metrics.jsonl, often samples.jsonl and checkpoints/"
 

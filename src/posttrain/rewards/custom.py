@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from posttrain.errors import RewardError
-from posttrain.pyfile import CodeFailed, import_file
-from posttrain.text import one_line
+from posttrain.files.pyfile import CodeFailed, import_file
+from posttrain.text.lines import one_line
 
 DEFAULT_FUNCTION = "compute_score"
 _FIX = "fix reward.custom_fn=FILE.py:FUNCTION"

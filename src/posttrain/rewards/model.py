@@ -28,7 +28,7 @@ class RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from posttrain.errors import ModelError
-        from posttrain.files import check_model_dir
+        from posttrain.files.cache import check_model_dir
 
         check_model_dir(path, fix="point reward_model.model.path (reward.model.path) at a Hugging Face "
                               "sequence-classification model directory")

@@ -16,7 +16,7 @@ goes to a fresh worker. `num_workers=0` scores in this process (`in_process`:
 as a run being debugged does).
 An empty response scores 0.0 without a call.
 
-Workers (posttrain.processes) are spawned on first use and stay for the run;
+Workers (posttrain.runtime.processes) are spawned on first use and stay for the run;
 they ignore SIGINT and SIGTERM (the trainer stops after its step, which
 needs them) and end with this process, even stuck in C code (ps -o comm
 shows them as reward-worker). A script that starts a run needs
@@ -32,11 +32,11 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from posttrain.errors import RewardError
-from posttrain.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
+from posttrain.runtime.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
 from posttrain.rewards.scoring import (
     CRASH, TIMEOUT, UNSCORED, ScoreResult, failure, parallel_calls, score_one, tally,
 )
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 
 GRACE_S = 0.5  # past timeout_s, for the worker's own alarm to stop the call before it is killed
 MAX_CHUNK = 32  # calls per message: fewer messages, but a killed worker's chunk is resent

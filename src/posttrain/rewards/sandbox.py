@@ -46,8 +46,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from posttrain.redact import redact_url
-from posttrain.text import one_line
+from posttrain.text.redact import redact_url
+from posttrain.text.lines import one_line
 
 SCORED_CASES = 10  # verl's continuous score: the first ten cases
 RUN_TIMEOUT_S = 10  # verl's compile and run limit for each case, in the service

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 
 MAX_MESSAGES = 5
 

@@ -25,7 +25,7 @@ from typing import Iterable
 import torch
 
 from posttrain.errors import ConfigError
-from posttrain.files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.hf import left_pad
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from posttrain.data import arith
-from posttrain.files import cache_root
+from posttrain.files.cache import cache_root
 from posttrain.models import shipped
 from posttrain.models.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB_SIZE, write_tokenizer
 

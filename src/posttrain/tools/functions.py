@@ -16,8 +16,8 @@ import inspect
 from pathlib import Path
 
 from posttrain.errors import ConfigError
-from posttrain.pyfile import CodeFailed, import_file
-from posttrain.text import one_line
+from posttrain.files.pyfile import CodeFailed, import_file
+from posttrain.text.lines import one_line
 
 FORMS = "pkg.module:function, pkg.module.function or path/file.py:function"
 

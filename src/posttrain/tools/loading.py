@@ -47,13 +47,13 @@ import warnings
 from pathlib import Path
 
 from posttrain.errors import ConfigError
-from posttrain.redact import redact_url
+from posttrain.text.redact import redact_url
 from posttrain.tools import answer, calculator, python_tool
 from posttrain.tools.functions import FORMS, canonical_spec, import_function
 from posttrain.tools.schema import NAME_RULE, schema_of
 from posttrain.tools.toolset import Tool, ToolSet
 from posttrain.tools.workers import FunctionWorkers, InProcessFunctions
-from posttrain.yamlfile import read_yaml
+from posttrain.files.yamlfile import read_yaml
 
 GSM8K_TOOL = "verl.tools.gsm8k_tool.Gsm8kTool"
 SANDBOX_TOOL = "verl.tools.sandbox_fusion_tools.SandboxFusionTool"

@@ -26,7 +26,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from posttrain.text import one_line
+from posttrain.text.lines import one_line
 from posttrain.tools.hermes import ToolCall
 from posttrain.tools.schema import check_arguments
 

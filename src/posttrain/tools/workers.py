@@ -15,7 +15,7 @@ several threads each get a worker of their own (idle ones are reused).
 InProcessFunctions answers the same calls in this process instead (a run
 being debugged, trainer.debug), without a time limit.
 
-Workers live as the reward pool's do (posttrain.processes): they ignore
+Workers live as the reward pool's do (posttrain.runtime.processes): they ignore
 SIGINT and SIGTERM (the trainer ends its step first), an idle one exits at
 EOF on its pipe, and on Linux the kernel kills one whose starting thread
 ended, even if stuck in C code (ps names it tool-worker); the next call
@@ -27,7 +27,7 @@ Why not the reward pool itself: RewardPool's protocol is built around
 scores (each call's value is checked to be a finite number, failures counted
 per data source, batches split in chunks across workers), and a tool's value
 is text, one call at a time, each with its own function; the worker
-processes themselves are the same (posttrain.processes).
+processes themselves are the same (posttrain.runtime.processes).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import bdb
 import multiprocessing.util
 import threading
 
-from posttrain.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
-from posttrain.text import one_line
+from posttrain.runtime.processes import LOAD_TIMEOUT_S, WorkerProcess, stop_all
+from posttrain.text.lines import one_line
 from posttrain.tools.toolset import ToolFailure, ToolTimeout
 
 MAX_REPLY_CHARS = 64_000  # of a return value sent back (the tool set cuts it further)

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from posttrain.config import LOGGERS, flatten
 from posttrain.errors import ConfigError
-from posttrain.redact import redact_mapping, redact_text
+from posttrain.text.redact import redact_mapping, redact_text
 
 HANDLED_ELSEWHERE = ("console", "jsonl")  # metrics.py writes these
 OPTIONAL_SINKS = tuple(name for name in LOGGERS if name not in HANDLED_ELSEWHERE)

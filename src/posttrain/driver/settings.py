@@ -21,7 +21,7 @@ from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
 from posttrain.training.critic import CriticSettings
-from posttrain.worker_spec import CriticSpec, RefSpec, RolloutSpec, TeacherSpec, WorkerSpec
+from posttrain.worker.spec import CriticSpec, RefSpec, RolloutSpec, TeacherSpec, WorkerSpec
 
 
 def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_steps: int,

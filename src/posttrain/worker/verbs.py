@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 
-from posttrain.engines import autocast_of, build_rollout_engine, engine_dtype_of, make_engine, rollout_dtype_of
+from posttrain.worker.engines import autocast_of, build_rollout_engine, engine_dtype_of, make_engine, rollout_dtype_of
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.training.actor import (
     make_lr_scheduler, make_optimizer, move_optimizer_state, update_policy,
 )
 from posttrain.training.fused import check_fusable
 from posttrain.training.logprobs import compute_log_probs, compute_topk_log_probs
-from posttrain.worker_spec import CriticSpec, WorkerSpec
+from posttrain.worker.spec import CriticSpec, WorkerSpec
 
 
 @contextlib.contextmanager
@@ -71,8 +71,8 @@ class Worker:
         make the optimizer and the rollout engine. -> where this worker runs."""
         from posttrain.models import load_model, load_tokenizer
         from posttrain.models.loader import eos_token_ids, freeze_vision_tower
-        from posttrain.malloc import reuse_freed_memory
-        from posttrain.quiet import quiet_libraries
+        from posttrain.runtime.malloc import reuse_freed_memory
+        from posttrain.runtime.quiet import quiet_libraries
         from posttrain.training.parallelize import parallelize
 
         # One piece on purpose (a few lines over 60): its order is the contract (environment, process group,
@@ -142,7 +142,7 @@ class Worker:
         not_model_dir = s.policy_dir is not None or (s.lora is not None and s.lora.adapter_path is not None)
         if s.rollout.weights_from_policy or self.history is not None or not_model_dir:
             self._push_weights(restart=True)
-        from posttrain.flops import cpu_peak_key, device_peak_flops
+        from posttrain.metrics.flops import cpu_peak_key, device_peak_flops
 
         # MFU's denominator, measured here: a CPU's peak depends on this process's threads
         dtype = getattr(torch, s.mixed_precision or s.dtype)

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.conversations import EnvSide
-from posttrain.generation import multi_turn_metrics, sample
-from posttrain.metrics import MetricsLogger, timed
+from posttrain.driver.env_side import EnvSide
+from posttrain.driver.rollouts import multi_turn_metrics, sample
+from posttrain.metrics.logger import MetricsLogger, timed
 from posttrain.rewards.pool import RewardPool
 from posttrain.rewards.scoring import ScoreResult
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings
-from posttrain.samples import val_sample_rows
+from posttrain.metrics.samples import val_sample_rows
 from posttrain.tools import ToolSet
 
 if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
-    from posttrain.loop import Run
+    from posttrain.driver.loop import Run
 
 
 @torch.no_grad()

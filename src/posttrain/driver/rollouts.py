@@ -17,17 +17,17 @@ import torch
 from posttrain.algorithms import (
     overlong_penalty, place_on_last_token, rescale, scale_truncated, truncated_rows, varied_groups,
 )
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.errors import RewardError
-from posttrain.metrics import timed
-from posttrain.redact import redact_text
+from posttrain.metrics.logger import timed
+from posttrain.text.redact import redact_text
 from posttrain.rollout.base import SamplingParams, decode_responses
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 from posttrain.tools import ToolSet, load_tools
 
 if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
-    from posttrain.conversations import EnvSide
-    from posttrain.loop import Run
+    from posttrain.driver.env_side import EnvSide
+    from posttrain.driver.loop import Run
 
 
 def rollout_and_score(run: Run, items, m: dict) -> RolloutBatch:

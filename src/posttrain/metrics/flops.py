@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.files import cache_root
+from posttrain.files.cache import cache_root
 
 # Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from the vendors' data
 # sheets; the first name that occurs in torch.cuda.get_device_name() wins, so

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from posttrain.build import (
+from posttrain.driver.build import (
     checkpoint_writer, connect_cluster, data_files, flop_model, hold_out, make_actor, make_profiler, peak_flops_of,
     start_run, training_steps, worker_device,
 )
@@ -15,10 +15,10 @@ from posttrain.data.dataset import PromptSampler
 from posttrain.data.prompts import read_templates
 from posttrain.data.sft import SFTDataSettings, chat_template_text, load_examples
 from posttrain.models import load_tokenizer
-from posttrain.sft_loop import SFTRun
-from posttrain.specs import lora_settings, worker_spec
+from posttrain.driver.sft import SFTRun
+from posttrain.driver.settings import lora_settings, worker_spec
 from posttrain.training.sft import SFTSettings
-from posttrain.worker_spec import RefSpec, RolloutSpec
+from posttrain.worker.spec import RefSpec, RolloutSpec
 
 
 def data_settings(cfg) -> SFTDataSettings:
@@ -54,7 +54,7 @@ def load_sft_data(cfg, tokenizer) -> tuple[list, list | None]:
 
 
 def build_sft_run(cfg) -> SFTRun:
-    """Everything `posttrain.sft_loop.train_sft` needs, checked before anything is written; resumes from a
+    """Everything `posttrain.driver.sft.train_sft` needs, checked before anything is written; resumes from a
     checkpoint when trainer.resume_mode finds one."""
     tr = cfg.trainer
     run_dir, remote, resume_from, model_dir, distributed = start_run(cfg)

@@ -23,31 +23,31 @@ from posttrain.algorithms import (
 )
 from posttrain.algorithms.distill import TOPK_MODES, route
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
-from posttrain.batch import RolloutBatch
+from posttrain.driver.batch import RolloutBatch
 from posttrain.config import config_to_dict
 from posttrain.config.schema_distill import teachers_of
 from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.errors import ConfigError, NonfiniteError, Preempted
-from posttrain.flops import ModelFlops
-from posttrain.conversations import EnvSide
-from posttrain.generation import reward_components, rollout_and_score, scaled
-from posttrain.metrics import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
-from posttrain.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
-from posttrain.profiling import StepProfiler
+from posttrain.metrics.flops import ModelFlops
+from posttrain.driver.env_side import EnvSide
+from posttrain.driver.rollouts import reward_components, rollout_and_score, scaled
+from posttrain.metrics.logger import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
+from posttrain.driver.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
+from posttrain.runtime.profiling import StepProfiler
 from posttrain.rewards.model import ModelRewards
 from posttrain.rewards.pool import RewardPool
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.multiturn import MultiTurnSettings
-from posttrain.samples import sample_rows
-from posttrain.sinks import make_sinks
+from posttrain.metrics.samples import sample_rows
+from posttrain.metrics.sinks import make_sinks
 from posttrain.tools import ToolSet
-from posttrain.validation import run_validation
-from posttrain.worker import Worker
+from posttrain.driver.validation import run_validation
+from posttrain.worker.verbs import Worker
 
 if TYPE_CHECKING:  # Run's field types: the group sits beside the loop; the others are heavy to import
     from transformers import PreTrainedTokenizerBase
 
-    from posttrain.async_rollout import RolloutsAhead
+    from posttrain.driver.ahead import RolloutsAhead
     from posttrain.checkpoint import CheckpointWriter
     from posttrain.config import Config
     from posttrain.distributed.group import WorkerGroup
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # Run's field types: the group sits beside the loop; the othe
 
 @dataclass
 class Run:
-    """What a run holds between steps (built by `posttrain.build.build_run`)."""
+    """What a run holds between steps (built by `posttrain.driver.build.build_run`)."""
 
     cfg: Config
     run_dir: Path

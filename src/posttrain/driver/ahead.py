@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from posttrain.batch import RolloutBatch
-from posttrain.generation import rollout_and_score
+from posttrain.driver.batch import RolloutBatch
+from posttrain.driver.rollouts import rollout_and_score
 
 if TYPE_CHECKING:
-    from posttrain.loop import Run
+    from posttrain.driver.loop import Run
 
 LISTS = ("data_source", "ground_truth", "extra_info", "response_text")  # RolloutBatch's per-row Python lists
 

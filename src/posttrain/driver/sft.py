@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptSampler
 from posttrain.data.sft import SFTExample, collate
-from posttrain.flops import ModelFlops
-from posttrain.loop import install_stop_handlers, restore_stop_handlers, save, stop_if_asked
-from posttrain.metrics import MetricsLogger, format_sft_line, perf_metrics, timed
-from posttrain.nonfinite import NonfiniteGuard, update_fault
-from posttrain.profiling import StepProfiler
-from posttrain.sinks import make_sinks
-from posttrain.worker import Worker
+from posttrain.metrics.flops import ModelFlops
+from posttrain.driver.loop import install_stop_handlers, restore_stop_handlers, save, stop_if_asked
+from posttrain.metrics.logger import MetricsLogger, format_sft_line, perf_metrics, timed
+from posttrain.driver.nonfinite import NonfiniteGuard, update_fault
+from posttrain.runtime.profiling import StepProfiler
+from posttrain.metrics.sinks import make_sinks
+from posttrain.worker.verbs import Worker
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -33,7 +33,7 @@ VAL_CHUNK = 256  # validation rows collated and scored at a time
 
 @dataclass
 class SFTRun:
-    """What a supervised run holds between steps (built by `posttrain.build_sft.build_sft_run`). Its fields
+    """What a supervised run holds between steps (built by `posttrain.driver.build_sft.build_sft_run`). Its fields
     are named as the RL Run's where they mean the same, so saving, resuming and stopping are shared."""
 
     cfg: Config

@@ -19,7 +19,7 @@ import torch
 
 from posttrain.algorithms import make_kl_controller
 from posttrain.algorithms.distill import TOPK_MODES
-from posttrain.async_rollout import RolloutsAhead
+from posttrain.driver.ahead import RolloutsAhead
 from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
 from posttrain.config import config_to_dict, config_to_yaml
@@ -32,30 +32,30 @@ from posttrain.data.schema import read_rows
 from posttrain.distributed.cluster import connect
 from posttrain.distributed.group import WorkerGroup
 from posttrain.errors import ConfigError, DataError
-from posttrain.flops import ModelFlops
+from posttrain.metrics.flops import ModelFlops
 from posttrain.envs import EnvPool, InProcessEnvs
 from posttrain.envs.interactions import interaction_class, read_interaction_config
-from posttrain.conversations import EnvSide
-from posttrain.generation import load_tool_use
-from posttrain.loop import Run
-from posttrain.debugging import announce
-from posttrain.files import cache_root
+from posttrain.driver.env_side import EnvSide
+from posttrain.driver.rollouts import load_tool_use
+from posttrain.driver.loop import Run
+from posttrain.runtime.debugging import announce
+from posttrain.files.cache import cache_root
 from posttrain.models import load_tokenizer
 from posttrain.models.loader import eos_token_ids
-from posttrain.profiling import ROLE_PHASES, StepProfiler, rank_selected, tool_settings, warn
-from posttrain.redact import redact_mapping, redact_url
+from posttrain.runtime.profiling import ROLE_PHASES, StepProfiler, rank_selected, tool_settings, warn
+from posttrain.text.redact import redact_mapping, redact_url
 from posttrain.rewards.model import ModelRewards, RewardModel
 from posttrain.rewards.pool import RewardPool, in_process, reward_loader
 from posttrain.rewards.sandbox import SandboxSettings
 from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.rollout.vllm import check_vllm_available
-from posttrain.sinks import check_sinks
-from posttrain.specs import lora_settings, rollout_correction, sampling_params, worker_spec
+from posttrain.metrics.sinks import check_sinks
+from posttrain.driver.settings import lora_settings, rollout_correction, sampling_params, worker_spec
 from posttrain.tiny.arith import ensure_tiny_model
 from posttrain.tools import ToolSet
 from posttrain.tools.functions import canonical_spec, import_function
-from posttrain.worker import Worker
-from posttrain.worker_spec import WorkerSpec
+from posttrain.worker.verbs import Worker
+from posttrain.worker.spec import WorkerSpec
 
 EMBEDDED_DATA_VERSION = "arith-v1"
 
@@ -367,7 +367,7 @@ def checkpoint_writer(cfg, run_dir: Path, remote, model_dir: str, tokenizer) -> 
 
 
 def build_run(cfg) -> Run:
-    """Everything `posttrain.loop.train` needs, checked before anything is
+    """Everything `posttrain.driver.loop.train` needs, checked before anything is
     written; resumes from a checkpoint when trainer.resume_mode finds one."""
     tr = cfg.trainer
     run_dir, remote, resume_from, model_dir, distributed = start_run(cfg)

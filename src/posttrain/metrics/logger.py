@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from posttrain.profiling import phase
+from posttrain.runtime.profiling import phase
 
 
 @contextmanager
@@ -69,7 +69,7 @@ def perf_metrics(m: dict, batch, flops, peak_flops: float | None, ppo_epochs: in
     """Tokens, throughput and MFU of a finished step (`m` holds its timings
     and perf/flops/rollout). FLOPs count real tokens only, each group's prompt
     once in the update with share_prompt (see flops.py)."""
-    from posttrain.flops import mfu
+    from posttrain.metrics.flops import mfu
 
     tokens = float(batch.attention_mask.sum())
     out = {"perf/total_num_tokens": tokens, "perf/throughput": tokens / m["timing_s/step"] / devices}  # per device
@@ -93,7 +93,7 @@ def raise_measured_peak(perf: dict, peak: float, keys: list[str]) -> float | Non
     """A step's perf metrics with an MFU over 1 against a measured CPU peak: the peak was measured too low
     (on a busy machine). -> the FLOP/s per device the step achieved, now the cached peak of `keys` (with a
     warning); None when no MFU is over 1."""
-    from posttrain.flops import raise_cpu_peak
+    from posttrain.metrics.flops import raise_cpu_peak
 
     top = max((v for k, v in perf.items() if k.startswith("perf/mfu/")), default=0.0)
     if top <= 1.0:

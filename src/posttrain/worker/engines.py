@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from posttrain.worker_spec import WorkerSpec
+from posttrain.worker.spec import WorkerSpec
 
 
 def autocast_of(spec: WorkerSpec):
@@ -79,7 +79,7 @@ def build_rollout_engine(spec: WorkerSpec, eos: list[int], pad_token_id: int, ra
     """The engine of a rollout process of its own: vLLM's, or the HF engine over a plain model of its own (a LoRA
     policy's adapters arrive merged into its weights), its weights from the version the driver loads into it."""
     from posttrain.models import load_model
-    from posttrain.quiet import quiet_libraries
+    from posttrain.runtime.quiet import quiet_libraries
 
     os.environ.update(spec.env)
     quiet_libraries()

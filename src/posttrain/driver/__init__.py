@@ -1,0 +1,1 @@
+"""The driver: building a run, the RL and SFT loops, sampling and scoring, validation."""

@@ -1,0 +1,1 @@
+"""Files: the cache directory and digests, YAML files, a user's .py files."""

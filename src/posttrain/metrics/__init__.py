@@ -1,0 +1,1 @@
+"""Metrics: names, the console line, loggers, sample completions, FLOPs and MFU."""

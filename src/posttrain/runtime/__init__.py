@@ -1,0 +1,1 @@
+"""The process's runtime: worker processes, memory, quiet libraries, debugging, profiling."""

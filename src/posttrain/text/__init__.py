@@ -1,0 +1,1 @@
+"""Text: one-line summaries, the invalid-unicode check, credentials redacted."""

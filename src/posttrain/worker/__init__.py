@@ -1,0 +1,1 @@
+"""The worker: the verbs of one device, what it is built from, its rollout engine."""
