@@ -22,7 +22,8 @@ import torch
 
 from posttrain.driver.build import build_run
 from posttrain.config import load_config
-from posttrain.driver.loop import rl_step, save
+from posttrain.driver.lifecycle import save
+from posttrain.driver.loop import rl_step
 
 
 def timed_steps(run, n: int, before_step=None, after_step=None) -> list[float]:
@@ -50,10 +51,10 @@ def main() -> None:
         timed_steps(run, 2)  # warm-up
         plain = timed_steps(run, args.steps)
         run.writer.async_save = True
-        inflight = timed_steps(run, args.steps, before_step=lambda: save(run, {}))
+        inflight = timed_steps(run, args.steps, before_step=lambda: save(run, {}, run.kl_ctrl, run.ahead))
         run.writer.wait()
         run.writer.async_save = False
-        synced = timed_steps(run, args.steps, after_step=lambda: save(run, {}))
+        synced = timed_steps(run, args.steps, after_step=lambda: save(run, {}, run.kl_ctrl, run.ahead))
     base = statistics.median(plain)
     print("per step:", [round(t, 2) for t in plain], [round(t, 2) for t in inflight], [round(t, 2) for t in synced])
     print(f"step, no save:                        {base:.3f} s (median of {args.steps})")

@@ -47,7 +47,7 @@ def model_and_prompts(name: str, count: int) -> tuple[Path, list[list[int]]]:
     from posttrain.models.loader import load_tokenizer
 
     if name == "tiny":
-        from posttrain.driver.build import embedded_data_files
+        from posttrain.driver.build_data import embedded_data_files
         from posttrain.data.schema import read_rows
         from posttrain.tiny.arith import ensure_tiny_model
 

@@ -32,7 +32,7 @@ def shellcheck() -> str | None:
 
 def embedded_rows() -> list[dict]:
     """The rows of the embedded arith task's test split (its prompts, answers and extra_info)."""
-    from posttrain.driver.build import embedded_data_files
+    from posttrain.driver.build_data import embedded_data_files
     from posttrain.data.schema import read_rows
 
     return read_rows(str(embedded_data_files()[1]))

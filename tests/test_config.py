@@ -358,7 +358,7 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
 
 
 def test_rows_with_images_are_refused_at_load(tmp_path):
-    from posttrain.driver.build import refuse_images
+    from posttrain.driver.build_data import refuse_images
     from posttrain.errors import DataError
 
     rows = [{"prompt": "a", "images": None}, {"prompt": "b", "images": []}, {"prompt": "c"}]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.driver.build import build_run, uses_ray
+from posttrain.driver.build import build_run
+from posttrain.driver.placement import uses_ray
 from posttrain.config import load_config
 from posttrain.data.schema import read_rows, write_rows
 from posttrain.distributed.group import worker_env
@@ -29,7 +30,7 @@ WAIT_S = 240.0  # for the first prompt: the run imports torch and builds its mod
 
 def tiny_overrides(tmp_path: Path, model_dir) -> list[str]:
     """One GRPO step on 8 prompts x 2 samples of 4 tokens, no validation."""
-    from posttrain.driver.build import embedded_data_files
+    from posttrain.driver.build_data import embedded_data_files
 
     write_rows(read_rows(embedded_data_files()[1])[:8], tmp_path / "train.parquet")
     return [f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=8",

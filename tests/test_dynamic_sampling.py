@@ -9,7 +9,7 @@ import torch
 from posttrain.driver.batch import RolloutBatch
 from posttrain.config import load_config
 from posttrain.driver.rollouts import rollout_and_score
-from posttrain.driver.loop import Run
+from posttrain.driver.run import Run
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -66,7 +66,7 @@ def texts_by_group(batch):
 def test_without_filtering_the_batch_is_the_rollout(tiny_model_dir):
     run = make_run(tiny_model_dir, [], [])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)
+    batch = rollout_and_score(run.rollouts, [run.train_data[0], run.train_data[1]], m)
     assert texts_by_group(batch) == {0: ["1", "1"], 1: ["1", "22"]}
     assert batch.scores.tolist() == [1.0, 1.0, 1.0, 0.0]
     assert "train/num_gen_batches" not in m
@@ -75,7 +75,7 @@ def test_without_filtering_the_batch_is_the_rollout(tiny_model_dir):
 def test_uniform_groups_are_dropped_and_more_prompts_drawn(tiny_model_dir, capsys):
     run = make_run(tiny_model_dir, ["algorithm.filter_groups.enable=true"], [[2, 3], [4, 0]])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied
+    batch = rollout_and_score(run.rollouts, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied
     # round 2 draws C (varied) and D (uniform): two varied groups, B then C, renumbered 0 and 1
     assert run.actor.calls == [["A", "B"], ["C", "D"]]
     assert texts_by_group(batch) == {0: ["1", "22"], 1: ["333", "1"]}
@@ -92,12 +92,12 @@ def test_the_cap_fills_the_batch_with_dropped_groups_and_warns_once(tiny_model_d
     run = make_run(tiny_model_dir, ["algorithm.filter_groups.enable=true",
                                     "algorithm.filter_groups.max_num_gen_batches=2"], [[3, 0], [3, 0]])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied; D, A uniform
+    batch = rollout_and_score(run.rollouts, [run.train_data[0], run.train_data[1]], m)  # A uniform, B varied; D, A uniform
     assert texts_by_group(batch) == {0: ["1", "22"], 1: ["1", "1"]}  # B, then the first dropped group (A)
     assert (m["train/num_gen_batches"], m["train/kept_groups_ratio"]) == (2.0, 0.5)
     err = capsys.readouterr().err
     assert "dynamic sampling found 1 of 2 prompts with differing scores in 2 rounds" in err
-    rollout_and_score(run, [run.train_data[0], run.train_data[3]], {})
+    rollout_and_score(run.rollouts, [run.train_data[0], run.train_data[3]], {})
     assert "dynamic sampling" not in capsys.readouterr().err  # once per run
 
 
@@ -105,7 +105,7 @@ def test_overlong_shaping_lowers_long_responses_and_seq_reward_filters_on_it(tin
     # limit 3 tokens, buffer 2: length 1 -> 0, length 2 -> -0.5, length 3 -> -1.0 (times the factor 1)
     run = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2"], [])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    batch = rollout_and_score(run.rollouts, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
     assert batch.scores.tolist() == [1.0, 0.0, 0.0, 1.0]  # the reward function's own
     assert batch.token_level_scores.sum(-1).tolist() == [1.0, -0.5, -1.0, 1.0]
     assert m["reward/overlong_penalty/mean"] == pytest.approx(-1.5 / 4)
@@ -114,14 +114,14 @@ def test_overlong_shaping_lowers_long_responses_and_seq_reward_filters_on_it(tin
     # lengths 3..4 -> length 2: 0, length 3: -0.5
     run4 = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
                                      "reward_model.reward_kwargs.max_resp_len=4"], [])
-    batch = rollout_and_score(run4, [run4.train_data[1], run4.train_data[2]], {})
+    batch = rollout_and_score(run4.rollouts, [run4.train_data[1], run4.train_data[2]], {})
     assert batch.token_level_scores.sum(-1).tolist() == [1.0, 0.0, -0.5, 1.0]
     # D answers "4", "4": the same length and score -> uniform under both metrics; E "1", "55": varied
     run = make_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
                                     "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward"],
                    [[1, 2]])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[3], run.train_data[4]], m)
+    batch = rollout_and_score(run.rollouts, [run.train_data[3], run.train_data[4]], m)
     assert texts_by_group(batch) == {0: ["1", "55"], 1: ["1", "22"]}
     assert m["train/num_gen_batches"] == 2.0
 
@@ -154,7 +154,7 @@ def test_truncated_scale_scales_only_the_responses_that_hit_the_limit(tiny_model
     run = make_run(tiny_model_dir, ["reward.truncated_scale=0.25"], [])
     run.rewards = in_process(lambda source, text, truth, extra=None: 1.0)
     m = {}
-    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    batch = rollout_and_score(run.rollouts, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
     assert batch.scores.tolist() == [1.0, 1.0, 1.0, 1.0]
     assert batch.token_level_scores.sum(-1).tolist() == [1.0, 1.0, 0.25, 1.0]
     assert m["reward/truncated_ratio"] == 0.25 and "reward/overlong_penalty/mean" not in m
@@ -175,7 +175,7 @@ def test_reward_scaling_clamps_then_maps_the_scores_before_other_shaping(tiny_mo
                                     "reward.truncated_scale=0.5"], [])
     run.rewards = in_process(lambda source, text, truth, extra=None: {"1": 0.0, "22": 0.5}.get(text, 2.0))
     m = {}
-    batch = rollout_and_score(run, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
+    batch = rollout_and_score(run.rollouts, [run.train_data[1], run.train_data[2]], m)  # "1", "22" | "333", "1"
     assert batch.scores.tolist() == [0.0, 0.5, 2.0, 0.0]  # the reward function's own
     assert batch.token_level_scores.sum(-1).tolist() == [-1.0, 0.0, 0.5, -1.0]
     assert m["reward/scaling_clipped_ratio"] == 0.25

@@ -100,7 +100,7 @@ def test_a_misbehaving_environment_fails_its_own_conversation_and_the_others_go_
 
 def test_a_failed_conversation_trains_nothing(tok):
     from posttrain.driver.env_side import EnvSide
-    from posttrain.driver.rollouts import sample
+    from posttrain.driver.sampling import sample
     from posttrain.data.dataset import PromptItem
 
     item = PromptItem(encode_prompt(tok, PROMPT), PROMPT, "game", "7", {})

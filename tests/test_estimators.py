@@ -292,7 +292,7 @@ def test_gdpo_components_come_from_the_rewards_dict_returns_by_name():
     """generation.reward_components: each row's numbers beside "score", in name order (or the keys given); a
     row without one counts 0; fewer than two parts, or a key no reward returned, is a RewardError with the fix."""
     from posttrain.errors import RewardError
-    from posttrain.driver.rollouts import reward_components
+    from posttrain.driver.scoring import reward_components
 
     class Rows(list):
         @property

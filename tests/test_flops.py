@@ -223,7 +223,7 @@ def test_frozen_weights_count_one_backward_pass():
 
 
 def test_only_a_measured_cpu_peak_is_raised_by_a_faster_step():
-    from posttrain.driver.build import measured_peaks
+    from posttrain.driver.placement import measured_peaks
 
     cpu = [{"peak_key": "cpu|threads=2|float32"}, {"peak_key": "cpu|threads=2|float32"}]
     assert measured_peaks(None, cpu) == ["cpu|threads=2|float32"]

@@ -235,7 +235,7 @@ sys.exit(main(["train", *sys.argv[1:]]))
 
 
 def cuda_run(tmp: Path, run_dir: Path, steps: int, save_freq: int, deterministic: bool = False) -> None:
-    from posttrain.driver.build import embedded_data_files
+    from posttrain.driver.build_data import embedded_data_files
 
     train, _ = embedded_data_files()
     args = [f"data.train_files={train}", "data.val_files=null", "data.train_batch_size=8", "rollout.n=4",

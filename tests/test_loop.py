@@ -63,7 +63,7 @@ def test_a_raising_reward_costs_only_its_samples(tmp_path, tiny_model_dir, capsy
 
 
 def test_eval_prints_the_score_per_data_source(capsys, trained_tiny_model_dir):
-    from posttrain.driver.build import embedded_data_files
+    from posttrain.driver.build_data import embedded_data_files
     from posttrain.cli import main
 
     assert main(["eval", "--model", str(trained_tiny_model_dir), "--data", embedded_data_files()[1],

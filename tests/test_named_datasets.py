@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_dataset import char_tokenizer
 
-from posttrain.driver.build import data_files, load_data
+from posttrain.driver.build_data import data_files, load_data
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.data import named

@@ -447,7 +447,7 @@ def test_config_flag_and_hydra_delete_on_the_command_line():
 
 
 def test_split_validation_size_holds_out_a_seeded_share_of_the_training_prompts():
-    from posttrain.driver.build import hold_out
+    from posttrain.driver.build_data import hold_out
     from posttrain.data.dataset import PromptDataset
 
     assert layer(BASE, "++data.train.split_validation_size=0.05")["data.val_split_size"] == 0.05

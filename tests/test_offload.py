@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from posttrain.driver.build import check_offload
+from posttrain.driver.placement import check_offload
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 from posttrain.driver.settings import critic_spec, worker_spec

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from posttrain.driver.build import make_profiler
+from posttrain.driver.placement import make_profiler
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 from posttrain.runtime.profiling import StepProfiler, phase

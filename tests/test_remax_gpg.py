@@ -14,7 +14,8 @@ from posttrain.algorithms import compute_advantages, gpg_advantages, grpo_advant
 from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.driver.rollouts import greedy_baselines, rollout_and_score
-from posttrain.driver.loop import Run, rl_step, train
+from posttrain.driver.loop import rl_step, train
+from posttrain.driver.run import Run
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import in_process
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -132,7 +133,7 @@ def scripted_run(tiny_model_dir, overrides, draws):
 def test_each_round_of_dynamic_sampling_gets_its_prompts_greedy_scores(tiny_model_dir):
     run = scripted_run(tiny_model_dir, ["algorithm.filter_groups.enable=true"], [[2, 3]])
     m = {}
-    batch = rollout_and_score(run, [run.train_data[0], run.train_data[1]], m)
+    batch = rollout_and_score(run.rollouts, [run.train_data[0], run.train_data[1]], m)
     # round 1: A (uniform, dropped) and B; round 2: C and D (uniform, dropped); each round's prompts once greedy
     assert run.actor.calls == [(["A", "B"], False), (["A", "B"], True), (["C", "D"], False), (["C", "D"], True)]
     assert m["timing_s/gen_max"] > 0
@@ -149,9 +150,9 @@ def test_the_greedy_score_takes_the_overlong_penalty_as_the_samples_do(tiny_mode
     # limit 3, buffer 2: a 2-token response gets -0.5 (B's greedy "22": 0 - 0.5); a 1-token one nothing
     run = scripted_run(tiny_model_dir, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2"], [])
     m = {}
-    assert greedy_baselines(run, [run.train_data[0], run.train_data[1]], m).tolist() == [1.0, -0.5]
+    assert greedy_baselines(run.rollouts, [run.train_data[0], run.train_data[1]], m).tolist() == [1.0, -0.5]
     assert "reward/num_errors" not in m  # the counts are the samples'
-    batch = rollout_and_score(run, [run.train_data[1]], m)
+    batch = rollout_and_score(run.rollouts, [run.train_data[1]], m)
     assert batch.reward_baselines.tolist() == [-0.5, -0.5]
     assert batch.token_level_scores.sum(-1).tolist() == [1.0, -0.5]  # the samples: "1", "22"
 
@@ -174,7 +175,7 @@ def test_remax_step_advantage_is_score_minus_the_greedy_score(tmp_path, trained_
     run = build_run(tiny_config(tmp_path / "step", trained_tiny_model_dir, "algorithm.adv_estimator=remax"))
     _, indices = run.sampler.next_batch()
     items = [run.train_data[i] for i in indices]
-    expected = greedy_baselines(run, items, {})  # [4] before the step: the same weights as the step's greedy pass
+    expected = greedy_baselines(run.rollouts, items, {})  # [4] before the step: the same weights as the step's greedy pass
     m, batch = rl_step(run, items)
     assert torch.equal(batch.reward_baselines, expected.repeat_interleave(4))  # n = 4 rows per prompt
     assert m["critic/reward_baseline/mean"] == pytest.approx(float(expected.mean()))

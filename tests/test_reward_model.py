@@ -70,7 +70,7 @@ def test_alone_the_model_is_the_reward_with_a_custom_function_it_is_an_input(cla
 
 
 def test_a_run_with_verls_reward_model_keys_trains_on_the_models_scores(classifier_dir, tiny_model_dir, tmp_path):
-    from posttrain.driver.build import embedded_data_files
+    from posttrain.driver.build_data import embedded_data_files
 
     embedded = Path(embedded_data_files()[0]).parent  # its train.parquet
     cfg = load_config(None, run_overrides(

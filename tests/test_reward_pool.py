@@ -12,7 +12,8 @@ from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.errors import RewardError
 from posttrain.driver.rollouts import generate_and_score
-from posttrain.driver.loop import Run, train
+from posttrain.driver.loop import train
+from posttrain.driver.run import Run
 from posttrain.models import load_tokenizer
 from posttrain.rewards.pool import RewardPool, builtin_rewards, in_process, reward_loader
 from posttrain.rollout.base import RolloutOutput, SamplingParams
@@ -183,7 +184,7 @@ def test_an_empty_response_is_not_scored_and_adds_no_loss(tiny_model_dir):
               val_data=None, sampler=None, sampling=SamplingParams(max_new_tokens=4, n=2), val_sampling=None,
               total_steps=1)
     m = {}
-    batch = generate_and_score(run, [item], m)
+    batch = generate_and_score(run.rollouts, [item], m)
     assert batch.response_text[1] == "" and batch.scores.tolist() == [1.0, 0.0]
     assert batch.response_mask[1].sum() == 0 and batch.token_level_scores[1].abs().sum() == 0
     assert m["response/empty_ratio"] == 0.5 and m["reward/num_errors"] == 0
@@ -218,7 +219,7 @@ def test_a_dict_returns_numbers_are_logged_in_training_and_validation(tiny_model
               train_data=None, val_data=None, sampler=None, sampling=SamplingParams(max_new_tokens=4, n=2),
               val_sampling=None, total_steps=1)
     m = {}
-    generate_and_score(run, items, m)
+    generate_and_score(run.rollouts, items, m)
     assert m["reward/acc/mean"] == 0.5 and not any("pred" in key for key in m)
     metrics, _ = validate(Actor(), tok, items, SamplingParams(max_new_tokens=4, n=1), in_process(reward))
     assert (metrics["val/acc/mean"], metrics["val/a/acc/mean"], metrics["val/b/acc/mean"]) == (0.5, 1.0, 0.0)

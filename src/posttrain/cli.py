@@ -94,10 +94,11 @@ def format_summary(s: dict) -> str:
 def cmd_eval(args) -> int:
     import torch
 
-    from posttrain.driver.build import make_reward_pool, pick_device
+    from posttrain.driver.build import make_reward_pool
+    from posttrain.driver.placement import pick_device
     from posttrain.data.dataset import PromptDataset
     from posttrain.data.schema import read_rows
-    from posttrain.driver.rollouts import load_tool_use
+    from posttrain.driver.sampling import load_tool_use
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids
     from posttrain.rollout.base import SamplingParams

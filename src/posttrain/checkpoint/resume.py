@@ -107,7 +107,7 @@ def restore(run, ckpt: Path) -> None:
             actor.critic_scheduler.load_state_dict(opt["scheduler"])
     state = read_json(ckpt / "trainer_state.json")
     run.sampler.load_state_dict(state["sampler"])
-    if run.kl_ctrl is not None and state.get("kl_ctrl"):
+    if getattr(run, "kl_ctrl", None) is not None and state.get("kl_ctrl"):  # RL's (a supervised run has none)
         run.kl_ctrl.load_state_dict(state["kl_ctrl"])
     if state.get("nonfinite"):
         run.guard.load_state_dict(state["nonfinite"])
@@ -115,7 +115,7 @@ def restore(run, ckpt: Path) -> None:
     restore_rng(load_pt(ckpt / "rng.pt"), actor.generators())
     if getattr(run, "ahead", None) is not None:  # asynchronous training: the batches sampled ahead, if saved
         saved = ckpt / ROLLOUTS_AHEAD
-        dropped = run.ahead.restore(load_pt(saved) if saved.exists() else None)
+        dropped = run.ahead.restore(load_pt(saved) if saved.exists() else None, run.global_step)
         if dropped:
             print(f"posttrain: {dropped} batch(es) sampled ahead in {ckpt} are older than "
                   f"async_training.max_trajectory_age_steps={run.ahead.k} allows now: dropped, their prompts skipped",

@@ -7,7 +7,7 @@ weights of j - 1 updates on a batch sampled k updates earlier (fewer in the firs
 never older, whatever the two sides' speeds. So a run is deterministic given its seed, k = 0 is the synchronous
 algorithm (the thread waits for each update), and k = 1 is one-step off-policy.
 
-    ahead = RolloutsAhead(run, k); ahead.start()
+    ahead = RolloutsAhead(run.rollouts, run.draw, run.total_steps, k, start_step=run.global_step); ahead.start()
     batch = ahead.take(m)          # the trainer, for step run.global_step + 1 (waits if it is not sampled yet)
     ahead.updated(run.global_step) # after the step's update: versions up to it may be sampled with
     with ahead.settled(): ...      # validation, checkpoints: the thread has sampled all it may and waits
@@ -24,16 +24,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 import torch
 
 from posttrain.driver.batch import RolloutBatch
-from posttrain.driver.rollouts import rollout_and_score
-
-if TYPE_CHECKING:
-    from posttrain.driver.loop import Run
+from posttrain.driver.rollouts import StepRollouts, rollout_and_score
 
 LISTS = ("data_source", "ground_truth", "extra_info", "response_text")  # RolloutBatch's per-row Python lists
 
@@ -52,10 +49,13 @@ class Sampled:
 class RolloutsAhead:
     """The sampling thread and its queue (module docstring). `k`: async_training.max_trajectory_age_steps."""
 
-    def __init__(self, run: Run, k: int, in_flight: bool = False):
-        self.run, self.k, self.in_flight = run, k, in_flight
+    def __init__(self, rollouts: StepRollouts, draw: Callable[[], tuple[int, list]], total_steps: int, k: int,
+                 in_flight: bool = False, start_step: int = 0):
+        """rollouts: what sampling and scoring take (its actor's engine_weights verb picks the weights' version);
+        draw(): the next prompts (epoch, items); total_steps: the run's last step."""
+        self.rollouts, self.draw, self.total_steps, self.k, self.in_flight = rollouts, draw, total_steps, k, in_flight
         self.queue: list[Sampled] = []
-        self.reset()
+        self.reset(start_step)
         self.cond = threading.Condition()
         self.busy = self.paused = self.stopping = False
         self.past_end = False  # may sample for steps after the run's last (for a checkpoint: see settled)
@@ -63,11 +63,11 @@ class RolloutsAhead:
         self.idle_s = 0.0  # the thread's time waiting for weights, since the last take
         self.thread = threading.Thread(target=self._run, name="posttrain-rollouts", daemon=True)
 
-    def reset(self) -> None:
-        """Start from run.global_step (a run's start or its resume) with nothing queued."""
-        self.base = self.run.global_step  # the weights' version numbers count updates from here (engine_weights)
-        self.trainer_step = self.run.global_step  # updates done: versions up to it exist
-        self.next_step = self.run.global_step + 1  # the step the next batch sampled is for
+    def reset(self, start_step: int) -> None:
+        """Start after `start_step` updates (a run's start or its resume) with nothing queued."""
+        self.base = start_step  # the weights' version numbers count updates from here (engine_weights)
+        self.trainer_step = start_step  # updates done: versions up to it exist
+        self.next_step = start_step + 1  # the step the next batch sampled is for
         self.queue.clear()
 
     def version_for(self, step: int) -> int:
@@ -80,7 +80,7 @@ class RolloutsAhead:
 
     def _may_sample(self) -> bool:
         return (not self.paused and self.version_for(self.next_step) <= self.trainer_step
-                and (self.next_step <= self.run.total_steps or self.past_end))
+                and (self.next_step <= self.total_steps or self.past_end))
 
     def _run(self) -> None:
         try:
@@ -102,16 +102,15 @@ class RolloutsAhead:
     def queue_one(self, step: int) -> None:
         """Sample and score step `step`'s batch with its version of the weights, and queue it. In flight: with
         the newest weights, and any newer ones from the next token on (`version`: the oldest it may hold)."""
-        run = self.run
         if self.in_flight:
             with self.cond:
                 version = self.trainer_step  # sent to the rollout process before it was announced here
         else:
             version = self.version_for(step)
-        run.actor.engine_weights(version - self.base)
-        epoch, indices = run.sampler.next_batch()
+        self.rollouts.actor.engine_weights(version - self.base)
+        epoch, items = self.draw()
         m: dict = {}
-        batch = rollout_and_score(run, [run.train_data[i] for i in indices], m)
+        batch = rollout_and_score(self.rollouts, items, m)
         with self.cond:
             self.queue.append(Sampled(step, version, epoch, batch, m))
             self.next_step, self.busy = step + 1, False
@@ -120,8 +119,8 @@ class RolloutsAhead:
     # ------------------------------------------------------------ the trainer's side
 
     def take(self, m: dict) -> RolloutBatch:
-        """Step run.global_step + 1's batch (waiting for it); adds its sampling metrics and async/* to `m`."""
-        step = self.run.global_step + 1
+        """The next step's batch (waiting for it); adds its sampling metrics and async/* to `m`."""
+        step = self.trainer_step + 1  # updates done so far, + 1
         start = time.perf_counter()
         with self.cond:
             while not self.queue and self.error is None:
@@ -206,11 +205,11 @@ class RolloutsAhead:
             {"step": s.step, "version": s.version, "epoch": s.epoch, "metrics": json.dumps(s.metrics),
              "batch": batch_state(s.batch)} for s in self.queue]}
 
-    def restore(self, state: dict | None) -> int:
-        """After a resume (run.global_step set, before `start`): queue a checkpoint's batches, unless one is
+    def restore(self, state: dict | None, start_step: int) -> int:
+        """After a resume to `start_step` updates (before `start`): queue a checkpoint's batches, unless one is
         older than k updates at its step (it was written with a larger k): then none, their prompts skipped.
         -> how many were dropped."""
-        self.reset()
+        self.reset(start_step)
         if state is None:
             return 0
         saved = state["batches"]

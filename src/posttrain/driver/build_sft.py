@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from posttrain.driver.build import (
-    checkpoint_writer, connect_cluster, data_files, flop_model, hold_out, make_actor, make_profiler, peak_flops_of,
-    start_run, training_steps, worker_device,
+from posttrain.driver.build import checkpoint_writer, start_run, training_steps
+from posttrain.driver.build_data import data_files, hold_out
+from posttrain.driver.placement import (
+    connect_cluster, flop_model, make_actor, make_profiler, peak_flops_of, worker_device,
 )
 from posttrain.checkpoint.run_dir import resume, resumed_model_dirs
 from posttrain.data.dataset import PromptSampler

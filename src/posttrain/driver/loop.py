@@ -6,115 +6,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import signal
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.algorithms import (
-    NEEDS_CRITIC, AdaptiveKLController, FixedKLController, apply_kl_penalty, compute_advantages, pf_ppo_resample,
-    pf_ppo_weights, truncated_rows,
+    apply_kl_penalty, compute_advantages, pf_ppo_resample, pf_ppo_weights, truncated_rows,
 )
 from posttrain.algorithms.distill import TOPK_MODES, route
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
-from posttrain.driver.batch import RolloutBatch
-from posttrain.config import config_to_dict
 from posttrain.config.schema_distill import teachers_of
-from posttrain.data.dataset import PromptDataset, PromptSampler
-from posttrain.errors import ConfigError, NonfiniteError, Preempted
-from posttrain.metrics.flops import ModelFlops
-from posttrain.driver.env_side import EnvSide
-from posttrain.driver.rollouts import reward_components, rollout_and_score, scaled
+from posttrain.driver.batch import RolloutBatch
+from posttrain.driver.lifecycle import (
+    close as close_run, due, install_stop_handlers, open_logger, restore_stop_handlers, save, stop_if_asked,
+)
+from posttrain.driver.nonfinite import first_nonfinite_input, update_fault
+from posttrain.driver.rollouts import rollout_and_score
+from posttrain.driver.run import Run
+from posttrain.driver.scoring import reward_components, scaled
+from posttrain.driver.validation import validate
+from posttrain.errors import ConfigError
 from posttrain.metrics.logger import MetricsLogger, batch_metrics, perf_metrics, raise_measured_peak, timed
-from posttrain.driver.nonfinite import NonfiniteGuard, first_nonfinite_input, update_fault
-from posttrain.runtime.profiling import StepProfiler
-from posttrain.rewards.model import ModelRewards
-from posttrain.rewards.pool import RewardPool
-from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.metrics.samples import sample_rows
-from posttrain.metrics.sinks import make_sinks
-from posttrain.tools import ToolSet
-from posttrain.driver.validation import run_validation
-from posttrain.worker.verbs import Worker
-
-if TYPE_CHECKING:  # Run's field types: the group sits beside the loop; the others are heavy to import
-    from transformers import PreTrainedTokenizerBase
-
-    from posttrain.driver.ahead import RolloutsAhead
-    from posttrain.checkpoint import CheckpointWriter
-    from posttrain.config import Config
-    from posttrain.distributed.group import WorkerGroup
-
-
-@dataclass
-class Run:
-    """What a run holds between steps (built by `posttrain.driver.build.build_run`)."""
-
-    cfg: Config
-    run_dir: Path
-    actor: Worker | WorkerGroup  # a Worker in this process, or a distributed.WorkerGroup: the same verbs
-    tokenizer: PreTrainedTokenizerBase
-    kl_ctrl: AdaptiveKLController | FixedKLController | None  # None: no KL in the reward
-    train_data: PromptDataset
-    val_data: PromptDataset | None
-    sampler: PromptSampler
-    sampling: SamplingParams
-    val_sampling: SamplingParams
-    total_steps: int
-    rewards: RewardPool | ModelRewards  # score_batch(...) -> ScoreResult, in worker processes; train() closes it
-    writer: CheckpointWriter | None = None
-    model_dir: str = ""
-    resumed_from: Path | None = None
-    global_step: int = 0
-    stop_signal: int | None = None
-    flops: ModelFlops | None = None  # the policy's FLOPs per token (None: its config lacks a field MFU needs)
-    peak_flops: float | None = None  # per device (None: unknown, no MFU)
-    peak_keys: list[str] = field(default_factory=list)  # measured CPU peaks a faster step raises
-    guard: NonfiniteGuard | None = None  # None: one with cfg.trainer.max_nonfinite_steps
-    profiler: StepProfiler | None = None  # profiler.* (build.make_profiler); None: none
-    tools: ToolSet | None = None  # with rollout.multi_turn.enable; train() closes it
-    multi_turn: MultiTurnSettings | None = None  # the multi-turn rollout's limits, with tools or an environment
-    env: EnvSide | None = None  # rollout.multi_turn.environment / interaction_config_path; train() closes it
-    correction: RolloutCorrection | None = None  # algorithm.rollout_correction (config.validate_rollout.rollout_correction)
-    ahead: RolloutsAhead | None = None  # async_training.enable: batches sampled ahead by the rollout process
-    reward_messages_shown: set[str] = field(default_factory=set)
-    warned: set[str] = field(default_factory=set)  # warnings printed once per run
-
-    def __post_init__(self):
-        if self.guard is None:
-            self.guard = NonfiniteGuard(self.cfg.trainer.max_nonfinite_steps)
-        if self.profiler is None:
-            self.profiler = StepProfiler()
-
-    @property
-    def has_ref(self) -> bool:
-        return self.cfg.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
-
-    @property
-    def on_policy_update(self) -> bool:
-        """Whether the actor's update sees only the weights that sampled (one
-        epoch, one mini-batch) and nothing needs old log-probs before it (no KL
-        in the reward): its forward's own log-probs, detached, are the old ones
-        (actor.reuse_on_policy_log_probs; see training.actor.micro_loss)."""
-        a = self.cfg.actor
-        return (a.reuse_on_policy_log_probs and a.ppo_epochs == 1 and not self.cfg.algorithm.use_kl_in_reward
-                and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size and not self.sampling.logprobs)
-
-    @property
-    def bypass(self) -> bool:
-        """algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones (no old pass)."""
-        return self.cfg.algorithm.rollout_correction.bypass_mode
-
-    @property
-    def has_critic(self) -> bool:
-        return self.cfg.algorithm.adv_estimator in NEEDS_CRITIC
 
 
 def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
@@ -124,7 +37,7 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ); with asynchronous
     #      training they were, while the last steps trained: by the rollout process, with the weights of k
     #      updates ago (async_rollout.py; `items` is None)
-    batch = rollout_and_score(run, items, m) if run.ahead is None else run.ahead.take(m)
+    batch = rollout_and_score(run.rollouts, items, m) if run.ahead is None else run.ahead.take(m)
     # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
     #    own forward's, or they are the engine's in rollout correction's bypass mode), the reference and the
     #    distillation's teacher; the critic's values
@@ -254,20 +167,6 @@ def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
     return batch.select(pf_ppo_resample(weights, torch.Generator().manual_seed(seed)))
 
 
-def save(run: Run, m: dict) -> None:
-    """Checkpoint the state after `run.global_step` steps (written in the
-    background with trainer.async_save; the copy is taken now)."""
-    with timed(m, "save_checkpoint"):
-        trainer_state = {"epoch": run.sampler.epoch, "sampler": run.sampler.state_dict(),
-                         "kl_ctrl": run.kl_ctrl.state_dict() if run.kl_ctrl is not None else None,
-                         "nonfinite": run.guard.state_dict(),
-                         "model_dir": str(run.model_dir)}
-        snap = run.actor.snapshot(run.global_step, run.writer, trainer_state, m)
-        if run.ahead is not None:  # the batches sampled ahead go with it (the sampler's position is after them)
-            snap.rollouts_ahead = run.ahead.state()
-        run.writer.save(snap)
-
-
 def train(run: Run) -> dict[str, float]:
     """Validate, run steps up to `total_steps` (validating every `test_freq` and saving every `save_freq`
     steps, and at the end), validate again (unless trainer.val_at_end is false and the last step is no
@@ -279,8 +178,7 @@ def train(run: Run) -> dict[str, float]:
     -> summary: val_before, val_after, steps, seconds, run_dir
     """
     tr = run.cfg.trainer
-    logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps, sinks=make_sinks(
-        tr.logger, run.run_dir, tr.project_name, run.run_dir.name, config_to_dict(run.cfg)))  # make_sinks redacts it
+    logger = open_logger(run)
     summary: dict = {"run_dir": str(run.run_dir), "start_step": run.global_step}
     start = time.perf_counter()
     previous = install_stop_handlers(run)
@@ -298,25 +196,20 @@ def train(run: Run) -> dict[str, float]:
             with run.profiler.step(run.global_step + 1), timed(metrics, "step"):
                 items = None
                 if run.ahead is None:
-                    epoch, indices = run.sampler.next_batch()
-                    items = [run.train_data[i] for i in indices]
+                    epoch, items = run.draw()
                     metrics["training/epoch"] = float(epoch)
                 step_metrics, batch = rl_step(run, items)
                 metrics.update(step_metrics)
                 run.global_step += 1
-                last = run.global_step == run.total_steps
                 metrics["training/global_step"] = float(run.global_step)
-                periodic = tr.test_freq > 0 and run.global_step % tr.test_freq == 0
-                validating = run.val_data is not None and ((last and tr.val_at_end) or periodic)
-                stopping = run.stop_signal is not None or run.guard.exhausted
-                saving = stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last))
+                validating, saving = due(run, run.val_data is not None)
                 # asynchronous training: both at the same point of the sampling stream in every run
                 with run.ahead.settled(saving) if run.ahead and (validating or saving) else contextlib.nullcontext():
                     if validating:
                         metrics.update(run_validation(run, logger))
                         summary["val_after"] = metrics["val/score/mean"]
                     if saving:
-                        save(run, metrics)
+                        save(run, metrics, run.kl_ctrl, run.ahead)
                 if run.ahead is not None:
                     run.ahead.updated(run.global_step)  # the rollout may sample with these weights now
             log_step(run, logger, metrics, batch)
@@ -346,17 +239,21 @@ def log_step(run: Run, logger: MetricsLogger, metrics: dict, batch: RolloutBatch
     logger.log(metrics, run.global_step)
 
 
-def stop_if_asked(run: Run) -> None:
-    """NonfiniteError after a streak of non-finite steps (trainer.max_nonfinite_steps), Preempted after
-    SIGTERM/SIGINT: raised once the step's checkpoint is written."""
-    if run.guard.exhausted:
-        run.writer.wait()
-        raise NonfiniteError(run.guard.message(run.global_step, run.run_dir / "checkpoints"))
-    if run.stop_signal is not None:
-        run.writer.wait()
-        raise Preempted(
-            f"stopped by {signal.Signals(run.stop_signal).name} after step {run.global_step}; checkpoint "
-            f"saved in {run.run_dir / 'checkpoints'}; run the same command again to resume")
+def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
+    """Validate (validation.validate); the first trainer.log_val_generations completions go to the samples log."""
+    m: dict[str, float] = {}
+    with timed(m, "testing"):
+        run.actor.validation_weights(True)  # the policy's weights now, also where the rollout samples with older ones
+        try:
+            metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
+                                     run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
+                                     tools=run.tools, multi_turn=run.multi_turn, env=run.env)
+        finally:
+            run.actor.validation_weights(False)
+        m.update(metrics)
+    if rows:
+        logger.log_samples(rows, run.global_step)
+    return m
 
 
 def close(run: Run, logger: MetricsLogger) -> None:
@@ -368,29 +265,4 @@ def close(run: Run, logger: MetricsLogger) -> None:
         run.tools.close()
     if run.env is not None:
         run.env.close()
-    logger.close()
-    run.writer.close()
-    run.actor.shutdown()
-    run.profiler.close()
-
-
-def install_stop_handlers(run: Run) -> dict:
-    """First SIGTERM/SIGINT: stop after the current step, with a checkpoint.
-    Second: exit at once (status 128 + signal)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # signal handlers can only be set from the main thread
-
-    def on_signal(signum, frame):
-        if run.stop_signal is not None:
-            os._exit(128 + signum)
-        run.stop_signal = signum
-        print(f"posttrain: {signal.Signals(signum).name}: finishing step {run.global_step + 1}, then saving a "
-              "checkpoint and stopping (send it again to exit at once)", file=sys.stderr, flush=True)
-
-    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def restore_stop_handlers(previous: dict) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-
+    close_run(run, logger)

@@ -1,5 +1,5 @@
 """The supervised fine-tuning loop (`posttrain sft`): `sft_step()` is one step top to bottom; `train_sft()` runs
-many. The same workers, checkpoints, resume, loggers and stop signals as the RL loop (loop.py); the step is a
+many. The same workers, checkpoints, resume, loggers and stop signals as the RL loop (lifecycle.py); the step is a
 batch of SFT examples (data/sft.py) and one optimizer step of next-token cross-entropy (training/sft.py).
 """
 
@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrain.config import config_to_dict
 from posttrain.data.dataset import PromptSampler
 from posttrain.data.sft import SFTExample, collate
-from posttrain.metrics.flops import ModelFlops
-from posttrain.driver.loop import install_stop_handlers, restore_stop_handlers, save, stop_if_asked
-from posttrain.metrics.logger import MetricsLogger, format_sft_line, perf_metrics, timed
+from posttrain.driver.lifecycle import (
+    close, due, install_stop_handlers, open_logger, restore_stop_handlers, save, stop_if_asked,
+)
 from posttrain.driver.nonfinite import NonfiniteGuard, update_fault
+from posttrain.metrics.flops import ModelFlops
+from posttrain.metrics.logger import MetricsLogger, format_sft_line, perf_metrics, timed
 from posttrain.runtime.profiling import StepProfiler
-from posttrain.metrics.sinks import make_sinks
 from posttrain.worker.verbs import Worker
 
 if TYPE_CHECKING:
@@ -34,7 +34,8 @@ VAL_CHUNK = 256  # validation rows collated and scored at a time
 @dataclass
 class SFTRun:
     """What a supervised run holds between steps (built by `posttrain.driver.build_sft.build_sft_run`). Its fields
-    are named as the RL Run's where they mean the same, so saving, resuming and stopping are shared."""
+    are named as the RL Run's where they mean the same: the run's lifecycle (lifecycle.py: saving, stopping, the
+    logger) and resuming (checkpoint.resume) are shared."""
 
     cfg: Config
     run_dir: Path
@@ -53,8 +54,6 @@ class SFTRun:
     peak_flops: float | None = None
     guard: NonfiniteGuard | None = None
     profiler: StepProfiler = field(default_factory=StepProfiler)
-    kl_ctrl: None = None  # what the shared checkpoint code reads: a supervised run has no KL controller ...
-    ahead: None = None  # ... and samples nothing ahead
 
     def __post_init__(self):
         if self.guard is None:
@@ -90,8 +89,7 @@ def train_sft(run: SFTRun) -> dict[str, float]:
     at the end), validate again. SIGTERM/SIGINT: the step finishes, a checkpoint is written, `Preempted` raised.
     -> summary: val_before, val_after, loss_first, loss_last, steps, seconds, run_dir"""
     tr = run.cfg.trainer
-    logger = MetricsLogger(run.run_dir, tr.logger, run.total_steps, line=format_sft_line, sinks=make_sinks(
-        tr.logger, run.run_dir, tr.project_name, run.run_dir.name, config_to_dict(run.cfg)))
+    logger = open_logger(run, line=format_sft_line)
     summary: dict = {"run_dir": str(run.run_dir), "start_step": run.global_step}
     start = time.perf_counter()
     previous = install_stop_handlers(run)
@@ -109,13 +107,11 @@ def train_sft(run: SFTRun) -> dict[str, float]:
                 metrics["training/epoch"] = float(epoch)
                 run.global_step += 1
                 metrics["training/global_step"] = float(run.global_step)
-                last = run.global_step == run.total_steps
-                periodic = tr.test_freq > 0 and run.global_step % tr.test_freq == 0
-                if run.val_data is not None and ((last and tr.val_at_end) or periodic):
+                validating, saving = due(run, run.val_data is not None)
+                if validating:
                     metrics.update(validation_loss(run))
                     summary["val_after"] = metrics["val/loss"]
-                stopping = run.stop_signal is not None or run.guard.exhausted
-                if stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last)):
+                if saving:
                     save(run, metrics)
             summary.setdefault("loss_first", metrics["train/loss"])
             summary["loss_last"] = metrics["train/loss"]
@@ -123,10 +119,7 @@ def train_sft(run: SFTRun) -> dict[str, float]:
             stop_if_asked(run)
     finally:
         restore_stop_handlers(previous)
-        logger.close()
-        run.writer.close()
-        run.actor.shutdown()
-        run.profiler.close()
+        close(run, logger)
     summary["steps"] = run.global_step
     summary["seconds"] = time.perf_counter() - start
     return summary

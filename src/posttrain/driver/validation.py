@@ -1,26 +1,20 @@
 """Validation: sample for every held-out prompt, score, average per data
-source (`validate`, also `posttrain eval`'s); `run_validation` is the
-loop's call, with the first completions sent to the samples log."""
+source (`validate`: the loop's, through loop.run_validation, and `posttrain eval`'s)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.driver.env_side import EnvSide
-from posttrain.driver.rollouts import multi_turn_metrics, sample
-from posttrain.metrics.logger import MetricsLogger, timed
+from posttrain.driver.sampling import multi_turn_metrics, sample
 from posttrain.rewards.pool import RewardPool
 from posttrain.rewards.scoring import ScoreResult
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.metrics.samples import val_sample_rows
+from posttrain.rollout.multiturn import MultiTurnSettings
 from posttrain.tools import ToolSet
-
-if TYPE_CHECKING:  # the loop calls this module: its Run only names the argument
-    from posttrain.driver.loop import Run
 
 
 @torch.no_grad()
@@ -72,20 +66,3 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     elif trajs:
         metrics.update({"val/" + k: v for k, v in multi_turn_metrics(trajs).items()})
     return metrics, rows
-
-
-def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
-    """Validate; the first trainer.log_val_generations completions go to the samples log."""
-    m: dict[str, float] = {}
-    with timed(m, "testing"):
-        run.actor.validation_weights(True)  # the policy's weights now, also where the rollout samples with older ones
-        try:
-            metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
-                                     run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
-                                     tools=run.tools, multi_turn=run.multi_turn, env=run.env)
-        finally:
-            run.actor.validation_weights(False)
-        m.update(metrics)
-    if rows:
-        logger.log_samples(rows, run.global_step)
-    return m
