@@ -155,7 +155,6 @@ class RemoteEngine:
             child_weights.close()
         self._lock, self._weights_lock = threading.Lock(), threading.Lock()
         self.min_version: int | None = None  # in flight: the next generate waits for this version of the weights
-        self.can_sleep = False  # it has the device to itself
         with self._lock:
             started = self._reply("start")
         # the child engine's sampling stream, if it has one to save (the hf engine's; vLLM seeds its requests)

@@ -62,7 +62,7 @@ def make_engine(spec: WorkerSpec, rollout_model, eos: list[int], pad_token_id: i
 
 
 class InAutocast:
-    """An engine whose `generate` runs under the policy's autocast, as `Worker.generate` runs a colocated one."""
+    """An engine whose `generate` runs under the policy's autocast, as `rollout.LocalRollout` runs a colocated one."""
 
     def __init__(self, engine, spec: WorkerSpec):
         self.engine, self.spec = engine, spec
@@ -87,6 +87,6 @@ def build_rollout_engine(spec: WorkerSpec, eos: list[int], pad_token_id: int, ra
     if spec.rollout.name == "hf":
         model = load_model(spec.model_dir, dtype=engine_dtype_of(spec), trust_remote_code=spec.trust_remote_code,
                            device=torch.device(spec.device), small_attention=spec.small_attention)
-        model.eval()  # requires_grad kept, as the policy's (Worker._rollout_copy): the same kernels, the same samples
+        model.eval()  # requires_grad kept as the policy's (weights.make_rollout_copy): the same kernels and samples
     engine = make_engine(spec, model, eos, pad_token_id, rank, progress=False)
     return InAutocast(engine, spec) if model is not None and rollout_dtype_of(spec) is None else engine

@@ -1,5 +1,5 @@
 """What a worker is built from: plain settings for the policy, the reference, the rollout engine and the
-critic of one device (made from the config by `specs.worker_spec`, read by `worker.Worker.setup`)."""
+critic of one device (made from the config by `driver.settings.worker_spec`, read by `verbs.Worker.setup`)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class WorkerSpec:
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     small_attention: bool = True  # models/attention.py
-    reuse_cpu_memory: bool = True  # malloc.py: on the CPU, freed memory kept for reuse
+    reuse_cpu_memory: bool = True  # runtime/malloc.py: on the CPU, freed memory kept for reuse
     param_offload: bool = False  # the policy's sharded parameters and gradients in CPU memory (FSDP2, workers)
     optimizer_offload: bool = False  # the policy optimizer's state on the CPU between updates
     device: str = "cpu"  # cpu | cuda

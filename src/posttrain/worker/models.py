@@ -1,0 +1,128 @@
+"""Loading and placing a worker's models: the tokenizer and the policy (LoRA adapters, a frozen vision tower),
+the frozen reference and teachers, the critic, their optimizers and LR schedulers, and Ulysses sequence
+parallelism over them. Sharded workers wrap each model with FSDP2 (training.parallelize); one process
+switches on gradient checkpointing where asked.
+
+`Worker.setup` calls these in its order: the random stream is drawn as the models are built (LoRA's and the
+critic's fresh weights), so the order is part of the result.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from posttrain.training.actor import make_lr_scheduler, make_optimizer
+from posttrain.training.fused import check_fusable
+from posttrain.worker.spec import CriticSpec, WorkerSpec
+
+
+def model_kwargs(spec: WorkerSpec, device: torch.device) -> dict:
+    """models.load_model's arguments for every model of the worker."""
+    return {"dtype": spec.dtype, "trust_remote_code": spec.trust_remote_code, "device": device,
+            "small_attention": spec.small_attention}
+
+
+def load_policy(spec: WorkerSpec, kwargs: dict, rank: int):
+    """-> (tokenizer, policy, its EOS token ids): the model, or with LoRA the base, frozen, with adapters (fresh,
+    or a checkpoint's (policy_dir) or lora_adapter_path); its fused kernels checked, its vision tower frozen."""
+    from posttrain.models import load_model, load_tokenizer
+    from posttrain.models.loader import eos_token_ids, freeze_vision_tower
+
+    tokenizer = load_tokenizer(spec.model_dir, trust_remote_code=spec.trust_remote_code)
+    if spec.lora is None:
+        policy = load_model(spec.policy_dir or spec.model_dir, **kwargs)
+    else:
+        from posttrain.models.lora import add_adapters
+
+        policy = add_adapters(load_model(spec.model_dir, **kwargs), spec.lora, spec.policy_dir)
+    eos = eos_token_ids(tokenizer, policy)
+    if spec.update.fused_kernels:
+        check_fusable(policy)
+    if spec.freeze_vision_tower and not freeze_vision_tower(policy) and rank == 0:
+        warnings.warn(f"actor.freeze_vision_tower=true: {type(policy).__name__} has no vision tower; "
+                      "every parameter trains", stacklevel=3)
+    return tokenizer, policy, eos
+
+
+def place_policy(spec: WorkerSpec, policy: torch.nn.Module, sharded: bool) -> None:
+    """Shard the policy (FSDP2, the spec's mixed precision, offload, checkpointing), or checkpoint its
+    activations in one process."""
+    from posttrain.training.parallelize import parallelize
+
+    if sharded:
+        parallelize(policy, param_dtype=spec.mixed_precision, activation_checkpointing=spec.gradient_checkpointing,
+                    offload_params=spec.param_offload, forward_prefetch=spec.forward_prefetch,
+                    reduce_dtype=spec.reduce_dtype)
+    elif spec.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+
+
+def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool) -> tuple[torch.nn.Module | None, dict]:
+    """-> (the reference, None where unneeded or with LoRA: the policy with its adapters off; the teachers of
+    on-policy distillation by routing key, None with one), frozen, placed as the policy is."""
+    from posttrain.models import load_model
+    from posttrain.training.parallelize import parallelize
+
+    ref, teachers = None, {}
+    if spec.ref.needed and spec.lora is None:
+        ref = load_model(spec.model_dir, **kwargs).requires_grad_(False).eval()
+        if sharded:
+            parallelize(ref, param_dtype=spec.mixed_precision, offload_params=spec.ref.param_offload,
+                        forward_prefetch=spec.ref.forward_prefetch)
+    for t in spec.teachers:
+        teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
+        if sharded:
+            parallelize(teachers[t.key], param_dtype=spec.mixed_precision, offload_params=t.param_offload,
+                        forward_prefetch=spec.ref.forward_prefetch)
+    return ref, teachers
+
+
+def optimizer_of(model: torch.nn.Module, s: WorkerSpec | CriticSpec):
+    """-> (AdamW over `model`'s trained parameters, its LR scheduler) with the settings of `s` (policy or critic)."""
+    optimizer = make_optimizer(model, s.lr, s.weight_decay, s.betas, s.eps)
+    scheduler = make_lr_scheduler(optimizer, s.warmup_steps, s.warmup_start_factor, s.total_steps,
+                                  s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)
+    return optimizer, scheduler
+
+
+def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool):
+    """-> (the critic: a value model, placed as the policy is; its optimizer; its LR scheduler)."""
+    from posttrain.models import load_value_model
+    from posttrain.training.parallelize import parallelize
+
+    c = spec.critic
+    critic = load_value_model(c.model_dir, **kwargs)
+    if critic.config.vocab_size < len(tokenizer):
+        from posttrain.errors import ModelError
+
+        raise ModelError(
+            f"the critic model in '{c.model_dir}' has a vocabulary of {critic.config.vocab_size} tokens, "
+            f"fewer than the actor's tokenizer ({len(tokenizer)}): the critic reads the actor's token ids, "
+            "so critic.model.path must share the actor's tokenizer")
+    if sharded:
+        parallelize(critic, param_dtype=spec.mixed_precision, activation_checkpointing=c.gradient_checkpointing,
+                    offload_params=c.param_offload)
+    elif c.gradient_checkpointing:
+        critic.gradient_checkpointing_enable()
+    return (critic, *optimizer_of(critic, c))
+
+
+def sequence_parallel(size: int, rank: int, world_size: int, models):
+    """Groups of `size` consecutive ranks split each sequence's positions (training/ulysses.py), in every pass of
+    `models` (None: absent). -> this rank's training.ulysses.SequenceParallel."""
+    import torch.distributed as dist
+
+    from posttrain.errors import ConfigError
+    from posttrain.training.ulysses import SequenceParallel, use_ulysses
+
+    groups = [dist.new_group(list(range(r, r + size))) for r in range(0, world_size, size)]  # every rank
+    sp = SequenceParallel(groups[rank // size], size, rank % size)  # makes every group
+    for model in models:
+        if model is not None:
+            try:
+                use_ulysses(model, sp)
+            except ValueError as e:
+                raise ConfigError(f"actor.{e}; pick a size that divides it") from None
+    return sp
