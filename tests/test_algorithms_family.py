@@ -187,6 +187,40 @@ def test_dispatcher_registry_and_errors():
         compute_advantages("ppo", rewards, mask, [0, 0])
 
 
+def test_registry_entries_declare_what_they_need():
+    from posttrain.algorithms import estimator, get_adv_estimator, get_policy_loss, is_weighted_loss, policy_loss
+
+    assert estimator("gae").needs_critic and not estimator("grpo").needs_critic
+    assert estimator("remax").greedy_baseline and not estimator("grpo").greedy_baseline
+    gdpo = estimator("gdpo")
+    assert gdpo.reward_components and gdpo.min_samples == 2 and "reward component" in gdpo.compares
+    assert [n for n in ADV_ESTIMATORS if estimator(n).min_samples >= 2] == ["grpo_passk", "grpo_loo", "gdpo"]
+    assert all(estimator(n).compares for n in ADV_ESTIMATORS if estimator(n).min_samples > 1)
+    # the declarations agree with what each function takes, so compute_advantages' checks and the loop's agree
+    for name in ADV_ESTIMATORS:
+        entry, takes = estimator(name), inspect.signature(ADV_ESTIMATORS[name]).parameters
+        assert entry.fn is ADV_ESTIMATORS[name] is get_adv_estimator(name)
+        assert (entry.needs_critic, entry.greedy_baseline, entry.reward_components) == (
+            "values" in takes, "reward_baselines" in takes, "reward_components" in takes), name
+    assert NEEDS_CRITIC == frozenset(n for n in ADV_ESTIMATORS if estimator(n).needs_critic)
+    # GPG's loss has no ratio: bypass mode's IS weights multiply it; PPO-clip's and GSPO's ratios carry them
+    assert policy_loss("gpg").applies_is_weights and is_weighted_loss() == "gpg"
+    assert not policy_loss("vanilla").applies_is_weights and not policy_loss("gspo").applies_is_weights
+    assert all(policy_loss(n).fn is POLICY_LOSSES[n] is get_policy_loss(n) for n in POLICY_LOSSES)
+    rewards, mask = T([[1.0], [0.0]]), torch.ones(2, 1)
+    with pytest.raises(ValueError, match="needs reward_baselines"):
+        compute_advantages("remax", rewards, mask, [0, 0])
+    with pytest.raises(ValueError, match="needs reward_components"):
+        compute_advantages("gdpo", rewards, mask, [0, 0])
+    # an unknown name: the same messages as before the entries
+    with pytest.raises(ValueError, match=r"^unknown advantage estimator 'opo'; supported: grpo, gae, rloo, "):
+        estimator("opo")
+    with pytest.raises(ValueError, match=r"^unknown policy loss 'sapo'; supported: vanilla, gspo, gpg$"):
+        policy_loss("sapo")
+    with pytest.raises(ValueError, match=r"^unknown policy loss 'sapo'; supported: vanilla, gspo, gpg$"):
+        get_policy_loss("sapo")
+
+
 # ---------------------------------------------------------------- GPG's loss
 
 def test_gpg_policy_loss_is_the_plain_policy_gradient():

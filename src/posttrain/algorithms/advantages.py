@@ -1,19 +1,20 @@
-"""Advantage estimators: rewards -> advantages, as pure tensor functions.
+"""Group-relative advantage estimators: each sample's score against the other samples of its prompt.
 
-Every estimator takes `token_level_rewards [B, T]`, `response_mask [B, T]`
-and `index` (a group id per row: the prompt the row was sampled from), or
-ReMax's `reward_baselines [B]` instead of `index`, and returns
-`(advantages [B, T], returns [B, T])`, zero outside the mask.
-`ADV_ESTIMATORS` picks one by the name used in configs (verl's names).
+Every estimator here takes `token_level_rewards [B, T]` (GDPO: `reward_components [B, K]`),
+`response_mask [B, T]` and `index` (a group id per row: the prompt the row was sampled from),
+and returns `(advantages [B, T], returns [B, T])`, zero outside the mask. The estimators that
+work on each token's return instead (REINFORCE++, ReMax, GAE) are in returns.py; registry.py
+picks one by the name used in configs (verl's names) and says what each needs.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import torch
+
+from posttrain.algorithms.returns import masked_whiten
 
 
 def _group_rows(index: Sequence[Hashable] | torch.Tensor, batch_size: int) -> list[list[int]]:
@@ -125,37 +126,6 @@ def grpo_loo_advantages(
     return adv, adv
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(values - mean) * rsqrt(var + 1e-8), with the mean and the unbiased
-    (n - 1) variance over the n entries where mask == 1 (verl's semantics);
-    shift_mean=False adds the mean back. values and mask: any same shape
-    (e.g. [B, T]); the statistics are over every valid entry of the whole
-    tensor, and every entry, masked or not, is shifted and scaled (callers
-    multiply by the mask).
-
-    Where verl raises (fewer than 2 valid entries: no variance to divide
-    by) there is no scaling here, only the shift: one valid entry whitens to
-    exactly 0, and with no valid entry the mean is 0 and the result is
-    `values` unchanged. Never NaN or inf for finite values. (verl also
-    divides its sums by n + 1e-8 rather than n: a relative 1e-8 that is
-    invisible in float32.)
-
-    Example: values [1, 2, 3, 100], mask [1, 1, 1, 0]: mean 2, var 1 ->
-    [-1, 0, 1, 98]; values [5, 7], mask [1, 0] -> [0, 2].
-    """
-    mask = mask.to(values.dtype)
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    count = mask.sum()
-    mean = torch.where(mask != 0, values, zero).sum() / count.clamp(min=1)
-    if count >= 2:
-        centred = torch.where(mask != 0, values - mean, zero)
-        var = (centred ** 2).sum() / (count - 1)
-        whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    else:  # verl raises: nothing to scale by
-        whitened = values - mean
-    return whitened if shift_mean else whitened + mean
-
-
 def _group_means(scores: torch.Tensor, index) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (mean of each row's group [B], size of each row's group [B]); a
     group of one has mean 0 (nothing to compare with)."""
@@ -183,30 +153,6 @@ def rloo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tens
         adv = (scores - mean) * factor
         adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
-
-
-def reinforce_pp_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                            gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): returns-to-go G_t = r_t + gamma G_{t'} per valid
-    token, t' the next valid token (masked tokens inside a row, such as tool
-    output, are skipped: the return flows past them, as in verl 0.9.1);
-    advantages = the returns whitened over every valid token of the batch.
-    -> (advantages, returns), both [B, T] and zero outside the mask.
-
-    Example: rewards [[0, 0, 1], [0, 5, 1]], masks [[1, 1, 1], [1, 0, 1]],
-    gamma 0.5 -> returns [[0.25, 0.5, 1], [0.5, 0, 1]] (the masked 5 is
-    neither a reward nor a step); whitened over [0.25, 0.5, 1, 0.5, 1].
-    """
-    with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0]) if token_level_rewards.shape[1] else None
-        for t in reversed(range(token_level_rewards.shape[1])):
-            here = token_level_rewards[:, t] + gamma * running
-            running = torch.where(mask[:, t] != 0, here, running)
-            returns[:, t] = torch.where(mask[:, t] != 0, here, torch.zeros_like(here))
-        adv = masked_whiten(returns, mask) * mask
-    return adv, returns
 
 
 def reinforce_pp_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
@@ -260,39 +206,6 @@ def grpo_passk_advantages(token_level_rewards: torch.Tensor, response_mask: torc
     return adv, adv
 
 
-def remax_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                     reward_baselines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax (Li et al. 2023, arXiv:2310.10505, as verl): the baseline of a
-    sample is the score of its prompt's greedy response.
-
-    Args:
-        token_level_rewards: [B, T]; response_mask: [B, T] as `grpo_advantages`.
-        reward_baselines: [B] each row's baseline (its prompt's greedy score,
-            repeated over the prompt's samples).
-
-    Returns:
-        (advantages [B, T], returns [B, T]): returns are the undiscounted
-        rewards-to-go over valid tokens, G_t = sum_{t' >= t} r_t' m_t', and
-        A_t = G_t - baseline (so with an outcome reward A = score - baseline
-        on every valid token). Both are zero outside the mask; verl (0.8.0.dev)
-        leaves G_t in masked tokens *inside* a row (tool output), which no
-        loss reads; everywhere else the two agree.
-
-    Example: rewards [[0, 0, 1], [0, 2, 0]], masks [[1, 1, 1], [1, 1, 0]],
-    baselines [0.5, 2]: returns [[1, 1, 1], [2, 2, 0]],
-    A = [[0.5, 0.5, 0.5], [0, 0, 0]] (the second sample only matched greedy).
-    """
-    with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        baselines = torch.as_tensor(reward_baselines, dtype=token_level_rewards.dtype)
-        if baselines.shape != token_level_rewards.shape[:1]:
-            raise ValueError(f"reward_baselines has shape {tuple(baselines.shape)}; one per row is "
-                             f"{tuple(token_level_rewards.shape[:1])}")
-        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask  # [B, T] reward-to-go
-        adv = returns - baselines.unsqueeze(-1) * mask
-    return adv, returns
-
-
 def gpg_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                    epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (Chu et al. 2025, arXiv:2504.02546, as verl): score minus its
@@ -315,38 +228,6 @@ def gpg_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
         mean, _ = _group_means(scores, index)
         adv = (alpha * (scores - mean)).unsqueeze(-1) * response_mask  # [B, T]
     return adv, adv
-
-
-def gae_advantages(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE (Schulman et al. 2015) over response tokens, backwards:
-        delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lam A_{t+1}
-    where t+1 is the next valid token (masked tokens inside a row are
-    skipped, as verl does); returns = A + V; the advantages are then
-    whitened over the batch's valid tokens.
-    values [B, T] are the critic's. -> (advantages, returns), zero outside
-    the mask (a deliberate difference: verl 0.9.1 leaves A + V and the
-    whitened A in the masked positions; on valid tokens the two agree).
-
-    Example: one row, rewards [0, 1], values [0.5, 0.5], gamma = lam = 1:
-    A_1 = 1 - 0.5 = 0.5, A_0 = 0 + 0.5 - 0.5 + 0.5 = 0.5; returns [1, 1];
-    both advantages equal, so they whiten to [0, 0].
-    """
-    with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        B, T = token_level_rewards.shape
-        next_value = torch.zeros(B, dtype=token_level_rewards.dtype)
-        last = torch.zeros(B, dtype=token_level_rewards.dtype)
-        adv = torch.zeros_like(token_level_rewards)
-        for t in reversed(range(T)):
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            here = delta + gamma * lam * last
-            next_value = torch.where(mask[:, t] != 0, values[:, t], next_value)
-            last = torch.where(mask[:, t] != 0, here, last)
-            adv[:, t] = last
-        returns = (adv + values) * mask
-        adv = masked_whiten(adv, mask) * mask
-    return adv, returns
 
 
 def gdpo_advantages(reward_components: torch.Tensor, response_mask: torch.Tensor, index,
@@ -390,53 +271,3 @@ def gdpo_advantages(reward_components: torch.Tensor, response_mask: torch.Tensor
         total = (total - total.mean()) / std if std > 0 else total - total.mean()
         adv = total.unsqueeze(-1) * response_mask  # [B, T]
     return adv, adv
-
-
-ADV_ESTIMATORS: dict[str, Callable] = {
-    "grpo": grpo_advantages,
-    "gae": gae_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_plus_plus": reinforce_pp_advantages,
-    "reinforce_plus_plus_baseline": reinforce_pp_baseline_advantages,
-    "grpo_passk": grpo_passk_advantages,
-    "remax": remax_advantages,
-    "gpg": gpg_advantages,
-    "grpo_loo": grpo_loo_advantages,
-    "gdpo": gdpo_advantages,
-}
-NEEDS_CRITIC = frozenset({"gae"})
-
-
-def compute_advantages(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, *,
-                       values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
-                       reward_baselines: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
-                       reward_weights: Sequence[float] | None = None,
-                       leave_one_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The estimator `name` with the arguments it takes (from these;
-    reward_baselines [B]: ReMax's greedy scores; reward_components [B, K], reward_weights, leave_one_out: GDPO's).
-    -> (advantages [B, T], returns [B, T])."""
-    fn = get_adv_estimator(name)
-    if name in NEEDS_CRITIC and values is None:
-        raise ValueError(f"the '{name}' estimator needs the critic's values")
-    wanted = inspect.signature(fn).parameters
-    if "reward_baselines" in wanted and reward_baselines is None:
-        raise ValueError(f"the '{name}' estimator needs reward_baselines: one per row, the score of its "
-                         "prompt's greedy response")
-    if "reward_components" in wanted and reward_components is None:
-        raise ValueError(f"the '{name}' estimator needs reward_components: each row's reward components")
-    given = {"token_level_rewards": token_level_rewards, "response_mask": response_mask, "index": index,
-             "values": values, "gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-             "epsilon": epsilon, "reward_baselines": reward_baselines, "reward_components": reward_components,
-             "reward_weights": reward_weights, "leave_one_out": leave_one_out}
-    return fn(**{k: v for k, v in given.items() if k in wanted})
-
-
-def get_adv_estimator(name: str) -> Callable:
-    """The estimator registered as `name`; ValueError lists the known ones."""
-    try:
-        return ADV_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator '{name}'; supported: {', '.join(ADV_ESTIMATORS)}"
-        ) from None

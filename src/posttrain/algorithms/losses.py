@@ -1,12 +1,10 @@
 """Policy losses and their aggregation over tokens: pure tensor functions.
 
 Shapes: B sequences, T padded response length, V vocabulary size.
-`POLICY_LOSSES` picks a policy loss by the name used in configs.
+`registry.POLICY_LOSSES` picks a policy loss by the name used in configs.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -259,13 +257,3 @@ def gpg_policy_loss(
                                 loss_scale_factor=loss_scale_factor),
             "pg_clipfrac": zero, "ppo_kl": zero, "pg_clipfrac_lower": zero}
 
-
-POLICY_LOSSES: dict[str, Callable] = {"vanilla": ppo_policy_loss, "gspo": gspo_policy_loss, "gpg": gpg_policy_loss}
-
-
-def get_policy_loss(name: str) -> Callable:
-    """The policy loss registered as `name`; ValueError lists the known ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss '{name}'; supported: {', '.join(POLICY_LOSSES)}") from None

@@ -11,7 +11,7 @@ import time
 import torch
 
 from posttrain.algorithms import (
-    apply_kl_penalty, compute_advantages, pf_ppo_resample, pf_ppo_weights, truncated_rows,
+    apply_kl_penalty, compute_advantages, estimator, pf_ppo_resample, pf_ppo_weights, truncated_rows,
 )
 from posttrain.algorithms.distill import TOPK_MODES, route
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
@@ -36,7 +36,7 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
     cfg, m = run.cfg, {}
     # 1-2. rollout n samples per prompt, score them (DAPO: until enough groups' scores differ); with asynchronous
     #      training they were, while the last steps trained: by the rollout process, with the weights of k
-    #      updates ago (async_rollout.py; `items` is None)
+    #      updates ago (ahead.py; `items` is None)
     batch = rollout_and_score(run.rollouts, items, m) if run.ahead is None else run.ahead.take(m)
     # 3. log-probs of the sampled tokens under the policy (old: unless the update is on-policy and takes its
     #    own forward's, or they are the engine's in rollout correction's bypass mode), the reference and the
@@ -67,9 +67,10 @@ def rl_step(run: Run, items) -> tuple[dict[str, float], RolloutBatch]:
             m.update(kl_metrics)
         else:
             batch.token_level_rewards = batch.token_level_scores
-        gdpo = cfg.algorithm.gdpo  # GDPO: [N, K] each row's reward components, rescaled as the scores are
+        # an estimator of several rewards (GDPO) gets [N, K] each row's reward components, rescaled as the scores are
+        gdpo = cfg.algorithm.gdpo
         components = (scaled(cfg.reward.scaling, reward_components(batch, gdpo.reward_keys)[0])
-                      if cfg.algorithm.adv_estimator == "gdpo" else None)
+                      if estimator(cfg.algorithm.adv_estimator).reward_components else None)
         batch.advantages, batch.returns = compute_advantages(  # each estimator takes the arguments it names
             cfg.algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.group.tolist(),
             values=batch.values, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,

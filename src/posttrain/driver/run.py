@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrain.algorithms import NEEDS_CRITIC, AdaptiveKLController, FixedKLController
+from posttrain.algorithms import AdaptiveKLController, FixedKLController, estimator
 from posttrain.algorithms.rollout_corr import RolloutCorrection
 from posttrain.data.dataset import PromptDataset, PromptSampler
 from posttrain.driver.ahead import RolloutsAhead
@@ -93,7 +93,7 @@ class Run:
 
     @property
     def has_critic(self) -> bool:
-        return self.cfg.algorithm.adv_estimator in NEEDS_CRITIC
+        return estimator(self.cfg.algorithm.adv_estimator).needs_critic
 
     def draw(self) -> tuple[int, list]:
         """The next batch of prompts: (its epoch, its PromptItems)."""
@@ -116,4 +116,4 @@ class Run:
             multi_turn=self.multi_turn, env=self.env, flops=self.flops,
             # a prompt's samples share its prefill
             shared_prefill=self.sampling.n if r.shared_prefill or r.name == "vllm" else 1,
-            greedy_baseline=self.cfg.algorithm.adv_estimator == "remax", warned=self.warned)
+            greedy_baseline=estimator(self.cfg.algorithm.adv_estimator).greedy_baseline, warned=self.warned)

@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 from posttrain.algorithms.distill import DistillSettings, distillation_advantages, token_divergence, topk_divergence
 from posttrain.algorithms.kl import kl_penalty
-from posttrain.algorithms.losses import agg_loss, get_policy_loss
+from posttrain.algorithms.losses import agg_loss
+from posttrain.algorithms.registry import get_policy_loss, policy_loss
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
 from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches, topk_stats
 
@@ -163,9 +164,10 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
                                                       entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
+    loss_entry = policy_loss(s.loss_mode)
     weights, corr_metrics = is_weights(mb, log_prob, mask, s.bypass_correction, device,
-                                       weigh=s.loss_mode == "gpg")
-    pol = get_policy_loss(s.loss_mode)(
+                                       weigh=loss_entry.applies_is_weights)
+    pol = loss_entry.fn(
         old_log_prob, log_prob, mb.advantages.to(device), mask,
         clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
         clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,

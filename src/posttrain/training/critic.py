@@ -33,7 +33,7 @@ class CriticSettings:
 def response_values(model, input_ids, attention_mask, position_ids, response_length: int, sp=None) -> torch.Tensor:
     """-> values [N, R] (float32): V at the position that predicts each
     response token, i.e. of the state before the token is chosen (the same
-    positions as `logprobs.response_logits`). sp: this worker's
+    positions as `forward.response_logits`). sp: this worker's
     sequence-parallel group (training/ulysses.py), its positions gathered."""
     length = input_ids.shape[1]
     if sp is not None:

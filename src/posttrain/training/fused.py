@@ -43,7 +43,7 @@ class StatsHead(torch.nn.Module):
     logits [B, T, V] it returns [N, T, 2], the log-prob of `targets` [N, T]
     and the entropy at each position. `rows` [N] (optional) picks the row of
     the hidden states each target row reads (a prompt's KV run once for its
-    samples: logprobs._shared_prompt_forward)."""
+    samples: forward._shared_prompt_forward)."""
 
     def __init__(self, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
                  rows: torch.Tensor | None = None, chunk_elements: int | None = None):

@@ -1,23 +1,14 @@
-"""Per-token log-probabilities (and entropy) of responses under a model, and
-the forward pass that the log-prob, value and training passes share.
+"""Per-token log-probabilities (and entropy) of responses under a model, and how a batch is cut into
+the micro-batches that the log-prob, value and training passes run (their shared forward is forward.py).
 
-Two ways the passes avoid work that does not change their result (both on
-by default, each switched off by its flag for debugging):
-
-- `remove_padding` (model.use_remove_padding): rows are ordered by length
-  before they are cut into micro-batches, and a micro-batch drops the columns
-  that are padding in every row (left of the longest prompt, right of the
-  longest response), so no forward runs on them.
-- `share_prompt` (model.share_prompt): the n samples of a prompt share their
-  prompt tokens, so a micro-batch runs each distinct prompt once, gathers its
-  key/value cache for each of its samples and runs only the response tokens
-  on top. With gradients, the gather's backward sums what the samples send
-  back into the prompt, so the gradient is that of the full pass.
+`remove_padding` (model.use_remove_padding, on by default; off for debugging): rows are ordered by
+length before they are cut into micro-batches, and a micro-batch drops the columns that are padding in
+every row (left of the longest prompt, right of the longest response), so no forward runs on them.
+Its results do not change, nor do `share_prompt`'s (forward.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -27,8 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.head import sliced_head
-from posttrain.rollout.kv import CACHE, cache_of
-from posttrain.training.fused import stats_head
+from posttrain.training.forward import can_share_prompt, forward_responses, response_logits
 
 FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R, ...]
 
@@ -120,85 +110,6 @@ def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None
         cuts = spans(ordered.attention_mask.sum(-1).tolist(), size, max_tokens)  # real tokens of each row
         chunks = [ordered.select(torch.arange(a, b)) for a, b in cuts]
     return [(order[a:b], trim_padding(mb) if remove_padding else mb) for (a, b), mb in zip(cuts, chunks)]
-
-
-def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
-                      share_prompt: bool = False, targets: torch.Tensor | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
-    """The model's output (`.logits`: vocabulary logits, or a value head's
-    outputs) at the positions that predict each response token. -> [N, R, C]
-
-    Only those positions are projected (`logits_to_keep`), which matters for
-    150k-token vocabularies. With share_prompt, each distinct prompt of the
-    rows is run once and its key/value cache shared by its rows. With
-    `targets` [N, R] (model.use_fused_kernels) the output layer is stood in
-    for (training/fused.py): -> [N, R, 2], log p(target) / temperature's
-    distribution and its entropy, the logits never whole.
-    """
-    if share_prompt:
-        out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length, targets,
-                                     temperature)
-        if out is not None:
-            return out
-    # the last token predicts nothing we score, and no earlier position attends to it: it is left out
-    with _head(model, targets, temperature):
-        out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                    position_ids=position_ids[:, :-1], use_cache=False, logits_to_keep=response_length)
-    return out.logits[:, -response_length:, :]  # position t predicts token t+1
-
-
-def _head(model, targets, temperature, rows=None):
-    return contextlib.nullcontext() if targets is None else stats_head(model, targets, temperature, rows)
-
-
-def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int, targets=None,
-                           temperature: float = 1.0):
-    """`forward_responses` with each distinct prompt run once; None when no
-    two rows share a prompt (the plain pass is as cheap)."""
-    prompt_width = input_ids.shape[1] - response_length
-    rows = input_ids.shape[0]
-    prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)  # [N, 2P]
-    # inverse [N]: row -> distinct prompt. Groups of adjacent rows, all of one size (how rollouts and
-    # length_order lay them out), are repeated as blocks, whose backward is a cheap sum; else rows are gathered
-    unique, inverse, counts = torch.unique_consecutive(prompt, dim=0, return_inverse=True, return_counts=True)
-    blocks = bool((counts == counts[0]).all())
-    if not blocks:
-        unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
-    if unique.shape[0] == rows or response_length == 0:
-        return None
-    # one row of each distinct prompt (which one does not matter: they hold the same tokens and positions)
-    first = torch.zeros(unique.shape[0], dtype=torch.long, device=input_ids.device)
-    first.scatter_(0, inverse, torch.arange(rows, device=input_ids.device))
-    fused = targets is not None
-    with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
-        head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
-                     position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
-    cache = cache_of(head)  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
-    if blocks:
-        cache.batch_repeat_interleave(rows // unique.shape[0])
-    else:
-        cache.batch_select_indices(inverse)
-    # [N, 1, C]: the last prompt position predicts response token 0 (the fused head took each row's already)
-    first_token = head.logits[:, -1:, :] if fused else head.logits[inverse, -1:, :]
-    if response_length == 1:
-        return first_token
-    # response position t predicts token t+1; the last response token predicts nothing we score: left out
-    with _head(model, targets[:, 1:] if fused else None, temperature):
-        tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
-                     position_ids=position_ids[:, prompt_width:-1], use_cache=True, **{CACHE: cache},
-                     logits_to_keep=response_length - 1)
-    return torch.cat([first_token, tail.logits], dim=1)
-
-
-def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
-                    share_prompt: bool = False):
-    """Logits that predict each response token. -> [N, R, V] (float32), divided
-    by the sampling temperature so the log-probs are those of the distribution
-    the rollout sampled from."""
-    logits = forward_responses(model, input_ids, attention_mask, position_ids, response_length, share_prompt).float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    return logits
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -363,18 +274,6 @@ def compute_topk_log_probs(model, batch, k: int, micro_batch_size: int, temperat
     finally:
         model.train(was_training)
     return log_probs, top_lp, top_ids
-
-
-def can_share_prompt(model) -> bool:
-    """Whether a pass may carry a key/value cache through `model`: not with
-    activation checkpointing, whose recomputation would append to it twice."""
-    if getattr(model, "_posttrain_ac", False):  # parallelize(activation_checkpointing=True)
-        return False
-    if hasattr(model, "get_base_model"):  # peft (LoRA): the wrapped model says
-        model = model.get_base_model()
-    hf = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"  # transformers < 5 names it so
-    return not getattr(model, hf, False)
 
 
 @torch.no_grad()
