@@ -36,7 +36,8 @@ from pathlib import Path
 
 from posttrain.arguments import split_train_args
 from posttrain.cli import build_parser
-from posttrain.config import load_config, nemo_rl
+from posttrain.config import load_config
+from posttrain.config.dialects.nemo_rl import files as nemo_rl
 from posttrain.errors import ConfigError
 
 SOURCE = "https://github.com/NVIDIA-NeMo/RL"
@@ -125,7 +126,7 @@ def generate(checkout: Path, files: list[str], commit: str, out_dir: str) -> Pat
     """out_dir/examples_COMMIT.json: the header, then one line per file (its merged tree)."""
     about = {
         "what": "NeMo-RL's top-level examples/configs/*.yaml as posttrain's loader reads each one "
-                "(posttrain.config.nemo_rl.load_tree): its `defaults:` files merged in, `${...}` interpolations "
+                "(posttrain.config.dialects.nemo_rl.load_tree): its `defaults:` files merged in, `${...}` interpolations "
                 "as written, YAML comments dropped. tests/test_nemo_rl_config.py writes each back to a YAML file.",
         "source": SOURCE,
         "commit": commit,

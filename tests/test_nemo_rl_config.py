@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.config import nemo_rl
+from posttrain.config.dialects.nemo_rl import files as nemo_rl, grpo
 from posttrain.arguments import split_train_args
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
@@ -61,7 +61,7 @@ def layer(path=None, *overrides):
     ops = [("~", a[1:], None) if a.startswith("~") else
            ("+" if a.startswith("+") else "", a.split("=", 1)[0].lstrip("+"), nemo_rl.value_of(a.split("=", 1)[1]))
            for a in overrides]
-    return nemo_rl.translate(nemo_rl.resolve(nemo_rl.apply_overrides(tree, ops)), "in test")
+    return grpo.translate(nemo_rl.resolve(nemo_rl.apply_overrides(tree, ops)), "in test")
 
 
 def test_a_file_in_nemo_rl_layout_maps_onto_posttrain_keys():

@@ -1,4 +1,4 @@
-"""`posttrain sft --config FILE` with NeMo-RL's SFT layout (config/nemo_rl_sft.py): NeMo-RL's own sft.yaml and
+"""`posttrain sft --config FILE` with NeMo-RL's SFT layout (dialects/nemo_rl/sft.py): NeMo-RL's own sft.yaml and
 sft_openmathinstruct2.yaml (from tests/data/nemo_rl/examples_*.json, as test_nemo_rl_config.py reads them) mapped
 key by key, a short run of sft.yaml on the tiny model, and what is refused."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from posttrain.driver.build_sft import build_sft_run
 from posttrain.config import load_config
-from posttrain.config.nemo_rl_sft import PASSTHROUGH_TEMPLATE
+from posttrain.config.dialects.nemo_rl.sft import PASSTHROUGH_TEMPLATE
 from posttrain.errors import ConfigError
 from posttrain.models import load_tokenizer
 from posttrain.driver.sft import train_sft

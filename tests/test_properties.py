@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from posttrain.config import SCHEMA, Config, config_to_yaml, load_config
-from posttrain.config.verl import alias_table
+from posttrain.config.dialects.verl.keys import alias_table
 from posttrain.data.dataset import PromptDataset
 from posttrain.data.schema import read_rows, write_rows
 from posttrain.errors import ConfigError, DataError

@@ -8,8 +8,10 @@ import re
 import pytest
 import torch
 
-from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, from_nemo_rl, from_verl, mismatch_metrics
-from posttrain.algorithms.rollout_rules import RejectRule, parse_rules
+from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
+from posttrain.algorithms.rollout_rules import RejectRule
+from posttrain.config.dialects.nemo_rl.rollout_correction import from_nemo_rl
+from posttrain.config.dialects.verl.rollout_correction import from_verl, parse_rules
 from posttrain.driver.build import build_run
 from posttrain.config import load_config
 from posttrain.driver.loop import train

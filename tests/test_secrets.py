@@ -13,7 +13,7 @@ import yaml
 from posttrain.checkpoint import check_compatible
 from posttrain.cli import main, redact_warnings
 from posttrain.config import SCHEMA
-from posttrain.config.verl import alias_table
+from posttrain.config.dialects.verl.keys import alias_table
 from posttrain.distributed import jobs
 from posttrain.errors import ConfigError
 from posttrain.text.redact import (
@@ -50,7 +50,7 @@ def test_other_names_are_not(name):
 
 def test_no_posttrain_config_key_is_a_secret_name():
     """posttrain's config holds no credential: none of its keys, nor verl's spellings of them,
-    may be redacted by name (a new `*_key` field must be decided on, here and in redact.py)."""
+    may be redacted by name (a new `*_key` field must be decided on, here and in text/redact.py)."""
     keys = list(SCHEMA) + list(alias_table(SCHEMA))
     assert "data.prompt_key" in keys
     assert [k for k in keys if is_secret_name(k) or any(is_secret_name(p) for p in k.split("."))] == []

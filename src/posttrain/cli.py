@@ -44,7 +44,7 @@ def cmd_train(args) -> int:
 def cmd_sft(args) -> int:
     from posttrain.driver.build_sft import build_sft_run
     from posttrain.config import describe_keys, load_config
-    from posttrain.config.verl_sft import alias_table
+    from posttrain.config.dialects.verl.sft import alias_table
     from posttrain.driver.sft import train_sft
 
     if args.help_config:

@@ -69,8 +69,10 @@ Other frameworks' names, as combinations (C, m: their upper and lower bounds):
   token veto, no IS weights. Its newer ones spell rejection as rules: decoupled_seq_is_rs
   seq_sum_k1 "0.5_2.0", the geo_rs presets seq_mean_k1, the k3_rs presets seq_mean_k3.
 
-`from_verl` reads verl's keys, either spelling, into a RolloutCorrection; `from_nemo_rl` writes
-NeMo-RL's loss_fn settings as those keys (the combinations above).
+The translators of other frameworks' settings live with their dialects: dialects/verl/rollout_correction.py's
+`from_verl` reads verl's keys (posttrain's algorithm.rollout_correction.*), either spelling, into a
+RolloutCorrection; dialects/nemo_rl/rollout_correction.py's `from_nemo_rl` writes NeMo-RL's loss_fn settings as
+those keys (the combinations above).
 
 One difference: those other frameworks give a masked token a zero weight and keep it in the
 loss's denominator; here, as in verl, rejection removes it from the response mask, so a
@@ -84,7 +86,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.algorithms.rollout_rules import VERL_KEY, RejectRule, parse_rules, rule_rejects, shares
+from posttrain.algorithms.rollout_rules import RejectRule, rule_rejects, shares
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
 IS_LEVELS = ("token", "sequence")
@@ -300,156 +302,3 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
 
     new_mask = torch.where(keep, response_mask, torch.zeros_like(response_mask))
     return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
-
-
-def _verl_number(key: str, value, accepted: str, zero: bool = False) -> float | None:
-    """A verl threshold as a float (a number, or a string of one), None kept; > 0 (>= 0 with `zero`).
-    ValueError naming the key and what it accepts."""
-    if value is None:
-        return None
-    number = value
-    if isinstance(value, str) and "_" not in value:  # float() reads "0.5_2" as 0.52
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not (number >= 0 if zero else number > 0):
-        raise ValueError(f"{VERL_KEY}{key}: {accepted}, got {value!r}")
-    return float(number)
-
-
-def from_verl(rollout_is: str | None = None, rollout_is_threshold: float | str | None = 2.0,
-              rollout_is_threshold_lower: float | str | None = None, rollout_is_batch_normalize: bool = False,
-              rollout_rs: str | None = None, rollout_rs_threshold: float | str | None = None,
-              rollout_rs_threshold_lower: float | str | None = None,
-              rollout_token_veto_threshold: float | str | None = None) -> RolloutCorrection | None:
-    """verl's algorithm.rollout_correction.* values -> a validated RolloutCorrection, or None when
-    nothing is on (no IS weights, no rejection, no veto). `rollout_rs` in either spelling: verl 0.6's
-    token | sequence | geometric (rs_level; a number rollout_rs_threshold and an optional
-    rollout_rs_threshold_lower), or the newer comma list of options (rs_rules, rollout_rules.py;
-    rollout_rs_threshold_lower unset). rollout_is_threshold None: IS weights not truncated (math.inf;
-    posttrain's schema reads null so, where verl 0.7 computes no IS weights then).
-    rollout_is_threshold_lower is posttrain's (OpenRLHF's and NeMo-RL's tis floor), not verl's. Settings
-    that would do nothing (a rollout_rs_threshold without rollout_rs, ...) are refused. ValueError names
-    the key and what it accepts."""
-    def fail(key: str, message: str):
-        raise ValueError(f"{VERL_KEY}{key}: {message}")
-
-    if rollout_is is not None and rollout_is not in IS_LEVELS:
-        fail("rollout_is", f"one of {', '.join(IS_LEVELS)} or null (no IS weights), got {rollout_is!r}")
-    is_threshold = _verl_number("rollout_is_threshold", rollout_is_threshold,
-                                "a number > 0, or null (not truncated)")
-    is_threshold = math.inf if is_threshold is None else is_threshold
-    is_lower = _verl_number("rollout_is_threshold_lower", rollout_is_threshold_lower, "a number >= 0 or null",
-                            zero=True)
-    if not isinstance(rollout_is_batch_normalize, bool):
-        fail("rollout_is_batch_normalize", f"true or false, got {rollout_is_batch_normalize!r}")
-    if rollout_is is None and (is_lower is not None or rollout_is_batch_normalize):
-        key = "rollout_is_threshold_lower" if is_lower is not None else "rollout_is_batch_normalize"
-        fail(key, "acts on IS weights: set rollout_is (token or sequence) too")
-    if is_lower is not None and not is_lower < is_threshold:
-        fail("rollout_is_threshold_lower", f"must be below rollout_is_threshold ({is_threshold!r}), got {is_lower!r}")
-
-    rs_level, rs_threshold, rs_lower, rules = None, None, None, ()
-    if rollout_rs is None:
-        if rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
-            key = "rollout_rs_threshold" if rollout_rs_threshold is not None else "rollout_rs_threshold_lower"
-            fail(key, "bounds rejection sampling: set rollout_rs too")
-    elif not isinstance(rollout_rs, str):
-        fail("rollout_rs", f"a string (token, sequence, geometric, or a comma list of options), got {rollout_rs!r}")
-    elif rollout_rs.strip() in RS_LEVELS:  # verl 0.6
-        rs_level = rollout_rs.strip()
-        rs_threshold = _verl_number("rollout_rs_threshold", rollout_rs_threshold,
-                                    f"a number > 0 with rollout_rs={rs_level} (the ratio band's upper bound; "
-                                    "its lower bound is rollout_rs_threshold_lower)")
-        if rs_threshold is None:
-            fail("rollout_rs_threshold", f"rollout_rs={rs_level} needs it (the ratio band's upper bound)")
-        rs_lower = _verl_number("rollout_rs_threshold_lower", rollout_rs_threshold_lower,
-                                "a number >= 0 or null (1 / rollout_rs_threshold)", zero=True)
-        lower = 1.0 / rs_threshold if rs_lower is None else rs_lower
-        if not lower < rs_threshold:
-            fail("rollout_rs_threshold_lower", f"the band [{lower!r}, {rs_threshold!r}] is empty: the lower bound "
-                 "(1 / rollout_rs_threshold when null) must be below rollout_rs_threshold")
-    else:
-        if any(part.strip() in RS_LEVELS for part in rollout_rs.split(",")):
-            fail("rollout_rs", f"verl 0.6's {', '.join(RS_LEVELS)} stand alone, not in a list of the newer "
-                 f"options: {rollout_rs!r}")
-        if rollout_rs_threshold_lower is not None:
-            fail("rollout_rs_threshold_lower", "is verl 0.6's, for rollout_rs token, sequence or geometric; the "
-                 "newer k1 options take 'lower_upper' in rollout_rs_threshold")
-        rules = parse_rules(rollout_rs, rollout_rs_threshold)
-    veto = _verl_number("rollout_token_veto_threshold", rollout_token_veto_threshold, "a number > 0 or null")
-
-    if rollout_is is None and rs_level is None and not rules and veto is None:
-        return None
-    return RolloutCorrection(
-        is_level=rollout_is, is_threshold=is_threshold, is_threshold_lower=is_lower,
-        is_batch_normalize=rollout_is_batch_normalize, rs_level=rs_level, rs_threshold=rs_threshold,
-        rs_threshold_lower=rs_lower, token_veto_threshold=veto, rs_rules=rules).validate()
-
-
-NEMO_RL_KEY = "loss_fn."
-NEMO_RL_TYPES = ("tis", "icepop", "seq-mask-tis")
-
-
-def from_nemo_rl(use_importance_sampling_correction: bool, truncated_importance_sampling_type: str | None,
-                 truncated_importance_sampling_ratio: float | None,
-                 truncated_importance_sampling_ratio_min: float | None,
-                 sequence_level: bool = False) -> dict:
-    """NeMo-RL's ClippedPGLossFn correction settings (loss_fn.*; sequence_level is its
-    sequence_level_importance_ratios) -> the verl keys that reproduce it, for `from_verl`: rollout_is,
-    rollout_is_threshold, rollout_is_threshold_lower, rollout_rs, rollout_rs_threshold,
-    rollout_rs_threshold_lower; {} with the correction off. With C the ratio and m the ratio_min, the
-    level "token" ("sequence" with sequence_level):
-
-    - no type: the raw IS weights (rollout_is_threshold None, not truncated);
-    - "tis": IS weights truncated to [m (none when unset), C];
-    - "icepop": IS weights (C) and rejection outside [m, C] at the same level;
-    - "seq-mask-tis": raw token IS weights and geometric rejection outside [m, C].
-
-    Refused as NeMo-RL refuses them: a type without the correction on, an unknown type, a ratio without
-    a type (or not > 0), icepop or seq-mask-tis without ratio_min, ratio_min above the ratio,
-    seq-mask-tis with sequence_level. Refused here too: ratio_min without a type (NeMo-RL ignores it),
-    ratio_min below 0 or equal to the ratio (an empty band here). NeMo-RL zeroes a rejected token's
-    weight and keeps it in the loss's denominator; posttrain removes it from the mask (module docstring)."""
-    typ, ratio, ratio_min = (truncated_importance_sampling_type, truncated_importance_sampling_ratio,
-                             truncated_importance_sampling_ratio_min)
-
-    def fail(key: str, message: str):
-        raise ValueError(f"{NEMO_RL_KEY}{key}: {message}")
-
-    if typ is None:
-        if ratio is not None:
-            fail("truncated_importance_sampling_ratio", "needs truncated_importance_sampling_type (one of "
-                 f"{', '.join(NEMO_RL_TYPES)}); NeMo-RL refuses a ratio without a type")
-        if ratio_min is not None:
-            fail("truncated_importance_sampling_ratio_min", "needs truncated_importance_sampling_type (one of "
-                 f"{', '.join(NEMO_RL_TYPES)}); NeMo-RL would ignore it")
-    else:
-        if not use_importance_sampling_correction:
-            fail("truncated_importance_sampling_type", "needs use_importance_sampling_correction: true")
-        if typ not in NEMO_RL_TYPES:
-            fail("truncated_importance_sampling_type", f"one of {', '.join(NEMO_RL_TYPES)} or null, got {typ!r}")
-        if ratio is None or not ratio > 0:
-            fail("truncated_importance_sampling_ratio", f"a number > 0 with type {typ}, got {ratio!r}")
-        if ratio_min is None and typ != "tis":
-            fail("truncated_importance_sampling_ratio_min", f"type {typ} needs it (the band's lower bound)")
-        if ratio_min is not None and not 0 <= ratio_min < ratio:
-            fail("truncated_importance_sampling_ratio_min", f"must be >= 0 and below "
-                 f"truncated_importance_sampling_ratio ({ratio!r}), got {ratio_min!r}")
-        if typ == "seq-mask-tis" and sequence_level:
-            fail("sequence_level_importance_ratios", "seq-mask-tis weighs tokens (its band is on the sequence's "
-                 "geometric mean): it needs sequence_level_importance_ratios false")
-    if not use_importance_sampling_correction:
-        return {}
-    level = "sequence" if sequence_level else "token"
-    keys = dict(rollout_is=level, rollout_is_threshold=None, rollout_is_threshold_lower=None,
-                rollout_rs=None, rollout_rs_threshold=None, rollout_rs_threshold_lower=None)
-    if typ == "tis":
-        keys.update(rollout_is_threshold=ratio, rollout_is_threshold_lower=ratio_min)
-    elif typ == "icepop":
-        keys.update(rollout_is_threshold=ratio, rollout_rs=level, rollout_rs_threshold=ratio,
-                    rollout_rs_threshold_lower=ratio_min)
-    elif typ == "seq-mask-tis":
-        keys.update(rollout_rs="geometric", rollout_rs_threshold=ratio, rollout_rs_threshold_lower=ratio_min)
-    return keys

@@ -17,9 +17,8 @@ only when lower = 1 / upper, as verl's single-value spelling U (lower 1 / U) giv
 lower 1 / hi, upper 1 / lo; the same mask, except that 0.6 bounds the sequence's summed or mean
 log-ratio to [-20, 20] where the rules bound each token's.
 
-`parse_rules` reads verl's `rollout_rs` / `rollout_rs_threshold` pair: one threshold entry a
-listed option (comma-separated) or one shared by all; k1 entries "lower_upper" or a single U,
-k2/k3 entries a single positive upper bound.
+dialects/verl/rollout_correction.py's `parse_rules` reads verl's `rollout_rs` / `rollout_rs_threshold`
+pair into these rules.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import torch
 
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
               "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-VERL_KEY = "algorithm.rollout_correction."
 
 
 @dataclass(frozen=True)
@@ -68,66 +66,6 @@ class RejectRule:
         if k1 and not self.lower < self.upper:
             return f"{self.option}'s lower bound {self.lower!r} must be below its upper bound {self.upper!r}"
         return None
-
-
-def _number(spec: str, option: str) -> float:
-    try:
-        if "_" in spec:  # float() reads "1_5" as 15
-            raise ValueError
-        value = float(spec)
-    except ValueError:
-        raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {spec!r} for {option} is not a number") from None
-    if not value > 0:  # nan too
-        raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {option}'s bounds must be > 0, got {spec!r}")
-    return value
-
-
-def parse_rules(rollout_rs: str, rollout_rs_threshold) -> tuple[RejectRule, ...]:
-    """verl's comma list of options and its threshold spec (a number, or a string of comma-separated
-    entries) -> the rules, in the listed order. ValueError naming the verl key on anything else."""
-    options = [part.strip() for part in rollout_rs.split(",") if part.strip()]
-    if not options:
-        raise ValueError(f"{VERL_KEY}rollout_rs: no option in {rollout_rs!r}; known: {', '.join(RS_OPTIONS)}")
-    for option in options:
-        if option not in RS_OPTIONS:
-            raise ValueError(f"{VERL_KEY}rollout_rs: unknown option {option!r}; known: {', '.join(RS_OPTIONS)} "
-                             "(or verl 0.6's single token, sequence or geometric)")
-        if options.count(option) > 1:
-            raise ValueError(f"{VERL_KEY}rollout_rs: {option} is listed twice")
-    if rollout_rs_threshold is None:
-        raise ValueError(f"{VERL_KEY}rollout_rs_threshold: rollout_rs={rollout_rs!r} needs it: one entry a "
-                         "listed option, or one for all ('lower_upper' or a number for k1, a number for k2/k3)")
-    if isinstance(rollout_rs_threshold, (int, float)) and not isinstance(rollout_rs_threshold, bool):
-        specs = [str(rollout_rs_threshold)]
-    elif isinstance(rollout_rs_threshold, str):
-        specs = [part.strip() for part in rollout_rs_threshold.split(",") if part.strip()]
-    else:
-        raise ValueError(f"{VERL_KEY}rollout_rs_threshold: a number or a string of comma-separated entries, "
-                         f"got {rollout_rs_threshold!r}")
-    if len(specs) not in (1, len(options)):
-        raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {len(specs)} entries for {len(options)} options "
-                         f"({', '.join(options)}): give one for all or one each")
-    specs = specs * len(options) if len(specs) == 1 else specs
-    rules = []
-    for option, spec in zip(options, specs):
-        if option.endswith("k1"):
-            if "_" in spec:
-                lower_s, _, upper_s = spec.partition("_")
-                lower, upper = _number(lower_s, option), _number(upper_s, option)
-            else:
-                upper = _number(spec, option)
-                lower = 1.0 / upper
-        elif "_" in spec:
-            raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {option} takes one upper bound, got {spec!r} "
-                             "('lower_upper' is for the k1 options)")
-        else:
-            lower, upper = None, _number(spec, option)
-        rule = RejectRule(option, lower, upper)
-        problem = rule.problem()
-        if problem:
-            raise ValueError(f"{VERL_KEY}rollout_rs_threshold: {spec!r}: {problem}")
-        rules.append(rule)
-    return tuple(rules)
 
 
 def shares(prefix: str, rejected: torch.Tensor, valid: torch.Tensor, has: torch.Tensor) -> dict[str, float]:

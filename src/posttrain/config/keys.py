@@ -10,10 +10,10 @@ unused" (validate.py): one list, so the help and the warning agree.
 
 from __future__ import annotations
 
-from posttrain.config.nemo_rl_keys import RENAMES as NEMO_RL_RENAMES
 from posttrain.config.schema import SCHEMA
 from posttrain.config.schema_rollout import VLLM_SETTINGS
-from posttrain.config.verl import alias_table
+from posttrain.config.dialects.nemo_rl.keys import RENAMES as NEMO_RL_RENAMES
+from posttrain.config.dialects.verl.keys import alias_table
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",

@@ -2,11 +2,12 @@
 
     cfg = load_config("run.yaml", ["actor.lr=1e-5", "actor_rollout_ref.rollout.n=4"])
 
-Layers, later winning: the dataclass defaults < the embedded preset (only
-without model.path) < algorithm.name's preset < the YAML file (posttrain's or
-verl's keys, or NeMo-RL's layout: nemo_rl.py) < the overrides. OmegaConf
-merges them onto the dataclasses and checks the types; validate.py the rest.
-An unknown key is an error naming the nearest valid one.
+One pass down: read the file and the overrides (flat.py) -> pick the dialect (a file in NeMo-RL's layout, and
+NeMo-RL's overrides: posttrain.config.dialects.nemo_rl; posttrain's and verl's keys: posttrain.config.dialects.verl) -> the
+dialect translates each layer to posttrain's keys -> canonical checks (`canonical`: unknown keys, lists, text)
+-> the layers merged onto the dataclasses (OmegaConf checks the types) -> validated (validate.py). Layers,
+later winning: the dataclass defaults < the embedded preset (only without model.path) < algorithm.name's
+preset < the YAML file < the overrides. An unknown key is an error naming the nearest valid one.
 """
 
 from __future__ import annotations
@@ -20,112 +21,55 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config import nemo_rl, presets, verl_async, verl_sft
-from posttrain.config import verl as aliases
+from posttrain.config import presets
 from posttrain.config.checks import printable, repr_cut
-from posttrain.config.schema import DICT_KEYS, LIST_KEYS, SCHEMA, Config
+from posttrain.config.flat import below_dict_key, flatten, parse_override, unflatten
+from posttrain.config.schema import LIST_KEYS, SCHEMA, Config
 from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
+# the dialects as modules, their functions looked up when called: a dialect imports config's lower modules
+from posttrain.config.dialects import nemo_rl, verl
+from posttrain.config.dialects.verl import fully_async
+from posttrain.config.dialects.verl.keys import VERL_PREFIXES, alias_table, spellings
 from posttrain.errors import ConfigError
+from posttrain.files.yamlfile import read_mapping
 from posttrain.text.lines import invalid_text
-from posttrain.files.yamlfile import YAML_ERRORS, read_mapping
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """{'actor': {'lr': 1}} -> {'actor.lr': 1}."""
-    if prefix.count(".") > 8:  # deeper than any key: a YAML anchor that holds itself (&a {x: *a}) never ends
-        raise ConfigError(f"config key {repr_cut(prefix, 60)} nests deeper than any posttrain key; fix the YAML "
-                          "(an anchor that refers to itself?)")
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and key not in SCHEMA:
-            out.update(flatten(v, key + "."))
-        elif (v is None or v == {}) and _is_section(key):
-            continue  # `actor:` left empty in a YAML file: a section with nothing set, not an unknown key
-        else:
-            out[key] = v
-    return out
-
-
-def _is_section(key: str) -> bool:
-    """Whether `key` names a group of keys (actor, actor_rollout_ref.rollout), not one key."""
-    prefixes = [*SCHEMA, *aliases.EXACT, *(verl for verl, _ in aliases.PREFIXES)]
-    return key not in SCHEMA and any(k.startswith(key + ".") for k in prefixes)
-
-
-def unflatten(flat: dict[str, Any]) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def parse_override(arg: str) -> tuple[str, Any]:
-    """'a.b=1e-5' -> ('a.b', 1e-05); '+a=x' (Hydra's add syntax) is accepted."""
-    if "=" not in arg:
-        raise ConfigError(f"override {arg!r} is not key=value")  # repr: a newline in it stays on one line
-    key, raw = arg.split("=", 1)
-    key = key.strip().lstrip("+")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except YAML_ERRORS:
-        value = raw
-    return key, value
 
 
 def nearest(key: str) -> str:
-    candidates = list(SCHEMA) + list(aliases.alias_table(SCHEMA))
+    candidates = list(SCHEMA) + list(alias_table(SCHEMA))
     match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
 def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
     """Map verl keys to ours, refuse unknown keys, normalise scalars to lists."""
+    return canonical(verl.translate(flat, origin), origin)
+
+
+def canonical(flat: dict[str, Any], origin: str) -> dict[str, Any]:
+    """posttrain's keys (a dialect's translation) checked: unknown keys refused, scalars normalised to lists."""
     out: dict[str, Any] = {}
-    reward_path = flat.pop(aliases.CUSTOM_REWARD_PATH, None)
-    reward_name = flat.pop(aliases.CUSTOM_REWARD_NAME, None)
-    if reward_path:
-        out["reward.custom_fn"] = f"{reward_path}:{reward_name or 'compute_score'}"
-    separate = flat.pop(aliases.HYBRID_ENGINE, True)
-    if separate not in (True, False):
-        raise ConfigError(f"{aliases.HYBRID_ENGINE}={printable(separate)}: true or false")
     for key, value in flat.items():
-        ours = aliases.to_canonical(key, SCHEMA) or _below_dict_key(key)
-        if ours is None:
-            if key.startswith(aliases.VERL_PREFIXES):
+        if key not in SCHEMA and not below_dict_key(key):
+            if key.startswith(VERL_PREFIXES):
                 raise ConfigError(
                     f"verl key {key!r} ({origin}) is not supported yet by posttrain{nearest(key)} "
                     "(`posttrain train --help-config` lists the supported keys)")
             raise ConfigError(f"unknown config key {key!r} ({origin}){nearest(key)}")  # repr: one line
-        if ours in LIST_KEYS and isinstance(value, (str, int, float)):
+        if key in LIST_KEYS and isinstance(value, (str, int, float)):
             value = [value]
-        if ours in LIST_KEYS and value is not None and (
+        if key in LIST_KEYS and value is not None and (
                 not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value)):
             # OmegaConf checks a list's element types but lets a nested list or dict through
-            raise ConfigError(f"config key '{ours}' ({origin}) expects a list of plain values, got "
+            raise ConfigError(f"config key '{key}' ({origin}) expects a list of plain values, got "
                               f"{repr_cut(value)}; write it as [a, b]")
-        if value is None and key.endswith(".warmup_style"):
-            continue  # verl's deprecated spelling, left null beside lr_scheduler_type (its own optim/fsdp.yaml)
-        if ours in ("data.train_max_samples", "data.val_max_samples") and value == -1:
+        if key in ("data.train_max_samples", "data.val_max_samples") and value == -1:
             value = None  # verl's "all rows"
         if invalid_text(value):  # a lone surrogate (argv in another encoding): the saved config.yaml could not hold it
-            raise ConfigError(f"config key '{ours}' ({origin}) holds text that is not valid unicode; re-type the value")
-        out[ours] = value
-    if separate is False:  # verl's one-step off-policy: posttrain's asynchronous training, k = 1 unless set
-        for key, value in aliases.SEPARATE_ROLLOUT.items():
-            out.setdefault(key, value)
+            raise ConfigError(f"config key '{key}' ({origin}) holds text that is not valid unicode; re-type the value")
+        out[key] = value
     return out
-
-
-def _below_dict_key(key: str) -> str | None:
-    """Our spelling of a key inside a free-form mapping (rollout.engine_kwargs.vllm.X), verl's prefixes mapped."""
-    spellings = [key] + [ours + key[len(verl):] for verl, ours in aliases.PREFIXES if key.startswith(verl)]
-    return next((k for k in spellings if any(k.startswith(d + ".") for d in DICT_KEYS)), None)
 
 
 def _read_config_file(path: str) -> dict:
@@ -145,8 +89,8 @@ def preset(name: str = "tiny_arith.yaml") -> dict[str, Any]:
 def load_config(config_path: str | None = None, overrides: Sequence[str] = (), command: str = "train") -> Config:
     """Defaults < embedded preset (only without model.path) < algorithm.name's
     preset < YAML file < overrides. command="sft" (`posttrain sft`): verl's SFT
-    spellings are read too (verl_sft.py), a NeMo-RL file is its SFT layout
-    (nemo_rl_sft.py), and the layers start from SFT's defaults
+    spellings are read too (dialects/verl/sft.py), a NeMo-RL file is its SFT layout
+    (dialects/nemo_rl/sft.py), and the layers start from SFT's defaults
     (configs/sft.yaml) and its embedded preset (configs/tiny_sft.yaml)."""
     sft = command == "sft"
     layers, nemo_tree = [], None
@@ -155,13 +99,14 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
         if nemo_rl.is_layout(data):  # NeMo-RL's grpo.*/policy.*/... layout, its `defaults:` files under it
             nemo_tree = nemo_rl.load_tree(config_path)
         else:
-            layers.append(canonicalize(_sft_keys(flatten(data), f"in {config_path}", sft), f"in {config_path}"))
+            origin = f"in {config_path}"
+            layers.append(canonical(verl.translate(flatten(data, sections=spellings()), origin, command), origin))
     nemo_overrides, overrides = nemo_rl.split_overrides(overrides, nemo_tree)
-    cli = _sft_keys(dict(parse_override(a) for a in overrides), "on the command line", sft)
-    ours = canonicalize(cli, "on the command line")
+    cli = dict(parse_override(a) for a in overrides)
+    ours = canonical(verl.translate(cli, "on the command line", command), "on the command line")
     if nemo_tree is not None or nemo_overrides:
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
-        layers.append(canonicalize(nemo_rl.layer(nemo_tree, nemo_overrides, origin, given=ours, sft=sft), origin))
+        layers.append(canonical(nemo_rl.translate(nemo_tree, nemo_overrides, origin, command, given=ours), origin))
     layers.append(ours)
     given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
     if not sft:
@@ -174,13 +119,9 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
     if sft:
         validate_sft(cfg, given)
         return cfg
-    verl_async.resolve(cfg, given)
+    fully_async.resolve(cfg, given)  # verl's fully asynchronous keys, read on the merged config's batch sizes
     validate(cfg)
     return cfg
-
-
-def _sft_keys(flat: dict[str, Any], origin: str, sft: bool) -> dict[str, Any]:
-    return verl_sft.translate(flat, origin) if sft else flat
 
 
 def _algorithm_layer(layers: list[dict]) -> dict:

@@ -2,7 +2,7 @@
 uses; any key you set yourself wins over the preset.
 
 Each entry: the paper, and the config keys it sets (posttrain's names; the
-verl spellings of the same keys are accepted too, see verl.py).
+verl spellings of the same keys are accepted too, see dialects/verl/keys.py).
 A preset only sets what differs from the defaults that matter, so every
 algorithm is also reachable with plain keys, as in verl.
 """

@@ -117,11 +117,11 @@ class AsyncTrainingConfig:
     # the rollout's own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node): one process
     rollout_nnodes: int = 1
     rollout_n_gpus_per_node: int = 1
-    # verl's fully asynchronous trainer (verl.experimental.fully_async_policy), translated by config.verl_async when
-    # one is set: k = ceil(staleness_threshold); a step's batch = actor.ppo_mini_batch_size x require_batches x
-    # trigger_parameter_sync_step prompts (one weight version: verl's local updates between two syncs);
-    # partial_rollout: in-flight updates on the hf engine; use_rollout_log_probs / compute_prox_log_prob: bypass or
-    # decoupled rollout correction; total_rollout_prompts (verl's rollout.total_rollout_steps): the run's prompts
+    # verl's fully asynchronous trainer (verl.experimental.fully_async_policy), translated by dialects.verl.fully_async
+    # when one is set: k = ceil(staleness_threshold); a step's batch = actor.ppo_mini_batch_size x require_batches x
+    # trigger_parameter_sync_step prompts (one weight version: verl's local updates between two syncs); partial_rollout:
+    # in-flight updates on the hf engine; use_rollout_log_probs / compute_prox_log_prob: bypass or decoupled rollout
+    # correction; total_rollout_prompts (verl's rollout.total_rollout_steps): the run's prompts
     staleness_threshold: Optional[float] = None
     trigger_parameter_sync_step: Optional[int] = None
     require_batches: Optional[int] = None

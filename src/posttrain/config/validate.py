@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import warnings
 
-from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES
+from posttrain.algorithms import (
+    ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES, estimator,
+)
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
                                      positive_or_null, printable, repr_cut, warmup_start_factor)
@@ -227,18 +229,13 @@ def validate_algorithm(cfg: Config) -> None:
     choice("algorithm.filter_groups.metric", alg.filter_groups.metric, FILTER_METRICS)
     need(alg.gamma >= 0 and 0 <= alg.lam <= 1, f"algorithm.gamma must be >= 0 and algorithm.lam in [0, 1], got "
           f"{alg.gamma} and {alg.lam}")
-    need(alg.adv_estimator != "grpo_passk" or r.n >= 2,
-          f"algorithm.adv_estimator=grpo_passk compares the samples of a prompt: it needs rollout.n >= 2, got {r.n}")
+    est = estimator(alg.adv_estimator)  # a known name: checked above
+    need(r.n >= est.min_samples, f"algorithm.adv_estimator={alg.adv_estimator} {est.compares}: it needs "
+          f"rollout.n >= {est.min_samples}{f' ({est.too_few})' if est.too_few else ''}, got {r.n}")
     g = alg.gdpo
-    need(alg.adv_estimator != "gdpo" or r.n >= 2,
-          f"algorithm.adv_estimator=gdpo compares each reward component within a prompt's samples: it needs "
-          f"rollout.n >= 2, got {r.n}")
     need(g.reward_weights is None or not g.reward_keys or len(g.reward_weights) == len(g.reward_keys),
           f"algorithm.gdpo.reward_weights has {len(g.reward_weights or [])} weights for the "
           f"{len(g.reward_keys)} algorithm.gdpo.reward_keys: give one per key, in the same order")
-    need(alg.adv_estimator != "grpo_loo" or r.n >= 2,
-          f"algorithm.adv_estimator=grpo_loo compares each sample with the other samples of its prompt: it needs "
-          f"rollout.n >= 2 (with one sample every advantage is 0), got {r.n}")
     need(not (alg.overlong_filtering and r.ignore_eos),
           "algorithm.overlong_filtering=true with rollout.ignore_eos=true: every response runs to "
           "data.max_response_length without ending, so every one would be filtered out of the loss; turn one off")

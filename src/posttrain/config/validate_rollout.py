@@ -1,5 +1,5 @@
 """The rollout's settings checked: the engine and its sampling, the engine's own weights (rollout.dtype,
-rollout.stale_updates), multi-turn tools, and algorithm.rollout_correction (read here for the specs too)."""
+rollout.stale_updates), multi-turn tools, and algorithm.rollout_correction (driver/settings.py builds its settings)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import warnings
 from posttrain.config.checks import choice, need, positive, positive_or_null, printable, whole
 from posttrain.config.schema import DTYPE_SPELLINGS, Config, uses_lora
 from posttrain.config.schema_rollout import VLLM_SETTINGS, RolloutConfig
+from posttrain.config.dialects.verl.rollout_correction import from_config
 from posttrain.errors import ConfigError
 
 
@@ -140,36 +141,18 @@ def validate_multi_turn(cfg: Config) -> None:
           f"rollout.multi_turn.max_tool_response_length must be >= 1, got {mt.max_tool_response_length}")
 
 
-def rollout_correction(cfg: Config):
-    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
-    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only).
-    ValueError (naming the key) on a bad setting."""
-    from posttrain.algorithms.rollout_corr import RolloutCorrection, from_verl
-
-    rc = cfg.algorithm.rollout_correction
-    c = from_verl(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower, rc.rollout_is_batch_normalize,
-                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower,
-                  rc.rollout_token_veto_threshold)
-    return RolloutCorrection() if c is None and rc.bypass_mode else c
-
-
-def reinforce(cfg: Config) -> bool:
-    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
-    rc = cfg.algorithm.rollout_correction
-    return rc.loss_type == "reinforce" or rc.use_policy_gradient
-
-
 def validate_rollout_correction(cfg: Config) -> None:
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
-    try:
-        on = rollout_correction(cfg) is not None
+    try:  # the settings driver/settings.py's rollout_correction builds: a RolloutCorrection, or None when off
+        on = from_config(rc) is not None or rc.bypass_mode
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    need(not reinforce(cfg) or rc.bypass_mode,
+    reinforce = rc.loss_type == "reinforce" or rc.use_policy_gradient  # as driver/settings.py's reinforce
+    need(not reinforce or rc.bypass_mode,
           f"{key}.loss_type=reinforce is bypass mode's loss (pi_theta / pi_rollout weighs -A log pi): set "
           f"{key}.bypass_mode=true, or keep ppo_clip (decoupled mode's PPO loss takes the IS weights)")
-    need(not (reinforce(cfg) and cfg.actor.policy_loss.loss_mode != "vanilla"),
+    need(not (reinforce and cfg.actor.policy_loss.loss_mode != "vanilla"),
           f"{key}.loss_type=reinforce replaces the policy loss: it cannot be combined with "
           f"actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}")
     need(not on or cfg.rollout.calculate_log_probs is not False,

@@ -58,7 +58,8 @@ def check_command(words: list[str] | tuple[str, ...], cluster: tuple[int, int] |
 
 def _check_train(args: list[str], words: list[str], cluster, resize: str) -> None:
     """Unknown config keys, and a trainer.nnodes x n_gpus_per_node the cluster cannot hold."""
-    from posttrain.config import canonicalize, nemo_rl, parse_override
+    from posttrain.config import canonicalize, parse_override
+    from posttrain.config.dialects import nemo_rl
 
     try:  # NeMo-RL's keys are checked against its file where the job runs; posttrain's and verl's here
         overrides = [a for a in split_train_args(args)[1] if not a.startswith("~")]

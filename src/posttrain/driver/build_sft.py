@@ -1,5 +1,5 @@
 """Build a supervised run (`posttrain sft`) from a resolved config: the RL run's pieces (run directory,
-workers, checkpoint writer, resume; build.py) around SFT examples (data/sft.py) and the SFT loop (sft_loop.py).
+workers, checkpoint writer, resume; build.py) around SFT examples (data/sft.py) and the SFT loop (sft.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def uses_ray(cfg) -> bool:
     """Workers on Ray when asked, when there is more than one, or when a
     cluster address is given (a job's driver: its devices are on the workers)."""
     tr = cfg.trainer
-    if tr.debug:  # everything in this process (debugging.py)
+    if tr.debug:  # everything in this process (runtime/debugging.py)
         return False
     if tr.use_ray is not None:
         return tr.use_ray

@@ -1,7 +1,7 @@
 """The config turned into the plain settings components take (configs do not
 intrude): the workers' WorkerSpec (with its RefSpec, RolloutSpec and
-CriticSpec), the actor's and critic's update settings, LoRA's, and the
-sampling parameters of training and validation.
+CriticSpec), the actor's and critic's update settings, LoRA's, the rollout
+correction's, and the sampling parameters of training and validation.
 
     spec = worker_spec(cfg, model_dir, policy_dir=None, device="cpu", total_steps=100)
     train_sampling, val_sampling = sampling_params(cfg)
@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from posttrain.algorithms import NEEDS_CRITIC
+from posttrain.algorithms import estimator, is_weighted_loss
 from posttrain.algorithms.distill import DistillSettings
+from posttrain.algorithms.rollout_corr import RolloutCorrection
 from posttrain.config import VLLM_SETTINGS, uses_lora
-from posttrain.config.validate_rollout import reinforce, rollout_correction
 from posttrain.config.schema_distill import teachers_of
+from posttrain.config.dialects.verl.rollout_correction import from_config
 from posttrain.models.lora import LoraSettings
 from posttrain.rollout.base import SamplingParams
 from posttrain.training.actor import UpdateSettings, warmup_steps
@@ -30,7 +31,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
     (and critic: from `critic_dir` when resuming, else critic.model.path or the actor's model)."""
     a, r = cfg.actor, cfg.rollout
     critic = None
-    if cfg.algorithm.adv_estimator in NEEDS_CRITIC:
+    if estimator(cfg.algorithm.adv_estimator).needs_critic:
         critic = critic_spec(cfg, critic_dir or cfg.critic.model.path or model_dir, total_steps)
     return WorkerSpec(
         model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
@@ -123,7 +124,7 @@ def update_settings(cfg) -> UpdateSettings:
         distill=distill_settings(cfg),
     )
     if cfg.algorithm.rollout_correction.bypass_mode and reinforce(cfg):  # pi_theta / pi_rollout weighs -A log pi
-        settings = dataclasses.replace(settings, loss_mode="gpg")
+        settings = dataclasses.replace(settings, loss_mode=is_weighted_loss())
     return settings
 
 
@@ -198,3 +199,18 @@ def sampling_params(cfg) -> tuple[SamplingParams, SamplingParams]:
     val = SamplingParams(max_new_tokens=cfg.data.max_response_length, n=v.n, temperature=v.temperature,
                          top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample, ignore_eos=r.ignore_eos)
     return train, val
+
+
+def rollout_correction(cfg):
+    """algorithm.rollout_correction as algorithms.rollout_corr's settings; None when it sets no IS weights,
+    rejection or veto, except in bypass mode (then a RolloutCorrection with everything off: its metrics only).
+    ValueError (naming the key) on a bad setting."""
+    rc = cfg.algorithm.rollout_correction
+    c = from_config(rc)
+    return RolloutCorrection() if c is None and rc.bypass_mode else c
+
+
+def reinforce(cfg) -> bool:
+    """Bypass mode's IS-weighted policy gradient (loss_type=reinforce, or verl's earlier use_policy_gradient)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.loss_type == "reinforce" or rc.use_policy_gradient

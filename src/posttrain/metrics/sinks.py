@@ -1,6 +1,6 @@
 """Optional metric sinks: TensorBoard, Weights & Biases, MLflow.
 
-`metrics.py` writes `metrics.jsonl` and the console line itself; the sinks
+`logger.py` writes `metrics.jsonl` and the console line itself; the sinks
 here mirror each step's metrics (and a table of sample completions) into the
 tools users already watch, picked by verl's `trainer.logger` names. A sink
 never stops a run: the first exception it raises prints one warning and the
@@ -30,7 +30,7 @@ from posttrain.config import LOGGERS, flatten
 from posttrain.errors import ConfigError
 from posttrain.text.redact import redact_mapping, redact_text
 
-HANDLED_ELSEWHERE = ("console", "jsonl")  # metrics.py writes these
+HANDLED_ELSEWHERE = ("console", "jsonl")  # logger.py writes these
 OPTIONAL_SINKS = tuple(name for name in LOGGERS if name not in HANDLED_ELSEWHERE)
 
 # the modules each sink imports; find_spec looks for them without importing

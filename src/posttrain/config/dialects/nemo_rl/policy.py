@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.config.nemo_rl_keys import BACKENDS, METRICS, WHOLE
+from posttrain.config.dialects.nemo_rl.keys import BACKENDS, METRICS, WHOLE
 from posttrain.errors import ConfigError
 
 ABSENT = object()  # a key the file does not have

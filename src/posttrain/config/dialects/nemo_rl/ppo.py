@@ -2,7 +2,7 @@
 (async_ppo for async_grpo) with GAE, PPO epochs and a critic warm-up; value.* is the value model, a policy section
 of its own, translated as one and moved to critic.*; value_loss_fn is its loss's scale and clip range.
 
-    translate_ppo(tree, "in ppo_math_1B.yaml", translate)   # translate: nemo_rl_translate.translate, for the rest
+    translate_ppo(tree, "in ppo_math_1B.yaml", translate)   # translate: grpo.translate, for the rest
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from posttrain.config.checks import clipped
-from posttrain.config.nemo_rl_keys import VALUE_KEYS
+from posttrain.config.dialects.nemo_rl.keys import VALUE_KEYS
 from posttrain.errors import ConfigError
 
 

@@ -82,6 +82,11 @@ VERL_PREFIXES = ("actor_rollout_ref.", "critic.", "reward_model.", "custom_rewar
                  "global_profiler.")
 
 
+def spellings() -> list[str]:
+    """verl's keys and key prefixes (for config/flat.py's flatten: an empty `actor_rollout_ref:` is a section)."""
+    return [*EXACT, *(verl for verl, _ in PREFIXES)]
+
+
 def to_canonical(key: str, canonical_keys) -> str | None:
     """The posttrain key for `key`, or None when there is none."""
     if key in canonical_keys:

@@ -3,7 +3,7 @@
 What each key of NeMo-RL's GRPO layout becomes: renamed (RENAMES), accepted only
 "off" (OFF), read together into another framework's settings (IS_CORRECTION), a
 section a file switches off (SWITCHED), or a tuning knob with no effect on what is
-trained (TUNING); nemo_rl.py reads the files and applies them.
+trained (TUNING); files.py reads the files, grpo.py applies them.
 The guide docs/coming-from-nemo-rl.md lists the same keys for people.
 """
 
@@ -117,7 +117,7 @@ OFF = {
 }
 
 # loss_fn's importance-sampling correction (pi_old / pi_rollout): read together by
-# algorithms.rollout_corr.from_nemo_rl (its arguments are these names after `loss_fn.`, with
+# dialects/nemo_rl/rollout_correction.py's from_nemo_rl (its arguments are these names after `loss_fn.`, with
 # loss_fn.sequence_level_importance_ratios), written as algorithm.rollout_correction.* (verl's names)
 IS_CORRECTION = ("loss_fn.use_importance_sampling_correction", "loss_fn.truncated_importance_sampling_type",
                  "loss_fn.truncated_importance_sampling_ratio", "loss_fn.truncated_importance_sampling_ratio_min")

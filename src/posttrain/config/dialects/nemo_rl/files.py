@@ -1,15 +1,15 @@
-"""NeMo-RL's GRPO config layout (grpo.*, loss_fn.*, policy.*, checkpointing.*,
-cluster.*, logger.*, data.*, env.*): its files and its overrides, all of it here.
+"""NeMo-RL's config files and overrides: its layout recognised, its files read (`defaults:` inheritance, as
+NeMo-RL composes them), its Hydra-style overrides applied, and the resolved tree translated in one pass.
 
     tree = load_tree("grpo_math_8B.yaml")           # `defaults:` inheritance, as NeMo-RL composes files
     nemo, rest = split_overrides(["grpo.max_num_steps=20", "++policy.optimizer.kwargs.lr=1e-6", "actor.lr=1"], tree)
-    keys = layer(tree, nemo, "in grpo_math_8B.yaml")   # {"trainer.total_training_steps": 20, ...}
-    # that is: translate(resolve(apply_overrides(tree, [parse_override(a) for a in nemo])), origin)
+    keys = translate(tree, nemo, "in grpo_math_8B.yaml")   # {"trainer.total_training_steps": 20, ...}
+    # that is: grpo.translate(resolve(apply_overrides(tree, [parse_override(a) for a in nemo])), origin)
 
 Overrides are Hydra's: `key=value`, `+key=value` / `++key=value` (the path
 created), `~key` (deleted); a value reads as NeMo-RL reads it (`1e-6` a float).
-translate (nemo_rl_translate.py) maps the resolved tree onto posttrain's keys
-with the tables of nemo_rl_keys.py.
+The resolved tree goes to its layout's translator: grpo.py (and ppo.py,
+distillation.py below it) for `posttrain train`, sft.py for `posttrain sft`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config.nemo_rl_keys import DATA_KEYS, SECTIONS
-from posttrain.config.nemo_rl_translate import clipped, translate
+from posttrain.config.checks import clipped
 from posttrain.config.schema import SCHEMA
+from posttrain.config.dialects.nemo_rl import grpo
+from posttrain.config.dialects.nemo_rl.keys import DATA_KEYS, SECTIONS
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import YAML_ERRORS, first_line, read_mapping
 
@@ -133,17 +134,17 @@ def parse_override(arg: str) -> tuple[str, str, Any]:
     return ("+" if arg.startswith("+") else ""), key.strip().lstrip("+"), value_of(raw)
 
 
-def layer(tree: dict | None, overrides: Sequence[str], origin: str, given: Container[str] = (),
-          sft: bool = False) -> dict[str, Any]:
+def translate(tree: dict | None, overrides: Sequence[str], origin: str, command: str = "train",
+              given: Container[str] = ()) -> dict[str, Any]:
     """posttrain's keys for a NeMo-RL `tree` (None: only overrides) with NeMo-RL `overrides` applied. Data files
-    among `given` (posttrain's keys set on the command line) replace the tree's dataset named instead. sft:
-    NeMo-RL's SFT layout, for `posttrain sft` (nemo_rl_sft.py)."""
+    among `given` (posttrain's keys set on the command line) replace the tree's dataset named instead.
+    command="sft": NeMo-RL's SFT layout, for `posttrain sft` (sft.py)."""
     tree = apply_overrides(tree or {}, [parse_override(a) for a in overrides])
-    if sft:
-        from posttrain.config.nemo_rl_sft import translate_sft
+    if command == "sft":
+        from posttrain.config.dialects.nemo_rl.sft import translate_sft
 
         return translate_sft(resolve(tree), origin + " (NeMo-RL's layout)", given)
-    out = translate(resolve(tree), origin + " (NeMo-RL's layout)")
+    out = grpo.translate(resolve(tree), origin + " (NeMo-RL's layout)")
     for files, name in (("data.train_files", "data.dataset_name"), ("data.val_files", "data.val_dataset_name")):
         if files in given:
             out.pop(name, None)

@@ -1,6 +1,6 @@
 """NeMo-RL's SFT layout (examples/run_sft.py, examples/configs/sft.yaml: sft.*, policy.*, data.*,
 checkpointing.*, logger.*, cluster.*) -> `posttrain sft`'s keys. policy.*, checkpointing.*, logger.* and
-cluster.* are read as the GRPO layout reads them (nemo_rl_translate.py); sft.* and data.* here.
+cluster.* are read as the GRPO layout reads them (grpo.py, policy.py); sft.* and data.* here.
 
     translate_sft({"sft": {"max_num_steps": 20}}, "in sft.yaml")   # {"trainer.total_training_steps": 20}
 
@@ -23,8 +23,8 @@ import sys
 from typing import Any, Container
 
 from posttrain.config.checks import clipped, printable
-from posttrain.config.nemo_rl_keys import OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
-from posttrain.config.nemo_rl_policy import Leaves, checkpointing_and_logger, policy
+from posttrain.config.dialects.nemo_rl.keys import OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
+from posttrain.config.dialects.nemo_rl.policy import Leaves, checkpointing_and_logger, policy
 from posttrain.errors import ConfigError
 
 # NeMo-RL's chat_template: null (transformers' tokenizer gets this passthrough template; nemo_rl/data/chat_templates.py)

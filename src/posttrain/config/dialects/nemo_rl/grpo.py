@@ -1,5 +1,5 @@
-"""A resolved NeMo-RL tree (nemo_rl.py reads the files and applies the overrides)
--> posttrain's keys, with the tables of nemo_rl_keys.py.
+"""NeMo-RL's GRPO layout: a resolved tree (files.py reads the files and applies the overrides)
+-> posttrain's keys, with the tables of keys.py.
 
     translate({"grpo": {"max_num_steps": 20}}, "in run.yaml")   # {"trainer.total_training_steps": 20}
 
@@ -22,22 +22,22 @@ import difflib
 import fnmatch
 from typing import Any
 
-from posttrain.algorithms.rollout_corr import from_nemo_rl
+from posttrain.config.dialects.nemo_rl.rollout_correction import from_nemo_rl
 from posttrain.config.checks import clipped
-from posttrain.config.nemo_rl_keys import IS_CORRECTION, KL_IN_REWARD, KL_TYPES, OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
-from posttrain.config.nemo_rl_policy import ABSENT, Leaves, checkpointing_and_logger, policy
+from posttrain.config.dialects.nemo_rl.keys import IS_CORRECTION, KL_IN_REWARD, KL_TYPES, OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
+from posttrain.config.dialects.nemo_rl.policy import ABSENT, Leaves, checkpointing_and_logger, policy
 from posttrain.errors import ConfigError
 
 
 def translate(tree: dict, origin: str) -> dict[str, Any]:
     """A resolved NeMo-RL tree -> {posttrain key: value}. ConfigError names the first NeMo-RL key
     posttrain cannot honour."""
-    if "ppo" in tree:  # NeMo-RL's PPO layout: grpo.*'s with a value model (config/nemo_rl_ppo.py)
-        from posttrain.config.nemo_rl_ppo import translate_ppo
+    if "ppo" in tree:  # NeMo-RL's PPO layout: grpo.*'s with a value model (ppo.py)
+        from posttrain.config.dialects.nemo_rl.ppo import translate_ppo
 
         return translate_ppo(tree, origin, translate)
-    if {"distillation", "teacher", "teachers"} & set(tree):  # NeMo-RL's distillation layout (config/nemo_rl_distill.py)
-        from posttrain.config.nemo_rl_distill import translate_distillation
+    if {"distillation", "teacher", "teachers"} & set(tree):  # NeMo-RL's distillation layout (distillation.py)
+        from posttrain.config.dialects.nemo_rl.distillation import translate_distillation
 
         return translate_distillation(tree, origin, translate)
     f = Leaves(tree)

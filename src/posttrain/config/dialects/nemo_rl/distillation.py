@@ -5,7 +5,7 @@ zero_outside_topk); teacher.* is the teacher model, a policy section of which po
 precision and its log-prob pass (the rest, a copy of the policy's in NeMo-RL's examples, trains nothing there
 either: the teacher is frozen, and posttrain places it as the reference).
 
-    translate_distillation(tree, "in distillation_math.yaml", translate)   # translate: nemo_rl_translate's
+    translate_distillation(tree, "in distillation_math.yaml", translate)   # translate: grpo.py's
 
 As NeMo-RL's distillation: the teacher's top-k loss alone trains the student (no task reward in the loss; the
 rewards are scored and logged, and validation scores the student as GRPO's does).
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from posttrain.algorithms.distill import KL_TYPES
 from posttrain.config.checks import clipped
-from posttrain.config.nemo_rl_policy import Leaves
+from posttrain.config.dialects.nemo_rl.policy import Leaves
 from posttrain.errors import ConfigError
 
 TEACHER = "teacher"  # the name of the one teacher in distillation.teacher_models

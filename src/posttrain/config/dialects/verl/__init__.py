@@ -1,0 +1,17 @@
+"""verl's dialect: its RL trainer's keys (actor_rollout_ref.*, ...), its SFT trainer's (for `posttrain sft`) and
+its fully asynchronous trainer's, read as posttrain's keys.
+
+    translate(flat, "in run.yaml", command="train")   # one layer's keys -> posttrain's keys, in one pass
+
+One job per module, imports going down this list:
+    keys.py                the RL trainer's spellings -> posttrain's (tables only)
+    sft.py                 the SFT trainer's spellings -> posttrain sft's
+    translate.py           one layer of verl's keys -> posttrain's: translate, the entry point
+    fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
+                           training, on the merged config (it needs the merged batch sizes)
+    rollout_correction.py  algorithm.rollout_correction.* -> the RolloutCorrection settings (algorithms/)
+"""
+
+from posttrain.config.dialects.verl.translate import translate
+
+__all__ = ["translate"]
