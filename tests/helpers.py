@@ -1,7 +1,6 @@
 """Builders the tests share: small parquet files cut from the embedded data, the overrides of short runs on
 them, what a run wrote, the `posttrain` command, padded token rows and free loopback ports."""
 
-import ast
 import json
 import os
 import shutil
@@ -129,17 +128,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of `tree` outside `if TYPE_CHECKING:` blocks: imports there are for annotations and never
-    run, so the import tests (floors, cycles) do not count them (generation.py names loop.Run)."""
-    def typing_block(node) -> bool:
-        test = getattr(node, "test", None)
-        return isinstance(node, ast.If) and getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
-
-    skipped = {id(n) for block in ast.walk(tree) if typing_block(block) for stmt in block.body for n in ast.walk(stmt)}
-    return [n for n in ast.walk(tree) if id(n) not in skipped]
 
 
 class Scripted:

@@ -1,5 +1,5 @@
 """Asynchronous training (async_training.*): the rollout engine in a process of its own, sampling up to k updates
-ahead of the trainer (async_rollout.py, rollout/remote.py, Worker.engine_weights)."""
+ahead of the trainer (driver/ahead.py, rollout/remote.py, Worker.engine_weights)."""
 
 import os
 import signal

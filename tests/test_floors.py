@@ -1,8 +1,9 @@
-"""Imports only go down the floors of DESIGN.md ("Floors, top to bottom").
+"""Imports only go down the floors (docs/layout.md states them; FLOORS here is the truth), and docs/layout.md
+maps every module.
 
-Every module of src/posttrain has a floor in FLOORS; an import (at module level or inside a
-function, `import x` or `from x import y`, absolute or relative) may reach a module on its own
-floor or a lower one, or any module of its own package, never one higher up. The sources are
+Every module of src/posttrain has a floor in FLOORS; an import (at module level, inside a
+function or under `if TYPE_CHECKING:`, `import x` or `from x import y`, absolute or relative) may reach a
+module on its own floor or a lower one, or any module of its own package, never one higher up. The sources are
 read with `ast`, nothing is imported. A lower module that needs a helper from a higher one
 means the helper lives in the wrong room: move the helper down, do not lift the floor.
 """
@@ -27,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("training", "checkpoint", "tiny"),  # tiny: the tiny models' warm-up recipes
     ("models", "metrics"),
     ("rollout", "agents", "report", "deploy"),
-    ("config", "dialects", "configs", "tools", "envs", "arguments"),
+    ("config", "configs", "tools", "envs", "arguments"),  # config.dialects: verl's and NeMo-RL's keys
     ("rewards", "data"),
     # the small helpers: they import nothing of posttrain above this floor
     ("algorithms", "errors", "text", "files", "runtime", "__init__"),

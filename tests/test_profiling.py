@@ -1,4 +1,4 @@
-"""Step profiling (profiling.py): verl's profiler keys load, and each tool captures exactly the listed steps."""
+"""Step profiling (runtime/profiling.py): verl's profiler keys load, and each tool captures exactly the listed steps."""
 
 import json
 import warnings

@@ -1,5 +1,5 @@
 """A controlled rollout/training mismatch: rollout.stale_updates=k samples with the policy's weights of k updates
-ago, rollout.dtype samples from a copy of the policy in another dtype (worker.py, rollout/weights.py)."""
+ago, rollout.dtype samples from a copy of the policy in another dtype (worker/, rollout/weights.py)."""
 
 import sys
 import types
