@@ -42,9 +42,10 @@ def nearest(key: str) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
-def canonicalize(flat: dict[str, Any], origin: str) -> dict[str, Any]:
-    """Map verl keys to ours, refuse unknown keys, normalise scalars to lists."""
-    return canonical(verl.translate(flat, origin), origin)
+def canonicalize(flat: dict[str, Any], origin: str, command: str = "train") -> dict[str, Any]:
+    """One layer of posttrain's and verl's keys as posttrain's (verl's dialect, one pass), checked: unknown keys
+    refused, scalars normalised to lists."""
+    return canonical(verl.translate(flat, origin, command), origin)
 
 
 def canonical(flat: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -100,10 +101,10 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
             nemo_tree = nemo_rl.load_tree(config_path)
         else:
             origin = f"in {config_path}"
-            layers.append(canonical(verl.translate(flatten(data, sections=spellings()), origin, command), origin))
+            layers.append(canonicalize(flatten(data, sections=spellings()), origin, command))
     nemo_overrides, overrides = nemo_rl.split_overrides(overrides, nemo_tree)
     cli = dict(parse_override(a) for a in overrides)
-    ours = canonical(verl.translate(cli, "on the command line", command), "on the command line")
+    ours = canonicalize(cli, "on the command line", command)
     if nemo_tree is not None or nemo_overrides:
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
         layers.append(canonical(nemo_rl.translate(nemo_tree, nemo_overrides, origin, command, given=ours), origin))
