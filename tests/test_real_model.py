@@ -91,30 +91,54 @@ def _greedy_texts(engine, tok, questions, max_new_tokens=16):
             for ids, mask in zip(out.response_ids.tolist(), out.response_mask.tolist())]
 
 
-def test_a_trained_checkpoint_stays_tied_and_exports_to_plain_transformers(smollm2_dir, tmp_path):
-    """One GRPO step, checkpointed, then exported: the head is still the embedding (one tensor in the
+@pytest.fixture(scope="module")
+def smollm2_run(smollm2_dir, tmp_path_factory) -> Path:
+    """examples/smollm2_addition.yaml as the README runs it (8 GRPO steps, validated on the 45 held-out pairs
+    at steps 0, 4 and 8), its last step saved: one run for the tests below. -> its run directory"""
+    work = tmp_path_factory.mktemp("smollm2-run")
+    data = work / "data" / "add15"
+    posttrain(["preprocess", "arith", "--output-dir", str(data), "--min-value", "1", "--max-value", "15",
+               "--style", "question"], work)
+    run_dir = work / "run"
+    example = Path(__file__).resolve().parents[1] / "examples" / "smollm2_addition.yaml"
+    posttrain(["train", str(example), f"model.path={smollm2_dir}", "trainer.save_freq=8",
+               f"trainer.run_dir={run_dir}"], work)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_held_out_score_of_a_real_model(smollm2_dir, smollm2_run):
+    """The README's run: every trained tensor moved; the held-out score rises by >= THRESHOLD."""
+    lines = read_metrics(smollm2_run)
+    before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
+    assert after - before >= THRESHOLD, (before, after)
+
+    from safetensors.torch import load_file
+
+    trained = load_file(str(smollm2_run / "checkpoints" / "global_step_8" / "actor" / "model.safetensors"))
+    start = load_model(smollm2_dir).state_dict()
+    assert set(trained) <= set(start) and "model.embed_tokens.weight" in trained
+    unmoved = [name for name, t in trained.items() if torch.equal(t, start[name])]
+    assert not unmoved, unmoved
+
+
+@pytest.mark.slow
+def test_the_trained_checkpoint_stays_tied_and_exports_to_plain_transformers(smollm2_dir, smollm2_run, tmp_path):
+    """The README run's last checkpoint, exported: the head is still the embedding (one tensor in the
     safetensors file, tied on load), and transformers' own greedy generate on the export gives the
     text posttrain's engine gives on the same weights."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    data = tmp_path / "data"
-    posttrain(["preprocess", "arith", "--output-dir", str(data), "--min-value", "1", "--max-value", "15",
-               "--style", "question", "--num-train", "8", "--num-test", "0"], tmp_path)
-    posttrain(["train", f"data.train_files={data}/train.parquet", f"model.path={smollm2_dir}",
-               "data.train_batch_size=2", "rollout.n=2", "data.max_response_length=8", "actor.lr=1e-5",
-               "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4", "trainer.total_training_steps=1",
-               "trainer.save_freq=1", "trainer.val_before_train=false", f"trainer.run_dir={tmp_path / 'run'}"],
-              tmp_path)
     export = tmp_path / "export"
-    posttrain(["export", str(tmp_path / "run"), "--output", str(export)], tmp_path)
+    posttrain(["export", str(smollm2_run), "--output", str(export)], tmp_path)
 
     with safe_open(str(export / "model.safetensors"), "pt") as f:
         names = set(f.keys())
         embed = f.get_tensor("model.embed_tokens.weight")
     assert "lm_head.weight" not in names  # tied: stored once
     original = load_model(smollm2_dir)
-    assert not torch.equal(embed, original.get_input_embeddings().weight)  # the step trained it
+    assert not torch.equal(embed, original.get_input_embeddings().weight)  # the steps trained it
 
     plain = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     assert plain.lm_head.weight is plain.model.embed_tokens.weight
@@ -131,27 +155,3 @@ def test_a_trained_checkpoint_stays_tied_and_exports_to_plain_transformers(smoll
     ours = load_model(export)
     engine = HFRolloutEngine(ours, eos_token_ids(tok, ours), tok.pad_token_id, progress=False)
     assert _greedy_texts(engine, tok, questions) == expected
-
-
-@pytest.mark.slow
-def test_grpo_raises_the_held_out_score_of_a_real_model(smollm2_dir, tmp_path):
-    """examples/smollm2_addition.yaml as the README runs it: 8 GRPO steps, then the 45 held-out
-    pairs, greedy. Every trained tensor moved; the held-out score rises by >= THRESHOLD."""
-    data = tmp_path / "data" / "add15"
-    posttrain(["preprocess", "arith", "--output-dir", str(data), "--min-value", "1", "--max-value", "15",
-               "--style", "question"], tmp_path)
-    run_dir = tmp_path / "run"
-    example = Path(__file__).resolve().parents[1] / "examples" / "smollm2_addition.yaml"
-    posttrain(["train", str(example), f"model.path={smollm2_dir}", "trainer.save_freq=8",
-               f"trainer.run_dir={run_dir}"], tmp_path)
-    lines = read_metrics(run_dir)
-    before, after = lines[0]["val/score/mean"], lines[-1]["val/score/mean"]
-    assert after - before >= THRESHOLD, (before, after)
-
-    from safetensors.torch import load_file
-
-    trained = load_file(str(run_dir / "checkpoints" / "global_step_8" / "actor" / "model.safetensors"))
-    start = load_model(smollm2_dir).state_dict()
-    assert set(trained) <= set(start) and "model.embed_tokens.weight" in trained
-    unmoved = [name for name, t in trained.items() if torch.equal(t, start[name])]
-    assert not unmoved, unmoved
