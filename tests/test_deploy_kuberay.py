@@ -105,6 +105,7 @@ COMBINATIONS = [
      "--image-pull-policy", "Always", "--storage", "gcsfuse:my-bucket", "--gke-rdma", "--head-on-gpu-node",
      "--spot", "--", "posttrain", "eval", "--model", "/data/m", "--data", "/data/test.parquet"],
     ["--accelerator", "nvidia-l4", "--gpus-per-worker", "1", "--workers", "1", "--shm-size", "16Gi"],
+    ["--dashboard-on-network", "--namespace", "rl"],
 ]
 
 
@@ -149,7 +150,7 @@ def test_defaults_are_a_cpu_head_and_two_8_gpu_h200_workers():
     spec = obj["spec"]
     assert spec["rayVersion"] == version("ray")
     head = spec["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"}
+    assert head["rayStartParams"] == {"dashboard-host": "127.0.0.1", "num-cpus": "0", "num-gpus": "0"}
     head_pod = head["template"]["spec"]
     assert "nodeSelector" not in head_pod and "tolerations" not in head_pod
     [ray_head] = head_pod["containers"]
@@ -178,9 +179,44 @@ def test_job_runs_the_command_on_the_same_cluster():
                                          "'trainer.experiment_name=my run' trainer.nnodes=2 trainer.n_gpus_per_node=8")
     assert {k: v for k, v in job["spec"].items() if k not in ("entrypoint", "rayClusterSpec")} == {
         "submissionMode": "K8sJobMode", "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 3600}
-    assert job["spec"]["rayClusterSpec"] == render()["spec"]
+    # the cluster of --dashboard-on-network: KubeRay's submitter and operator reach the dashboard
+    # through the head Service, so it listens on the pod network, with token authentication
+    assert job["spec"]["rayClusterSpec"] == render("--dashboard-on-network")["spec"]
+    assert job["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
     # a leading `posttrain` is the same command
     assert render("--job", "--ttl", "60", "--", "posttrain", *TRAIN)["spec"]["entrypoint"] == job["spec"]["entrypoint"]
+
+
+def test_the_dashboard_stays_in_the_head_pod_unless_asked(capsys):
+    """The dashboard takes jobs: on the head pod's loopback by default (kubectl port-forward reaches
+    it); on the pod network only with --dashboard-on-network or --job, and then with Ray's token
+    authentication. The head Service is ClusterIP either way; nothing reaches outside the cluster."""
+    _, out, _ = run(capsys)
+    obj = yaml.safe_load(out)
+    head = obj["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] == "127.0.0.1" and head["serviceType"] == "ClusterIP"
+    assert "authOptions" not in obj["spec"] and "enableIngress" not in head and "0.0.0.0" not in out
+    assert "kubectl port-forward svc/posttrain-head-svc 8265 &" in out
+    assert "listens on the head pod's loopback only" in out and "Token:" not in out
+
+    _, out, _ = run(capsys, "--dashboard-on-network", "--namespace", "rl")
+    obj = yaml.safe_load(out)
+    head = obj["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0" and head["serviceType"] == "ClusterIP"
+    assert obj["spec"]["authOptions"] == {"mode": "token"} and "enableIngress" not in head
+    assert ("# Token: export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(kubectl get secret -n rl posttrain "
+            "-o jsonpath='{.data.auth_token}' | base64 -d)\n") in out
+    assert "kubectl port-forward -n rl svc/posttrain-head-svc 8265 &" in out
+    assert "http://posttrain-head-svc.rl.svc:8265" in out
+    assert kuberay.auth_secret("p" * 3 + "0" + "x" * 49) == "r" + "x" * 49  # KubeRay keeps the last 50 characters
+
+    _, out, _ = run(capsys, "--job", "--", "train")
+    spec = yaml.safe_load(out)["spec"]["rayClusterSpec"]
+    assert spec["authOptions"] == {"mode": "token"} and spec["headGroupSpec"]["serviceType"] == "ClusterIP"
+    assert "with Ray's token authentication" in out and "-o jsonpath='{.status.rayClusterName}'" in out
+    for text in (out, run(capsys)[1], run(capsys, "--dashboard-on-network")[1]):
+        assert not any(word in text for word in ("LoadBalancer", "NodePort", "Ingress", "enableIngress"))
+    assert render("--dashboard-on-network", "--ray-version", "2.52.0")["spec"]["rayVersion"] == "2.52.0"
 
 
 def test_gcsfuse_spot_service_account_and_hf_token_on_every_pod():
@@ -212,7 +248,7 @@ def test_gcsfuse_spot_service_account_and_hf_token_on_every_pod():
 def test_pvc_and_a_head_on_a_gpu_node():
     obj = render("--storage", "pvc:lustre-pvc", "--mount-path", "/mnt/lustre", "--head-on-gpu-node")
     head = obj["spec"]["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0"}  # it takes part in the work
+    assert head["rayStartParams"] == {"dashboard-host": "127.0.0.1"}  # it takes part in the work
     for template in templates(obj):
         spec = template["spec"]
         assert "metadata" not in template  # no gcsfuse annotation
@@ -311,6 +347,9 @@ def run(capsys, *flags):
     (["--ttl", "-1"], "--ttl -1: seconds to keep"),
     (["--mount-path", "data", "--storage", "pvc:x"], "--mount-path data: expected an absolute path"),
     (["--ray-version", "latest"], "--ray-version latest: expected the image's Ray version"),
+    (["--dashboard-on-network", "--ray-version", "2.51.9"],
+     "--ray-version 2.51.9: --dashboard-on-network turns on Ray's token authentication, which needs Ray 2.52.0"),
+    (["--job", "--ray-version", "2.40.0", "--", "train"], "--ray-version 2.40.0: --job turns on Ray's token"),
     (["--", "train"], "a command after -- runs as a RayJob: add --job"),
     (["--job"], "--job runs a posttrain command: put it after --"),
     (["--job", "--", "trian"], "invalid choice: 'trian'"),

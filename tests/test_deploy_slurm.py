@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -53,7 +55,7 @@ def test_default_script(tmp_path, capsys):
                  'mapfile -t nodes < <(scontrol show hostnames '
                  '"${SLURM_JOB_NODELIST:?submit this script with sbatch}")',
                  'start_on "$head" ray start --head --node-ip-address="$head_ip" --port="$RAY_PORT" \\',
-                 '  --dashboard-host=0.0.0.0 --dashboard-port="$DASHBOARD_PORT" --disable-usage-stats \\',
+                 '  --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" --disable-usage-stats \\',
                  '  start_on "$node" ray start --address="$ray_address" --node-ip-address="$node_addr" \\',
                  'wait_for_nodes "${#nodes[@]}"',
                  'on_node "$head" env RAY_ADDRESS="$ray_address" "${command[@]}"',
@@ -63,9 +65,43 @@ def test_default_script(tmp_path, capsys):
                   "ray_resources=(--num-gpus=8)  #", "command=(posttrain train)  #"]:
         assert has_line(script, start), start
     assert "--container" not in script and "docker" not in script
+    # the dashboard, which takes jobs, stays on the head's loopback; token authentication is off on
+    # every node (said, since `ray start --head` alone turns it on where ~/.ray/auth_token exists)
+    assert "export RAY_AUTH_MODE=disabled" in script.splitlines() and "0.0.0.0" not in script
+    assert "TOKEN" not in script.replace("auth_token", "")
+    assert 'echo "posttrain:   ssh -N -L 8265:127.0.0.1:$DASHBOARD_PORT $head   (through the login node: ' in script
+    assert "posttrain submit --address http://127.0.0.1:8265 --list" in script
     # #SBATCH lines are read only before the first command
     first_command = script.splitlines().index("set -euo pipefail")
     assert all(i < first_command for i, ln in enumerate(script.splitlines()) if ln.startswith("#SBATCH"))
+
+
+def test_dashboard_on_network_turns_token_authentication_on(tmp_path, capsys):
+    assert main(["deploy", "slurm", "--dashboard-on-network"]) == 0
+    script = capsys.readouterr().out
+    check_shell(script, tmp_path)
+    lines = script.splitlines()
+    # on the head's address (the one the other nodes use), not every interface
+    assert '  --dashboard-host="$head_ip" --dashboard-port="$DASHBOARD_PORT" --disable-usage-stats \\' in lines
+    assert "0.0.0.0" not in script and "export RAY_AUTH_MODE=disabled" not in lines
+    # token authentication on every node: the mode and a new token in every step's environment,
+    # a copy in a file only the user can read, removed on exit
+    token = ["export RAY_AUTH_MODE=token",
+             'TOKEN_FILE="$PWD/.posttrain-ray-token-${SLURM_JOB_ID:?submit this script with sbatch}"',
+             "RAY_AUTH_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')", "export RAY_AUTH_TOKEN",
+             """(umask 077 && printf '%s' "$RAY_AUTH_TOKEN" > "$TOKEN_FILE")""",
+             '  rm -f "$TOKEN_FILE"  # the token ends with the cluster']
+    assert all(line in lines for line in token), [line for line in token if line not in lines]
+    # ... made before Ray starts, and the log says how to reach the dashboard with it
+    assert lines.index("export RAY_AUTH_TOKEN") < next(i for i, ln in enumerate(lines) if "ray start --head" in ln)
+    reach = lines.index('echo "posttrain:   RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$(printf %q "$TOKEN_FILE")" \\')
+    assert lines[reach + 1] == '  "posttrain submit --address http://$head_ip:$DASHBOARD_PORT --list"'
+    assert "ssh -N -L" not in script
+    # docker passes both to the container by name: their values stay off the command line
+    for network, passed in ((False, "-e RAY_AUTH_MODE -v"), (True, "-e RAY_AUTH_MODE -e RAY_AUTH_TOKEN -v")):
+        docker = render_script(SlurmJob(container_image="img", container_runtime="docker",
+                                        dashboard_on_network=network))
+        assert f'    {passed} "$PWD:$PWD" -w "$PWD" "$IMAGE" \\' in docker.splitlines()
 
 
 def test_pyxis_image_with_mounts(tmp_path):
@@ -94,7 +130,7 @@ def test_docker_runtime(tmp_path):
     start_on = lines.index("start_on() {")
     assert lines[start_on + 2: start_on + 4] == [
         '    docker run --rm --init --name "$CONTAINER" --network host --ipc host --gpus all \\',
-        '    -v "$PWD:$PWD" -w "$PWD" -v /scratch:/scratch "$IMAGE" \\']
+        '    -e RAY_AUTH_MODE -v "$PWD:$PWD" -w "$PWD" -v /scratch:/scratch "$IMAGE" \\']
     assert lines[lines.index("on_node() {") + 2] == '    docker exec "$CONTAINER" \\'
     assert "#SBATCH --gpus-per-node=4" in script and "--container-image" not in script
     no_gpu = render_script(SlurmJob(container_image="img", container_runtime="docker", gpus_per_node=0))
@@ -204,17 +240,12 @@ case $1 in
   start)
     shift
     echo "$FAKE_NODE start $*" >> "$PTSL_STATE/ray.log"
-    args=()
-    for arg in "$@"; do
-      [[ $arg == --dashboard-host=0.0.0.0 ]] && arg=--dashboard-host=127.0.0.1
-      args+=("$arg")
-    done
     mapfile -t own < "$PTSL_STATE/$FAKE_NODE.args"
     ps -o pgid= -p $$ | tr -d ' ' >> "$groups"
-    [[ " $* " == *" --head "* ]] && exec "$REAL_RAY" start "${args[@]}" "${own[@]}"
+    [[ " $* " == *" --head "* ]] && exec "$REAL_RAY" start "$@" "${own[@]}"
     # A worker: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every address on loopback, but then
     # `ray start --address` refuses to add a node. Lift that refusal only, in this process.
-    exec "$PTSL_PYTHON" -c "$WORKER_START" start "${args[@]}" "${own[@]}"
+    exec "$PTSL_PYTHON" -c "$WORKER_START" start "$@" "${own[@]}"
     ;;
   stop)
     echo "$FAKE_NODE stop" >> "$PTSL_STATE/ray.log"
@@ -253,7 +284,8 @@ import ray
 alive = sum(node["Alive"] for node in ray.nodes())
 state = Path(os.environ["PTSL_STATE"])
 (state / "posttrain.json").write_text(json.dumps(dict(
-    argv=sys.argv[1:], ray_address=os.environ.get("RAY_ADDRESS"), where=where, alive=alive)))
+    argv=sys.argv[1:], ray_address=os.environ.get("RAY_ADDRESS"), where=where, alive=alive,
+    auth=os.environ.get("RAY_AUTH_MODE"), token=len(os.environ.get("RAY_AUTH_TOKEN", "")))))
 for _ in range(600):  # the test looks at the sockets while the cluster is up, then says go
     if (state / "go").exists():
         break
@@ -302,18 +334,38 @@ def kill_all(marker: str) -> None:
             pass
 
 
+def submit_list(url: str, env: dict) -> subprocess.CompletedProcess:
+    """`posttrain submit --address URL --list`, as a user would run it through the tunnel."""
+    return subprocess.run([sys.executable, "-m", "posttrain", "submit", "--address", url, "--list"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def dashboard_status(url: str, token: str | None = None) -> int:
+    request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"} if token
+                                     else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_script_starts_ray_on_two_nodes_runs_the_command_and_stops_ray(tmp_path):
+@pytest.mark.parametrize("network", [False, True], ids=["dashboard-on-loopback", "dashboard-on-network"])
+def test_script_starts_ray_on_two_nodes_runs_the_command_and_stops_ray(tmp_path, network):
     """The rendered script, run by bash with stand-ins for srun/scontrol/hostname: both nodes join,
     the command runs on the cluster with RAY_ADDRESS and gives the script its exit status, the
-    trap stops Ray on each node, and nothing is left running."""
+    trap stops Ray on each node, and nothing is left running. `posttrain submit` reaches the
+    dashboard (as through the tunnel); with --dashboard-on-network only with the job's token.
+    Both with a ~/.ray/auth_token of an earlier ray.init, which alone turns a head's token
+    authentication on."""
     pytest.importorskip("ray")
     ray_port, dashboard_port, closed_port, *others = free_ports(3 + 7 + 6)
     command = ("train", "my config.yaml", "trainer.experiment_name=a b")
     script = render_script(SlurmJob(nodes=2, gpus_per_node=0, ray_port=ray_port, dashboard_port=dashboard_port,
-                                    wait_timeout=120, command=command))
+                                    wait_timeout=120, command=command, dashboard_on_network=network))
     (tmp_path / "job.sh").write_text(script)
     state = Path(tempfile.mkdtemp(prefix="ptsl-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     write_stubs(tmp_path / "bin", state, {"node1": others[:7], "node2": others[7:]})
@@ -322,15 +374,20 @@ def test_script_starts_ray_on_two_nodes_runs_the_command_and_stops_ray(tmp_path)
     # Ray's dashboard asks cloud metadata servers (169.254.169.254) which cloud it runs on unless
     # ~/ray_bootstrap_config.yaml says, and reports "usage stats disabled" to usage-stats.ray.io:
     # a home of its own with that file, and a closed loopback port for the report.
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "ray_bootstrap_config.yaml").write_text("{}\n")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+    (home / ".ray" / "auth_token").write_text("an-earlier-ray-init-wrote-this")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env.update(PATH=f"{tmp_path / 'bin'}:{VENV_BIN}:{env['PATH']}", PTSL_STATE=str(state),
                REAL_RAY=str(VENV_BIN / "ray"), PTSL_PYTHON=sys.executable, WORKER_START=WORKER_START,
                SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="4242",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
-               PTSL_MARKER=token, HOME=str(tmp_path / "home"),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
+               PTSL_MARKER=token, HOME=str(home),
                RAY_USAGE_STATS_REPORT_URL=f"http://127.0.0.1:{closed_port}/")
+    client = {k: v for k, v in env.items() if k != "PTSL_MARKER"}
+    dashboard = f"http://127.0.0.1:{dashboard_port}"
+    token_file = tmp_path / ".posttrain-ray-token-4242"
     log, job = tmp_path / "job.log", None
     try:
         with open(log, "w") as out:
@@ -343,15 +400,27 @@ def test_script_starts_ray_on_two_nodes_runs_the_command_and_stops_ray(tmp_path)
         assert report.exists(), f"the command did not run\n{log.read_text()[-6000:]}"
         # the cluster is up and the command holds it open: everything listens on loopback only
         assert non_loopback_listeners(marked_processes(marker)) == []
+        if network:
+            secret = token_file.read_text()
+            assert len(secret) == 64 and int(secret, 16) and token_file.stat().st_mode & 0o777 == 0o600
+            assert dashboard_status(dashboard) == 401 and dashboard_status(dashboard, secret) == 200
+            refused = submit_list(dashboard, client)
+            assert refused.returncode == 2 and "requires token authentication" in refused.stderr, refused.stderr
+            client.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+        else:
+            assert not token_file.exists() and dashboard_status(dashboard) == 200
+        listed = submit_list(dashboard, client)
+        assert listed.returncode == 0, listed.stderr
         (state / "go").touch()
         assert job.wait(timeout=120) == 7, log.read_text()[-6000:]
 
         ran = json.loads(report.read_text())
         assert ran["alive"] == 2 and ran["argv"] == list(command)
         assert ran["ray_address"] == f"127.0.0.1:{ray_port}" and ran["where"] == f"Ray cluster at {ran['ray_address']}"
+        assert (ran["auth"], ran["token"]) == (("token", 64) if network else ("disabled", 0))
         ray_log = (state / "ray.log").read_text().splitlines()
         assert any(ln.startswith(f"node1 start --head --node-ip-address=127.0.0.1 --port={ray_port} "
-                                 "--dashboard-host=0.0.0.0") for ln in ray_log), ray_log
+                                 "--dashboard-host=127.0.0.1") for ln in ray_log), ray_log
         assert any(ln.startswith(f"node2 start --address=127.0.0.1:{ray_port} --node-ip-address=127.0.0.1")
                    for ln in ray_log), ray_log
         assert {"node1 stop", "node2 stop"} <= set(ray_log)  # the trap asked each node, in a step on that node
@@ -363,7 +432,16 @@ def test_script_starts_ray_on_two_nodes_runs_the_command_and_stops_ray(tmp_path)
         while marked_processes(marker) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert marked_processes(marker) == set(), log.read_text()[-3000:]
-        assert "exit status 7" in log.read_text()
+        text = log.read_text()
+        assert "exit status 7" in text
+        # the log says how to reach the dashboard; the token itself is on no command line and in no log
+        if network:
+            assert (f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file} posttrain submit --address "
+                    f"{dashboard} --list") in text
+            assert not token_file.exists()  # removed on exit
+            assert all(secret not in (state / f).read_text() for f in ("srun.log", "ray.log")) and secret not in text
+        else:
+            assert f"ssh -N -L 8265:127.0.0.1:{dashboard_port} node1 " in text
     finally:
         if job is not None and job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

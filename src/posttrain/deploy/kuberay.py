@@ -6,6 +6,12 @@
 With no flags it renders GKE's two-node H200 layout: a CPU-only head pod and a worker group
 of 2 replicas x 8 GPUs. The output is for the user to read, keep and `kubectl apply`:
 every choice a flag makes shows in it, and nothing is sent to a cluster from here.
+
+The dashboard, which takes jobs, listens on the head pod's loopback, where `kubectl
+port-forward` reaches it; with --dashboard-on-network, and in every RayJob (whose submitter
+and operator reach it through the head Service), on the pod network with Ray's token
+authentication (KubeRay's authOptions: it makes the token's Secret and gives it to every pod).
+The head Service is ClusterIP, inside the cluster only; no Ingress or load balancer is rendered.
 """
 
 from __future__ import annotations
@@ -42,14 +48,17 @@ def manifest(lay: Layout) -> dict:
 
 
 def raycluster_spec(lay: Layout) -> dict:
-    head_params = {"dashboard-host": "0.0.0.0"}  # reachable through the head Service, not only its loopback
+    # KubeRay's own default is 0.0.0.0; the pod's loopback is enough for kubectl port-forward
+    head_params = {"dashboard-host": "0.0.0.0" if lay.dashboard_on_network else "127.0.0.1"}
     if not lay.head_on_gpu:
         # The driver and the dashboard live on the head: with no CPUs or GPUs to offer, Ray places
         # no task or actor there, so the CPU node need not be sized for training work.
         head_params.update({"num-cpus": "0", "num-gpus": "0"})
+    auth = {"authOptions": {"mode": "token"}} if lay.dashboard_on_network else {}
     return {
-        "rayVersion": lay.ray_version,
-        "headGroupSpec": {"rayStartParams": head_params, "template": pod_template(lay, "head", lay.head_on_gpu)},
+        "rayVersion": lay.ray_version, **auth,
+        "headGroupSpec": {"serviceType": "ClusterIP",  # the head Service: inside the cluster only
+                          "rayStartParams": head_params, "template": pod_template(lay, "head", lay.head_on_gpu)},
         "workerGroupSpecs": [{
             "groupName": WORKER_GROUP, "replicas": lay.workers, "minReplicas": lay.workers,
             "maxReplicas": lay.workers,
@@ -138,9 +147,34 @@ def header(lay: Layout, command: str) -> list[str]:
     lines = [f"Rendered by posttrain {__version__}: {command}"]
     ns = f" -n {lay.namespace}" if lay.namespace != "default" else ""
     if lay.job:
-        return lines + [f"Run: kubectl apply -f FILE; kubectl logs{ns} -f job/{lay.name}  (the job's output)"]
-    return lines + ["Start: kubectl apply -f FILE", f"Use:   kubectl port-forward{ns} svc/{lay.name}-head-svc 8265 &",
-                    "       posttrain submit --address http://127.0.0.1:8265 -- train CONFIG.yaml key=value ..."]
+        return lines + [f"Run: kubectl apply -f FILE; kubectl logs{ns} -f job/{lay.name}  (the job's output)",
+                        "The dashboard (it takes jobs) listens on the head pod's network for KubeRay's submitter, "
+                        "with Ray's token authentication;",
+                        f"its token is in the Secret named after the cluster: kubectl get rayjob{ns} {lay.name} "
+                        "-o jsonpath='{.status.rayClusterName}'"]
+    use = [f"Use:   kubectl port-forward{ns} svc/{lay.name}-head-svc 8265 &",
+           "       posttrain submit --address http://127.0.0.1:8265 -- train CONFIG.yaml key=value ..."]
+    if not lay.dashboard_on_network:
+        return lines + ["Start: kubectl apply -f FILE", *use,
+                        "The dashboard (it takes jobs) listens on the head pod's loopback only, where the port-forward "
+                        "reaches it; --dashboard-on-network",
+                        "puts it on the pod network (the head Service, inside the cluster) with Ray's token "
+                        "authentication."]
+    secret = auth_secret(lay.name)
+    return lines + ["Start: kubectl apply -f FILE",
+                    f"Token: export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(kubectl get secret{ns} {secret} "
+                    "-o jsonpath='{.data.auth_token}' | base64 -d)", *use,
+                    f"The dashboard (it takes jobs) listens on the pod network, for pods of the cluster at "
+                    f"http://{lay.name}-head-svc.{lay.namespace}.svc:8265,",
+                    f"with Ray's token authentication (KubeRay keeps the token in the Secret {secret}; a browser "
+                    "asks for it)."]
+
+
+def auth_secret(cluster: str) -> str:
+    """The Secret KubeRay keeps a RayCluster's token in: named after the cluster as KubeRay v1.7's
+    utils.CheckName shortens it (to its last 50 characters; a leading digit becomes r)."""
+    name = cluster[-50:]
+    return "r" + name[1:] if not name[0].isalpha() else name
 
 
 def command_line(args, parser, env: dict[str, str]) -> str:
@@ -201,7 +235,8 @@ def register(subparsers) -> None:
     arg = p.add_argument
     arg("job_command", nargs="*", metavar="-- COMMAND",
         help="with --job: the posttrain command the job runs, e.g. -- train CONFIG.yaml key=value")
-    arg("--job", action="store_true", help="a RayJob: a cluster that runs the command and shuts down")
+    arg("--job", action="store_true", help="a RayJob: a cluster that runs the command and shuts down (its "
+                                           "dashboard is on the pod network, with token authentication)")
     arg("--ttl", type=int, default=3600, metavar="SECONDS",
         help="with --job: how long a finished job's cluster is kept (default 3600)")
     arg("--name", default="posttrain", help="the RayCluster or RayJob name (default posttrain)")
@@ -243,5 +278,8 @@ def register(subparsers) -> None:
     arg("--gke-rdma", action="store_true",
         help="GPUDirect RDMA on A3 Ultra (H200) and A4 (B200): GKE's multi-network annotations (networks "
              "gvnic-1, rdma-0..rdma-7), the gIB NCCL plugin and its NCCL settings")
+    arg("--dashboard-on-network", action="store_true",
+        help="put the Ray dashboard, which takes jobs, on the pod network (the head Service, inside the cluster) "
+             "with Ray's token authentication (default: the head pod's loopback; reach it with kubectl port-forward)")
     arg("-o", "--output", metavar="FILE", help="write the YAML here (default: stdout)")
     p.set_defaults(func=functools.partial(cmd_kuberay, parser=p))

@@ -13,6 +13,7 @@ from posttrain.deploy.command import check_command, parse_env
 from posttrain.errors import ConfigError
 
 RAY_VERSION = "2.60.0"  # spec.rayVersion by default: the Ray that docker/Dockerfile.gpu and .cpu pin (a test ties them)
+TOKEN_AUTH_RAY = (2, 52, 0)  # the first Ray with token authentication (KubeRay refuses authOptions below it)
 # KubeRay v1.7.0 (utils/constant.go) refuses longer names: its longest Service suffix is
 # "-serve-svc" (63 - 10 = 53), and a RayJob's cluster is named after it plus 6 characters.
 MAX_CLUSTER_NAME, MAX_JOB_NAME = 53, 47
@@ -56,6 +57,9 @@ class Layout:
     rdma: bool
     job: bool
     ttl: int
+    # the dashboard on the pod network with Ray's token authentication: --dashboard-on-network, and every
+    # RayJob (KubeRay's submitter and operator reach the dashboard through the head Service)
+    dashboard_on_network: bool
     command: list[str]  # after `posttrain`, with --job
 
 
@@ -128,6 +132,11 @@ def layout(args) -> Layout:
     ray_version = args.ray_version or RAY_VERSION
     need(re.fullmatch(r"\d+\.\d+\.\d+\S*", ray_version),
          f"--ray-version {ray_version}: expected the image's Ray version, e.g. {RAY_VERSION}")
+    on_network = args.dashboard_on_network or args.job
+    need(not on_network or tuple(map(int, re.findall(r"\d+", ray_version)[:3])) >= TOKEN_AUTH_RAY,
+         f"--ray-version {ray_version}: {'--job' if args.job else '--dashboard-on-network'} turns on Ray's token "
+         f"authentication, which needs Ray 2.52.0 or newer; use an image with a newer Ray (docker/Dockerfile.gpu "
+         f"installs {RAY_VERSION}) and its --ray-version")
     head = args.head_on_gpu_node
     return Layout(
         name=args.name, namespace=check_k8s_name(args.namespace, f"--namespace {args.namespace}", "namespace", True),
@@ -140,7 +149,7 @@ def layout(args) -> Layout:
         shm_size=check_quantity(args.shm_size, "--shm-size", memory=True), env=env, rdma=args.gke_rdma,
         service_account=args.service_account and check_k8s_name(
             args.service_account, f"--service-account {args.service_account}", "ServiceAccount"),
-        job=args.job, ttl=args.ttl,
+        job=args.job, ttl=args.ttl, dashboard_on_network=on_network,
         command=job_command(args.job_command, (args.workers + head, gpus)) if args.job else [])
 
 

@@ -10,6 +10,10 @@ image is given), waits until every node has joined, then runs the posttrain
 command on the head with RAY_ADDRESS set, which is how posttrain finds an
 existing cluster (posttrain.distributed.cluster). On exit it runs `ray stop`
 on every node. `render_script` returns the text; nothing is submitted here.
+
+The dashboard, which takes jobs, listens on the head's loopback unless --dashboard-on-network
+puts it on the head's address, and then Ray's token authentication is on for every node
+(slurm_bash.py); either way the script says RAY_AUTH_MODE on every node.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 from dataclasses import dataclass, fields
 
 from posttrain.deploy.command import check_command, parse_env, write_output
+from posttrain.deploy.slurm_bash import helpers, main_part
 from posttrain.errors import ConfigError
 
 RUNTIMES = ("pyxis", "docker")
@@ -53,6 +58,7 @@ class SlurmJob:
     env: tuple[str, ...] = ()
     ray_port: int = 6379
     dashboard_port: int = 8265
+    dashboard_on_network: bool = False  # on the head's address with token authentication, not its loopback
     wait_timeout: int = 300
 
 
@@ -130,7 +136,9 @@ def render_script(job: SlurmJob) -> str:
     command = ["posttrain", *check_command(job.command or ["train"], (job.nodes, job.gpus_per_node),
                                            "--nodes and --gpus-per-node")]
     runtime = job.container_runtime or ("pyxis" if job.container_image else None)
-    parts = [header(job, command), settings(job, command, runtime), node_env(job), steps(job, runtime), HELPERS, MAIN]
+    network = job.dashboard_on_network
+    parts = [header(job, command), settings(job, command, runtime), node_env(job), steps(job, runtime),
+             helpers(network), main_part(network)]
     return "\n".join(parts)
 
 
@@ -150,6 +158,16 @@ def header(job: SlurmJob, command: list[str]) -> str:
     return "\n".join(lines) + "\n\nset -euo pipefail\n"
 
 
+AUTH_OFF = ["# Ray's token authentication: off, on every node (the dashboard stays on the head's loopback;",
+            "# --dashboard-on-network turns it on). Said here, since `ray start --head` turns it on by itself",
+            "# where ~/.ray/auth_token exists, and the other nodes would then be refused.",
+            "export RAY_AUTH_MODE=disabled"]
+AUTH_ON = ["# Ray's token authentication: on, on every node (--dashboard-on-network); the token is made",
+           "# below, and TOKEN_FILE keeps a copy for `posttrain submit` from the login node.",
+           "export RAY_AUTH_MODE=token",
+           'TOKEN_FILE="$PWD/.posttrain-ray-token-${SLURM_JOB_ID:?submit this script with sbatch}"']
+
+
 def settings(job: SlurmJob, command: list[str], runtime: str | None) -> str:
     resources = [f"--num-gpus={job.gpus_per_node}"] + ([f"--num-cpus={job.cpus_per_node}"] if job.cpus_per_node else [])
     lines = ["# --- settings " + "-" * 65,
@@ -158,6 +176,7 @@ def settings(job: SlurmJob, command: list[str], runtime: str | None) -> str:
              f"WAIT_TIMEOUT={job.wait_timeout}  # seconds to wait for the head, then for every node, to join",
              f"ray_resources=({shlex.join(resources)})  # what each node offers Ray",
              f"command=({shlex.join(command)})  # what runs on the head once every node has joined"]
+    lines += AUTH_ON if job.dashboard_on_network else AUTH_OFF
     if runtime:
         mounts = "".join("," + m for m in job.mounts)  # checked: nothing in them to quote
         lines += [f"IMAGE={shlex.quote(job.container_image)}",
@@ -209,8 +228,9 @@ def steps(job: SlurmJob, runtime: str | None) -> str:
                "# Ray's object store and PyTorch. The submit directory is mounted at the same path."]
         volumes = "".join(f" -v {m}" for m in job.mounts)  # checked: nothing in them to quote
         run = [srun, 'docker exec "$CONTAINER"']
+        auth = "-e RAY_AUTH_MODE" + (" -e RAY_AUTH_TOKEN" if job.dashboard_on_network else "")  # their values
         start = [srun, 'docker run --rm --init --name "$CONTAINER" --network host --ipc host'
-                 + (" --gpus all" if job.gpus_per_node else ""), f'-v "$PWD:$PWD" -w "$PWD"{volumes} "$IMAGE"']
+                 + (" --gpus all" if job.gpus_per_node else ""), f'{auth} -v "$PWD:$PWD" -w "$PWD"{volumes} "$IMAGE"']
     command = 'bash -c "$prelude" bash "${@:2}"'
     lines = ["# --- job steps " + "-" * 64,
              "# Each step runs node_env, then its command. --overlap: steps share the nodes with",
@@ -224,126 +244,6 @@ def steps(job: SlurmJob, runtime: str | None) -> str:
              "start_on() {", "  " + " \\\n    ".join([*start, command]) + " &",
              '  ray_steps+=("$!")', '  ray_nodes+=("$1")', "}"]
     return "\n".join(lines) + "\n"
-
-
-HELPERS = r'''# --- helpers ------------------------------------------------------------------
-# The IPv4 address Ray announces for node $1: the first its host name resolves to that
-# is not loopback (some systems map the host name to 127.0.1.1), else the first of its
-# interfaces', else loopback (enough for a one-node job).
-node_ip() {
-  local ip
-  ip=$(srun --nodes=1 --ntasks=1 --overlap -w "$1" \
-      bash -c "hostname --ip-address; hostname --all-ip-addresses || true" \
-    | tr ' ' '\n' | awk '
-        /^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$/ { if (any == "") any = $0; if (ip == "" && !/^127\./) ip = $0 }
-        END { print (ip != "" ? ip : any) }')
-  if [[ -z $ip ]]; then
-    echo "posttrain: error: no IPv4 address found for node $1 (hostname --ip-address)" >&2
-    return 1
-  fi
-  echo "$ip"
-}
-
-# Run on the head (where Ray is installed): waits until argv[2] nodes are alive. It first
-# waits for the head's port to open, since ray.init would retry a closed one for minutes.
-wait_py=$(cat <<'EOF'
-import socket, sys, time
-address, want, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-host, port = address.rsplit(":", 1)
-deadline = time.monotonic() + timeout
-while True:
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit(f"posttrain: error: the Ray head {address} did not open its port within {timeout:g} s")
-        time.sleep(2)
-import ray
-# this runs on the head, so the driver's own address is the head's
-ray.init(address=address, _node_ip_address=host, logging_level="ERROR", log_to_driver=False)
-while True:
-    alive = sum(node["Alive"] for node in ray.nodes())
-    if alive >= want:
-        print(f"posttrain: {alive} of {want} Ray nodes up")
-        break
-    if time.monotonic() > deadline:
-        sys.exit(f"posttrain: error: {alive} of {want} Ray nodes joined within {timeout:g} s; "
-                 "the ray start output above says why")
-    time.sleep(2)
-EOF
-)
-
-# Waits until $1 Ray nodes have joined; stops at once if a Ray step has ended.
-wait_for_nodes() {
-  on_node "$head" python3 -c "$wait_py" "$ray_address" "$1" "$WAIT_TIMEOUT" &
-  local waiter=$! i
-  while kill -0 "$waiter" 2>/dev/null; do
-    for i in "${!ray_steps[@]}"; do
-      if ! kill -0 "${ray_steps[i]}" 2>/dev/null; then
-        kill "$waiter" 2>/dev/null || true
-        echo "posttrain: error: Ray on ${ray_nodes[i]} exited; its output is above" >&2
-        return 1
-      fi
-    done
-    sleep 2
-  done
-  wait "$waiter"
-}
-
-# On exit, also after an error or a signal: ray stop on every node that started Ray,
-# then end the background Ray steps. The exit status stays the script's.
-cleanup() {
-  local status=$? node stops=()
-  set +eu
-  echo "posttrain: exit status $status" >&2
-  if ((${#ray_nodes[@]})); then
-    echo "posttrain: stopping Ray on ${ray_nodes[*]}" >&2
-    for node in "${ray_nodes[@]}"; do
-      on_node "$node" ray stop &
-      stops+=("$!")
-    done
-    wait "${stops[@]}"
-    kill "${ray_steps[@]}" 2>/dev/null
-    wait "${ray_steps[@]}" 2>/dev/null
-  fi
-}
-trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-'''
-
-MAIN = r'''# --- the nodes: the first one is the Ray head ---------------------------------
-mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?submit this script with sbatch}")
-if ((${#nodes[@]} == 0)); then
-  echo "posttrain: error: scontrol found no nodes in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
-  exit 1
-fi
-head=${nodes[0]}
-head_ip=$(node_ip "$head")
-ray_address="$head_ip:$RAY_PORT"
-echo "posttrain: ${#nodes[@]} node(s): ${nodes[*]}; the Ray head is $head ($ray_address)"
-
-# --- Ray: the head, then a worker on each other node --------------------------
-# The dashboard listens on every interface so that `posttrain submit` and a browser
-# can reach it from the login node: http://HEAD_IP:DASHBOARD_PORT.
-start_on "$head" ray start --head --node-ip-address="$head_ip" --port="$RAY_PORT" \
-  --dashboard-host=0.0.0.0 --dashboard-port="$DASHBOARD_PORT" --disable-usage-stats \
-  "${ray_resources[@]}" --block
-wait_for_nodes 1
-for node in "${nodes[@]:1}"; do
-  node_addr=$(node_ip "$node")
-  start_on "$node" ray start --address="$ray_address" --node-ip-address="$node_addr" \
-    "${ray_resources[@]}" --block
-done
-wait_for_nodes "${#nodes[@]}"
-echo "posttrain: dashboard http://$head_ip:$DASHBOARD_PORT"
-
-# --- the posttrain command, on the head ---------------------------------------
-# RAY_ADDRESS makes posttrain join this cluster instead of starting one of its own.
-# The script's exit status is the command's (set -e ends the script when it fails).
-on_node "$head" env RAY_ADDRESS="$ray_address" "${command[@]}"
-'''
 
 
 # --- the command line --------------------------------------------------------
@@ -378,6 +278,9 @@ def register(subparsers) -> None:
                         "variables: --setup 'export KEY=\"$SCRATCH/...\"')")
     p.add_argument("--ray-port", type=int, default=6379, help="the head's Ray port (default 6379)")
     p.add_argument("--dashboard-port", type=int, default=8265, help="the Ray dashboard's port (default 8265)")
+    p.add_argument("--dashboard-on-network", action="store_true",
+                   help="put the Ray dashboard, which takes jobs, on the head's address with Ray's token "
+                        "authentication on every node (default: the head's loopback only; reach it through ssh -L)")
     p.add_argument("--wait-timeout", type=int, default=300,
                    help="seconds to wait for the head, then for all nodes, to join (default 300)")
     p.add_argument("--output", "-o", metavar="FILE", help="write the script here (default: stdout)")

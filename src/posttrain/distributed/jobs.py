@@ -111,7 +111,8 @@ def connect(address: str):
         if isinstance(e, getattr(ray.exceptions, "AuthenticationError", ())):  # Ray sends its token to a named
             # address only when told to (`ray start` and `ray.init()` pick ~/.ray/auth_token up by themselves)
             raise ConfigError(f"the Ray cluster at {address} requires token authentication: set "
-                              "RAY_AUTH_MODE=token (the token comes from ~/.ray/auth_token or $RAY_AUTH_TOKEN)") from e
+                              "RAY_AUTH_MODE=token (the token comes from $RAY_AUTH_TOKEN, the file "
+                              "$RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token)") from e
         if "ray[default]" in str(e):
             raise ConfigError("submitting jobs needs Ray's job client: pip install 'posttrain[ray]'") from e
         why = "" if isinstance(e, ConnectionError) else f" ({str(e).splitlines()[0]})"  # it repeats the address
