@@ -143,8 +143,8 @@ def test_verl_keys_of_the_algorithm_family():
         "algorithm.filter_groups.max_num_gen_batches=3",
     ])
     c = cfg.critic
-    assert (c.model.path, c.lr, c.ppo_micro_batch_size, c.forward_micro_batch_size, c.cliprange_value) == (
-        "/m", 2e-5, 4, 16, 0.2)
+    assert (c.model.path, c.lr, c.ppo_micro_batch_size_per_gpu, c.forward_micro_batch_size_per_gpu,
+            c.cliprange_value) == ("/m", 2e-5, 4, 16, 0.2)
     # null critic sizes follow the actor's
     assert (c.ppo_mini_batch_size, c.ppo_epochs, c.loss_agg_mode) == (32, 1, "token-mean")
     assert (cfg.trainer.critic_warmup, cfg.algorithm.gamma, cfg.algorithm.lam) == (3, 0.99, 0.95)

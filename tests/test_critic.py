@@ -85,8 +85,8 @@ def test_critic_updates_fit_the_returns(tiny_model_dir):
 
 def ppo(model, data, run_dir, steps, *extra):
     return small_run_overrides(model, data, run_dir, steps, "algorithm.name=ppo", "critic.lr=1e-3",
-                               "critic.lr_warmup_steps=2", "critic.ppo_micro_batch_size=2", "algorithm.gamma=0.9",
-                               "algorithm.lam=0.8", "trainer.critic_warmup=1", *extra)
+                               "critic.lr_warmup_steps=2", "critic.ppo_micro_batch_size_per_gpu=2",
+                               "algorithm.gamma=0.9", "algorithm.lam=0.8", "trainer.critic_warmup=1", *extra)
 
 
 def test_ppo_checkpoints_hold_the_critic_and_resume_exactly(tmp_path, data, tiny_model_dir):

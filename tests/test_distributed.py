@@ -110,7 +110,8 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
     extra += ["rollout.lora_sync=merged"] if variant == "lora-merged" else []
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
                                   "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2",
-                                  "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=2", "critic.lr=1e-3",
+                                  "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2",
+                                  "critic.lr=1e-3",
                                   f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sequence_parallel}",
                                   *extra))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)

@@ -319,7 +319,7 @@ def test_nemo_rls_ppo_layout_is_gae_with_its_value_model_as_the_critic(tmp_path,
     assert (cfg.algorithm.adv_estimator, cfg.algorithm.lam, cfg.algorithm.gamma) == ("gae", 0.95, 1.0)
     assert (cfg.actor.ppo_epochs, cfg.trainer.critic_warmup, cfg.data.train_batch_size, cfg.rollout.n) == (4, 0, 32, 16)
     assert (cfg.critic.loss_coef, cfg.critic.cliprange_value, cfg.critic.ppo_mini_batch_size) == (0.4, 0.2, 32)
-    assert cfg.critic.model.path is None and cfg.critic.ppo_micro_batch_size == 4  # the policy's model, its sizes
+    assert cfg.critic.model.path is None and cfg.critic.ppo_micro_batch_size_per_gpu == 4  # the policy's model, its sizes
     assert (cfg.reward.scaling.enable, cfg.reward.scaling.target_min) == (True, -1.0)
     for bad, said in (("ppo.adv_estimator.gae_lambda_value=0.9", "ppo.adv_estimator.gae_lambda_value=0.9 .* set it "
                                                                  "to null or 0.95"),

@@ -12,7 +12,14 @@ rows of every length (0 included), rows with masked tokens inside them (tool out
 advantages of both signs, zero scores, ratios far outside every clip range and past every clamp. Values
 and gradients are compared to within verl's own 1e-8 epsilons (see TOL), everywhere in the tensors except
 where posttrain documents that it differs from verl (GAE and ReMax in masked positions, which no loss
-reads)."""
+reads).
+
+verl's deprecated global micro-batch sizes: verl 0.9.1's own checks of them (its FSDPActorConfig and
+FSDPCriticConfig: a global and a per-GPU size both set, and a global size under one sequence per data-parallel
+worker, are refused) against posttrain's, at 1 to 8 workers with and without Ulysses. The division itself is not
+verl 0.9.1's code: its engine workers read only the *_per_gpu keys, and the `size // (workers / Ulysses size)` of
+verl 0.4-0.7's fsdp_workers.py (a worker class that needs GPUs and a process group) is read, not run; the
+hand-computed cases of tests/test_verl_batch_sizes.py hold it."""
 
 import importlib.util
 import os
@@ -25,6 +32,8 @@ import torch
 
 from posttrain.algorithms import ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES, compute_advantages
 from posttrain.algorithms import get_policy_loss, kl_penalty
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
 
 HERE = Path(__file__).parent
 T = torch.tensor
@@ -182,6 +191,11 @@ def verl(tmp_path_factory):
     for kind in KL_KINDS:
         cases.append({"kind": "kl", "name": kind, "log_prob": log_prob, "ref_log_prob": ref})
         keys.append(("kl", kind, ""))
+    for role, size, workers, ulysses, per_gpu in size_cases():
+        config = {"rollout_n": 8, "ppo_mini_batch_size": 60, "ppo_micro_batch_size": size,
+                  "ppo_micro_batch_size_per_gpu": per_gpu, "ulysses_sequence_parallel_size": ulysses}
+        cases.append({"kind": "sizes", "name": role, "config": config, "n_gpus": workers, "train_batch_size": 60})
+        keys.append(("sizes", role, (size, workers, ulysses, per_gpu)))
     tmp = tmp_path_factory.mktemp("verl")
     torch.save(cases, tmp / "cases.pt")
     cmd = [sys.executable, str(HERE / "verl_reference.py"), str(tmp / "cases.pt"), str(tmp / "answers.pt")]
@@ -190,6 +204,16 @@ def verl(tmp_path_factory):
     got = torch.load(tmp / "answers.pt", weights_only=True)
     assert "verl" in got["verl"] and got["verl"].endswith("core_algos.py")
     return got["registries"], dict(zip(keys, got["answers"]))
+
+
+def size_cases():
+    """(role, global size, workers, Ulysses size, per-GPU size or None): 60 prompts x 8 samples a mini-batch, a
+    global size of 1 to 6 sequences (each divides 60 prompts, as verl's actor asks), 1 to 8 workers."""
+    for role in ("actor", "critic"):
+        for workers, ulysses in ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4)):
+            for size in range(1, 7):
+                yield role, size, workers, ulysses, None
+        yield role, 8, 2, 1, 4  # both set
 
 
 def no_error(answer, what):
@@ -265,3 +289,35 @@ def test_every_kl_kind_matches_verls_value_and_gradient(verl):
     # the cases reach k3's clamps: its value is 10 somewhere, and its "+" gradient is k2's, not its own
     k3 = answers[("kl", "k3", "")]
     assert k3[0].max() == 10 and not torch.equal(answers[("kl", "k3+", "")][1], k3[1])
+
+
+# verl's spelling of each role's global size (its per-GPU one: + "_per_gpu")
+GLOBAL_KEY = {"actor": "actor_rollout_ref.actor.ppo_micro_batch_size", "critic": "critic.ppo_micro_batch_size"}
+
+
+def test_verls_checks_of_a_global_micro_batch_refuse_what_posttrain_refuses(verl):
+    _, answers = verl
+    refused = accepted = 0
+    for role, size, workers, ulysses, per_gpu in size_cases():
+        theirs = answers[("sizes", role, (size, workers, ulysses, per_gpu))]
+        nodes = 2 if workers == 8 else 1  # 8 workers as 2 nodes of 4: verl and posttrain count nnodes x per node
+        overrides = ["actor_rollout_ref.model.path=/m", "data.train_batch_size=60", "algorithm.adv_estimator=gae",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=60", "actor_rollout_ref.rollout.n=8",
+                     f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={workers // nodes}",
+                     f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={ulysses}", f"{GLOBAL_KEY[role]}={size}"]
+        overrides += [f"{GLOBAL_KEY[role]}_per_gpu={per_gpu}"] if per_gpu else []
+        case = f"{role} {GLOBAL_KEY[role]}={size} per_gpu={per_gpu} on {workers} workers, Ulysses {ulysses}"
+        if "error" in theirs:
+            with pytest.raises(ConfigError) as e:
+                load_config(None, overrides)
+            said = "are both set" if per_gpu else "it is 0 per worker"
+            assert said in str(e.value), f"{case}: verl: {theirs['error']}; posttrain: {e.value}"
+            assert ("set both" if per_gpu else "must be >= n_gpus") in theirs["error"], case
+            refused += 1
+        else:
+            cfg = load_config(None, overrides)  # verl accepts: so does posttrain, each worker taking its share
+            per_worker = cfg.actor.ppo_micro_batch_size if role == "actor" else cfg.critic.ppo_micro_batch_size_per_gpu
+            assert per_worker == size // (workers // ulysses) > 0, case
+            accepted += 1
+    # per role: 9 sizes under one a worker (1 at 2 data-parallel workers x 3 layouts, 1-3 at 4 x 2) and one both set
+    assert (refused, accepted) == (2 * 10, 2 * 33)

@@ -12,9 +12,12 @@ CASES.pt is a list of dicts (torch.save):
     {"kind": "loss", "name": POLICY_LOSS, "old_log_prob", "log_prob", "advantages", "response_mask",
      "loss_agg_mode", "actor": {ActorConfig fields}, "loss_scale_factor"}
     {"kind": "kl",   "name": KL_KIND, "log_prob", "ref_log_prob"}
+    {"kind": "sizes", "name": "actor" | "critic", "config": {FSDPActorConfig / FSDPCriticConfig fields},
+     "n_gpus", "train_batch_size"}: verl's own checks of its micro-batch sizes (the dataclass, then its validate)
 ANSWERS.pt: {"registries": {"adv": [...], "loss": [...]}, "answers": one per case, in order}:
     adv  -> (advantages, returns);  kl -> (value, d sum(value) / d log_prob)
     loss -> {"pg_loss", "grad" (d pg_loss / d log_prob), and verl's metrics, without the "actor/" prefix}
+    sizes -> {"accepted": True}
     a case verl rejects -> {"error": "TypeName: message"}
 """
 
@@ -62,12 +65,20 @@ def kl_answer(core_algos, case):
     return value.detach(), grad
 
 
+def sizes_answer(core_algos, case):
+    from verl.workers.config import FSDPActorConfig, FSDPCriticConfig
+
+    config = {"actor": FSDPActorConfig, "critic": FSDPCriticConfig}[case["name"]](strategy="fsdp", **case["config"])
+    config.validate(case["n_gpus"], case["train_batch_size"])
+    return {"accepted": True}
+
+
 def main(argv):
     if len(argv) > 3:
         sys.path.append(argv[3])
     from verl.trainer.ppo import core_algos
 
-    answer = {"adv": adv_answer, "loss": loss_answer, "kl": kl_answer}
+    answer = {"adv": adv_answer, "loss": loss_answer, "kl": kl_answer, "sizes": sizes_answer}
     out = []
     for case in torch.load(argv[1], weights_only=True):
         try:

@@ -5,7 +5,8 @@
 One pass down: read the file and the overrides (flat.py) -> pick the dialect (a file in NeMo-RL's layout, and
 NeMo-RL's overrides: posttrain.config.dialects.nemo_rl; posttrain's and verl's keys: posttrain.config.dialects.verl) -> the
 dialect translates each layer to posttrain's keys -> canonical checks (`canonical`: unknown keys, lists, text)
--> the layers merged onto the dataclasses (OmegaConf checks the types) -> validated (validate.py). Layers,
+-> the layers merged onto the dataclasses (OmegaConf checks the types) -> verl's global sizes divided over the
+workers (dialects/verl/global_sizes.py) -> validated (validate.py). Layers,
 later winning: the dataclass defaults < the embedded preset (only without model.path) < algorithm.name's
 preset < the YAML file < the overrides. An unknown key is an error naming the nearest valid one.
 """
@@ -29,7 +30,7 @@ from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
 # the dialects as modules, their functions looked up when called: a dialect imports config's lower modules
 from posttrain.config.dialects import nemo_rl, verl
-from posttrain.config.dialects.verl import fully_async
+from posttrain.config.dialects.verl import fully_async, global_sizes
 from posttrain.config.dialects.verl.keys import VERL_PREFIXES, alias_table, spellings
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import read_mapping
@@ -117,6 +118,7 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
     if sft:
         layers.insert(0, preset("sft.yaml"))
     cfg = _merge(layers)
+    global_sizes.resolve(cfg, given)  # verl's global micro-batches divided over the workers, now known
     if sft:
         validate_sft(cfg, given)
         return cfg

@@ -64,7 +64,10 @@ class RolloutConfig:
     shared_prefill: bool = True  # hf: a prompt is prefilled once, its KV cache shared by its n samples
     remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
     early_stop: bool = True  # hf: stop decoding once every sequence has ended
-    log_prob_micro_batch_size: int = 64
+    log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
+    # verl's deprecated global actor_rollout_ref.rollout.log_prob_micro_batch_size: sequences over all workers,
+    # divided into log_prob_micro_batch_size once the workers are known (dialects/verl/global_sizes.py)
+    log_prob_micro_batch_size_global: Optional[int] = None
     # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
     log_prob_use_dynamic_bsz: Optional[bool] = None
     log_prob_max_token_len_per_gpu: Optional[int] = None

@@ -282,11 +282,12 @@ def validate_critic(cfg: Config) -> None:
     lr_schedule(cfg, "critic")
     no_hybrid_sharding(cfg, "critic.model")
     c.ppo_mini_batch_size = a.ppo_mini_batch_size if c.ppo_mini_batch_size is None else c.ppo_mini_batch_size
-    c.ppo_micro_batch_size = a.ppo_micro_batch_size if c.ppo_micro_batch_size is None else c.ppo_micro_batch_size
+    if c.ppo_micro_batch_size_per_gpu is None:
+        c.ppo_micro_batch_size_per_gpu = a.ppo_micro_batch_size
     c.ppo_epochs = a.ppo_epochs if c.ppo_epochs is None else c.ppo_epochs
     c.loss_agg_mode = a.loss_agg_mode if c.loss_agg_mode is None else c.loss_agg_mode
-    if c.forward_micro_batch_size is None:
-        c.forward_micro_batch_size = cfg.rollout.log_prob_micro_batch_size
+    if c.forward_micro_batch_size_per_gpu is None:
+        c.forward_micro_batch_size_per_gpu = cfg.rollout.log_prob_micro_batch_size
     c.use_dynamic_bsz = a.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
     if c.forward_max_token_len_per_gpu is None:
         c.forward_max_token_len_per_gpu = c.ppo_max_token_len_per_gpu
@@ -294,8 +295,8 @@ def validate_critic(cfg: Config) -> None:
           f"of tokens, got {c.forward_max_token_len_per_gpu}")
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
-    positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size", "critic.ppo_epochs",
-              "critic.forward_micro_batch_size", "critic.eps")
+    positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
+              "critic.forward_micro_batch_size_per_gpu", "critic.eps")
     need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
     need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
     need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")

@@ -90,8 +90,8 @@ def split_threads(cfg, device: str) -> tuple[int | None, int | None]:
 def critic_spec(cfg, critic_dir: str, total_steps: int) -> CriticSpec:
     c = cfg.critic
     settings = CriticSettings(
-        mini_batch_size=c.ppo_mini_batch_size * cfg.rollout.n, micro_batch_size=c.ppo_micro_batch_size,
-        forward_micro_batch_size=c.forward_micro_batch_size, ppo_epochs=c.ppo_epochs,
+        mini_batch_size=c.ppo_mini_batch_size * cfg.rollout.n, micro_batch_size=c.ppo_micro_batch_size_per_gpu,
+        forward_micro_batch_size=c.forward_micro_batch_size_per_gpu, ppo_epochs=c.ppo_epochs,
         micro_max_tokens=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
         forward_max_tokens=c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None,
         cliprange_value=c.cliprange_value, loss_coef=c.loss_coef, loss_agg_mode=c.loss_agg_mode,

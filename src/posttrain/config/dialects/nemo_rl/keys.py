@@ -22,7 +22,7 @@ VALUE_KEYS = {
     "model.path": "critic.model.path", "actor.lr": "critic.lr", "actor.weight_decay": "critic.weight_decay",
     "actor.betas": "critic.betas", "actor.eps": "critic.eps", "actor.grad_clip": "critic.grad_clip",
     "actor.ppo_mini_batch_size": "critic.ppo_mini_batch_size",
-    "actor.ppo_micro_batch_size": "critic.ppo_micro_batch_size",
+    "actor.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
     "actor.lr_warmup_steps": "critic.lr_warmup_steps", "actor.lr_warmup_start_factor": "critic.lr_warmup_start_factor",
     "actor.param_offload": "critic.model.param_offload", "actor.optimizer_offload": "critic.model.optimizer_offload",
     "actor.use_dynamic_bsz": "critic.use_dynamic_bsz",

@@ -9,6 +9,8 @@ One job per module, imports going down this list:
     translate.py           one layer of verl's keys -> posttrain's: translate, the entry point
     fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
                            training, on the merged config (it needs the merged batch sizes)
+    global_sizes.py        verl's deprecated global micro-batch sizes divided over the workers, on the merged config
+                           (it needs the merged trainer.nnodes x trainer.n_gpus_per_node)
     rollout_correction.py  algorithm.rollout_correction.* -> the RolloutCorrection settings (algorithms/)
 """
 

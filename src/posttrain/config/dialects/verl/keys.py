@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+# verl's deprecated global micro-batch sizes -> the posttrain keys that hold a size over all workers; after the
+# merge, global_sizes.py divides each into the per-worker key (GLOBAL_SIZES) as verl's workers divide theirs
+GLOBAL = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor.ppo_micro_batch_size_global",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "rollout.log_prob_micro_batch_size_global",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "ref.log_prob_micro_batch_size_global",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_global",
+    "critic.forward_micro_batch_size": "critic.forward_micro_batch_size_global",
+    "reward_model.micro_batch_size": "reward.model.micro_batch_size_global",
+}
+# a global key -> (the per-worker key it becomes, whether verl divides it by the workers over the Ulysses size;
+# its reward model's by the workers alone)
+GLOBAL_SIZES = {
+    "actor.ppo_micro_batch_size_global": ("actor.ppo_micro_batch_size", True),
+    "rollout.log_prob_micro_batch_size_global": ("rollout.log_prob_micro_batch_size", True),
+    "ref.log_prob_micro_batch_size_global": ("ref.log_prob_micro_batch_size", True),
+    "critic.ppo_micro_batch_size_global": ("critic.ppo_micro_batch_size_per_gpu", True),
+    "critic.forward_micro_batch_size_global": ("critic.forward_micro_batch_size_per_gpu", True),
+    "reward.model.micro_batch_size_global": ("reward.model.micro_batch_size", False),
+}
+
 # Exact renames (checked first).
 EXACT = {
+    **GLOBAL,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size",
     "trainer.default_local_dir": "trainer.run_dir",
     "trainer.max_actor_ckpt_to_keep": "trainer.max_ckpt_to_keep",
-    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
-    "critic.forward_micro_batch_size_per_gpu": "critic.forward_micro_batch_size",
     "actor_rollout_ref.nccl_timeout": "trainer.collective_timeout_s",  # seconds a collective may take
     "data.trust_remote_code": "model.trust_remote_code",  # verl's, for the tokenizer and processor
     "reward_model.micro_batch_size_per_gpu": "reward.model.micro_batch_size",

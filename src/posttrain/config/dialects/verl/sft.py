@@ -55,7 +55,9 @@ UNUSED = {
 }
 
 REFUSED = {
-    "data.micro_batch_size": "verl's deprecated global micro-batch: give data.micro_batch_size_per_gpu",
+    # verl's SFT trainer never read it (fsdp_sft_trainer.py reads micro_batch_size_per_gpu alone; verl 0.9 dropped it)
+    "data.micro_batch_size": "verl's deprecated global micro-batch, which verl's SFT trainer never read: give "
+                             "data.micro_batch_size_per_gpu (rows per worker)",
     "data.chat_template": "verl's name of a template in its own registry (deprecated there) is not read by "
                          "posttrain, which renders rows with the tokenizer's chat template; to replace it, give "
                          "data.custom_chat_template (a Jinja template, or a .jinja file)",
