@@ -37,6 +37,8 @@ from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
 from posttrain.errors import ConfigError
 
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the loader's "set, but unused" as keys are probed
+
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 KEY = re.compile(r"[+~]*(?P<key>[A-Za-z_]\w*(?:\.(?:\w+|\*))+)(?:=(?P<value>\S*))?")
