@@ -12,8 +12,10 @@ dotted key (`actor.lr`, `actor_rollout_ref.actor.optim.lr`, `trainer.save_freq=5
 - a key the page says posttrain refuses, or another framework's that posttrain does not take (REFUSED, with the
   page's reason): the loader must refuse it, whatever its value.
 
-A span with a value (`actor.lr=1e-5`) loads whole through load_config, its checks included. Metric names have a
-slash (`critic/score/mean`) and are not keys. Every entry of NOT_KEYS, SHORT and REFUSED is still on its page.
+A span with a value (`actor.lr=1e-5`) loads through the loader's dialects and checks (with the keys CONTEXT says the
+page gives it with, where its value needs them). Metric names have a slash (`critic/score/mean`) and are not keys.
+Every entry of NOT_KEYS, SHORT, REFUSED and CONTEXT is still on its page. A table whose header has `key` and
+`default` (docs/configuration.md's first keys) gives SCHEMA's defaults.
 """
 
 import copy
@@ -61,9 +63,9 @@ SHORT = {
     "docs/coming-from-verl.md": {
         "fsdp_config.param_offload": "actor_rollout_ref.actor.fsdp_config.param_offload",
         "policy_loss.loss_mode": "actor_rollout_ref.actor.policy_loss.loss_mode",
-        "fused_kernel_options.impl_backend=triton": "actor_rollout_ref.model.fused_kernel_options.impl_backend"},
+        "fused_kernel_options.impl_backend=triton": "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"},
     "docs/distributed.md": {
-        "fused_kernel_options.impl_backend=triton": "actor_rollout_ref.model.fused_kernel_options.impl_backend"},
+        "fused_kernel_options.impl_backend=triton": "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"},
     "docs/coming-from-nemo-rl.md": {"cfg.max_moves": "env.sliding_puzzle_game.cfg.max_moves",
                                     "dtensor_cfg._v2": "policy.dtensor_cfg._v2"},
     "docs/distillation.md": {"teacher_models.*.inference.*": "distillation.teacher_models.teacher.inference.*",
