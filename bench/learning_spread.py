@@ -93,9 +93,16 @@ RUNS = {"default": run_default, "loop": run_loop, "algorithms": run_algorithms, 
         "critic_fit": run_critic_fit}
 
 
+def run_name(name: str) -> str:
+    if name not in RUNS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(RUNS)})")
+    return name
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="*", choices=list(RUNS), default=[], metavar="RUN",
+    # a type, not choices: argparse (3.11) checks an empty `*` list against choices and refuses it
+    ap.add_argument("runs", nargs="*", type=run_name, default=[], metavar="RUN",
                     help=f"which runs (default all): {', '.join(RUNS)}")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--threads", type=int, default=2, help="torch threads, here and in the runs' subprocesses")
