@@ -46,7 +46,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 KEY = re.compile(r"[+~]*(?P<key>[A-Za-z_]\w*(?:\.(?:\w+|\*))+)(?:=(?P<value>\S*))?")
 FILE_SUFFIXES = ("json", "jsonl", "yaml", "yml", "py", "md", "txt", "db", "pt", "bin", "safetensors", "sh",
                  "parquet", "jinja")
-PYTHON_MODULES = ("posttrain", "torch", "os", "pdb", "str", "vllm", "verl")  # `torch.compile`, `verl.trainer...`
+PYTHON_MODULES = ("posttrain", "torch", "os", "pdb", "str", "vllm", "verl", "ray")  # `torch.compile`, `verl.trainer...`
 
 # spans shaped as keys that are not posttrain config keys: page -> span -> what it is
 NOT_KEYS = {
