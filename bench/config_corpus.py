@@ -25,7 +25,7 @@ VALUES = [None, "x", "0", "-1", "1", "2.5", "true", "null"]  # None: the key's o
 COMMANDS = ("train", "sft")
 
 
-def cases(verl_configs: Path | None, nemo_rl: Path | None):
+def cases(verl_configs: Path | None, nemo_rl: Path | None, values=VALUES, commands=COMMANDS):
     """-> (name, command, config file or None, overrides) for every case."""
     from posttrain.config import SCHEMA
     from posttrain.config.presets import ALGORITHMS
@@ -35,9 +35,9 @@ def cases(verl_configs: Path | None, nemo_rl: Path | None):
         files += sorted(Path(verl_configs).glob("*.yaml"))
     if nemo_rl:
         files += sorted((Path(nemo_rl) / "examples" / "configs").rglob("*.yaml"))
-    for command in COMMANDS:
+    for command in commands:
         for key, (_, default) in SCHEMA.items():
-            for value in VALUES:
+            for value in values:
                 text = value if value is not None else default if isinstance(default, str) else json.dumps(default)
                 yield f"{key}={text}", command, None, [f"{key}={text}"]
         for name in ALGORITHMS:
@@ -60,10 +60,10 @@ def outcome(command: str, path: str | None, overrides: list[str]) -> dict:
     return result
 
 
-def capture(out: Path, verl_configs: Path | None, nemo_rl: Path | None) -> int:
+def capture(out: Path, verl_configs: Path | None, nemo_rl: Path | None, values=VALUES, commands=COMMANDS) -> int:
     count = 0
     with out.open("w") as f:
-        for name, command, path, overrides in cases(verl_configs, nemo_rl):
+        for name, command, path, overrides in cases(verl_configs, nemo_rl, values, commands):
             record = {"case": name, "command": command, **outcome(command, path, overrides)}
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
             count += 1
@@ -97,13 +97,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="write the corpus's outcomes here (JSON lines)")
     p.add_argument("--verl-configs", type=Path, help="verl's trainer/config folder: its YAML files join the corpus")
     p.add_argument("--nemo-rl", type=Path, help="a NeMo-RL checkout: its examples/configs join the corpus")
+    p.add_argument("--values", help="the values each key is set to, comma-separated ('default' for its own; "
+                                     "default: all of VALUES)")
+    p.add_argument("--commands", default=",".join(COMMANDS), help="train,sft (default: both)")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="compare two outputs")
     args = p.parse_args(argv)
     if args.compare:
         return compare(*args.compare)
     if not args.out:
         p.error("give --out FILE to capture, or --compare BEFORE AFTER")
-    return capture(args.out, args.verl_configs, args.nemo_rl)
+    values = VALUES if not args.values else [None if v == "default" else v for v in args.values.split(",")]
+    return capture(args.out, args.verl_configs, args.nemo_rl, values, tuple(args.commands.split(",")))
 
 
 if __name__ == "__main__":

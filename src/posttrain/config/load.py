@@ -14,6 +14,7 @@ preset < the YAML file < the overrides. An unknown key is an error naming the ne
 from __future__ import annotations
 
 import difflib
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
@@ -139,14 +140,23 @@ def _algorithm_layer(layers: list[dict]) -> dict:
         raise ConfigError(str(e)) from None
 
 
+@functools.cache
+def _defaults():
+    """The dataclasses' defaults as OmegaConf's typed tree, made once (merges copy it, never change it)."""
+    return OmegaConf.structured(Config)
+
+
 def _merge(layers: list[dict]) -> Config:
     """The layers (flat keys) merged in order onto the dataclasses' defaults, OmegaConf checking the types."""
-    merged = OmegaConf.structured(Config)
-    for layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.create(unflatten(layer)))
-        except _REFUSED:
-            raise _type_error(merged, layer) from None
+    try:
+        merged = OmegaConf.merge(_defaults(), *(OmegaConf.create(unflatten(layer)) for layer in layers))
+    except _REFUSED:  # again a layer at a time, to name the key refused
+        merged = _defaults()
+        for layer in layers:
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.create(unflatten(layer)))
+            except _REFUSED:
+                raise _type_error(merged, layer) from None
     try:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:  # e.g. '${x}' in a value: OmegaConf's interpolation, resolved here
