@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from posttrain.driver.build_sft import build_sft_run
 from posttrain.cli import main
+from posttrain.checkpoint import list_checkpoints
 from posttrain.config import load_config
 from posttrain.errors import ConfigError, DataError
 from posttrain.driver.sft import train_sft
@@ -124,6 +125,23 @@ def test_sft_learns_resumes_exactly_and_exports(tmp_path, sft_data, tiny_model_d
     assert main(["export", str(tmp_path / "whole" / "checkpoints" / "global_step_6"), "--output", str(out)]) == 0
     exported = load_file(out / "model.safetensors")
     assert all(torch.equal(exported[k], after[k]) for k in after)
+
+
+def test_sft_keeps_its_last_step_and_says_when_it_starts_over(tmp_path, sft_data, tiny_model_dir, capsys):
+    """No trainer.save_freq: the last step is saved; with trainer.save_last=false nothing is, and the same
+    command again says it starts over and appends the earlier metrics to metrics.discarded.jsonl."""
+    run_sft(sft_overrides(tiny_model_dir, *sft_data, tmp_path / "kept", 2))
+    assert [(i.step, i.valid) for i in list_checkpoints(tmp_path / "kept")] == [(2, True)]
+    gone = tmp_path / "gone"
+    args = sft_overrides(tiny_model_dir, *sft_data, gone, 2, "trainer.save_last=false")
+    run_sft(args)
+    assert not (gone / "checkpoints").exists()
+    first = (gone / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert run_sft(args)["start_step"] == 0
+    assert (gone / "metrics.discarded.jsonl").read_text() == first
+    said = [line for line in capsys.readouterr().err.splitlines() if "no valid checkpoint" in line]
+    assert len(said) == 1 and f"{gone} holds an earlier run's metrics (3 lines, steps 0-2)" in said[0], said
 
 
 def test_verls_sft_command_loads():
