@@ -62,7 +62,7 @@ def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int 
     if chunk:  # the batch sampled in chunks of that many sequences, one after another: a slower engine
         extra += [f"rollout.micro_batch_size={chunk}"]
     cmd = posttrain("train", *base, *SETTINGS[keys], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                    "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable", *extra,
+                    "trainer.logger=[console]", "trainer.save_last=false", "trainer.resume_mode=disable", *extra,
                     *([f"trainer.total_training_steps={steps}"] if steps else []))
     lines, seconds = run_train(cmd, run_dir)
     steps_m = [m for m in lines if "critic/score/mean" in m]

@@ -86,7 +86,7 @@ def posttrain_overrides(model_dir: Path, data_file: Path, run_dir: Path, prompts
         # default), 32 or all 128 at once
         f"actor.ppo_micro_batch_size={math.gcd(64, prompts * n)}",
         "actor.use_kl_loss=true", "actor.kl_loss_coef=0.04", "actor.kl_loss_type=low_var_kl",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        f"trainer.total_training_steps={steps}", "trainer.save_last=false", "trainer.test_freq=-1",
         "trainer.logger=[]", f"trainer.run_dir={run_dir}", "trainer.device=cpu",
     ]
 

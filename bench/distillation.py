@@ -91,7 +91,7 @@ def main() -> None:
         curves, kls = [], []
         for seed in args.seeds:
             extra = [*student, f"actor.lr={lr}", *(k.format(teacher=teacher) for k in SETTINGS[name])]
-            lines = run(tmp / f"{name}-{lr}-{seed}", [f"trainer.seed={seed}", "trainer.save_freq=-1", *extra])
+            lines = run(tmp / f"{name}-{lr}-{seed}", [f"trainer.seed={seed}", "trainer.save_last=false", *extra])
             curves.append([x["val/score/mean"] for x in lines if "val/score/mean" in x])
             kl = [x["distillation/reverse_kl"] for x in lines if "distillation/reverse_kl" in x]
             if kl:

@@ -59,7 +59,7 @@ def guess_args(workdir: Path) -> list[str]:
 def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
     extra = guess_args(run_dir.parent) if setting == "guess" else []
     cmd = posttrain("train", *SETTINGS[setting], *extra, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                    "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+                    "trainer.logger=[console]", "trainer.save_last=false", "trainer.resume_mode=disable",
                     *([f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}"] if steps else []))
     lines, seconds = run_train(cmd, run_dir)
     val = [m for m in lines if "val/score/mean" in m]

@@ -47,7 +47,7 @@ def time_arith(steps: int, extra: list[str]) -> dict:
     """The embedded default for `steps` steps (no validation, no checkpoints)."""
     return common.timed_run(lambda run_dir: [
         f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "data.max_response_length=64",
-        "data.val_files=[]", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=[]",
+        "data.val_files=[]", "trainer.save_last=false", "trainer.test_freq=-1", "trainer.logger=[]",
         f"trainer.run_dir={run_dir}", *extra])
 
 

@@ -89,7 +89,7 @@ def model_args(model: str, workdir: Path) -> list[str]:
 def run_one(base: list[str], mismatch: str, correction: str, seed: int, run_dir: Path, steps: int | None) -> dict:
     cmd = posttrain("train", *base, "rollout.calculate_log_probs=true", *MISMATCHES[mismatch],
                     *CORRECTIONS[correction], f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                    "trainer.logger=[console]", "trainer.save_freq=-1", *([f"trainer.total_training_steps={steps}"] if steps else []))
+                    "trainer.logger=[console]", "trainer.save_last=false", *([f"trainer.total_training_steps={steps}"] if steps else []))
     lines, seconds = run_train(cmd, run_dir)
     val = [m["val/score/mean"] for m in lines if "val/score/mean" in m]
     steps_m = [m for m in lines if "critic/score/mean" in m]

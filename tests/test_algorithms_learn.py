@@ -18,7 +18,7 @@ STEPS = 20
 
 def short_run(tmp_path, name, *extra):
     cfg = load_config(None, [f"algorithm.name={name}", f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1",
-                             "trainer.save_freq=-1", "data.val_max_samples=256", "trainer.logger=[]",
+                             "trainer.save_last=false", "data.val_max_samples=256", "trainer.logger=[]",
                              f"trainer.run_dir={tmp_path / name}", *extra])
     summary = train(build_run(cfg))
     return summary, [x for x in read_metrics(tmp_path / name) if "critic/score/mean" in x]

@@ -100,7 +100,7 @@ def test_stop_and_resume_is_exact_with_the_batches_sampled_ahead_in_the_checkpoi
 
 def test_a_killed_rollout_process_stops_the_run_with_its_cause(tmp_path, data, tiny_model_dir):
     r = build_run(load_config(None, small_run_overrides(tiny_model_dir, data, tmp_path / "run", 50, *ASYNC,
-                                                        "trainer.save_freq=-1", "trainer.test_freq=-1")))
+                                                        "trainer.save_last=false", "trainer.test_freq=-1")))
     engine = r.actor.engine
 
     def kill_after_step_1():
@@ -291,7 +291,7 @@ def test_a_lora_policy_reaches_the_rollout_process_merged(tmp_path, data, traine
     one-update-ahead run equals rollout.stale_updates=1's (whose copy is merged the same way)."""
     pytest.importorskip("peft")
     lora = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "stale", 2, "trainer.test_freq=-1",
-                               "model.lora_rank=4", "model.lora_alpha=8", "actor.lr=1e-2", "trainer.save_freq=-1")
+                               "model.lora_rank=4", "model.lora_alpha=8", "actor.lr=1e-2", "trainer.save_last=false")
     run([*lora, "rollout.stale_updates=1"])
     run([*lora, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=1"])
     assert without_async(comparable(tmp_path / "async")) == comparable(tmp_path / "stale")

@@ -273,7 +273,7 @@ def test_run_directory_on_an_fsspec_file_system(tmp_path, data, tiny_model_dir, 
     assert steps == [0, 1, 2, 3]
 
 
-def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path, data, tiny_model_dir):
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path, data, tiny_model_dir, capsys):
     run_dir = tmp_path / "r"
     (run_dir / "checkpoints" / ".global_step_1.tmp-999" / "actor").mkdir(parents=True)  # a save cut short
     (run_dir / "metrics.jsonl").write_text('{"step": 0, "val/score/mean": 0.5}\n{"step": 1, "critic/sco')
@@ -281,3 +281,29 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path, data, 
     assert summary["steps"] == 1 and "val_before" in summary
     assert (run_dir / "metrics.discarded.jsonl").read_text().count("\n") == 2  # the old timeline, kept aside
     assert [x["step"] for x in read_metrics(run_dir)] == [0, 1]
+    said = [line for line in capsys.readouterr().err.splitlines() if "no valid checkpoint" in line]
+    assert said == [f"posttrain: warning: {run_dir} holds an earlier run's metrics (2 lines, step 0) but no valid "
+                    f"checkpoint to resume from: starting over at step 0, the old metrics appended to "
+                    f"{run_dir / 'metrics.discarded.jsonl'} (another trainer.experiment_name keeps runs apart)"]
+
+
+def test_a_run_keeps_its_last_step_unless_told_not_to(tmp_path, data, tiny_model_dir, capsys):
+    """No trainer.save_freq: the last step is saved (trainer.save_last); save_last=false saves nothing, and the
+    next run in that directory says it starts over and keeps the old metrics aside."""
+    kept = tmp_path / "kept"
+    run(resume_overrides(tiny_model_dir, data, kept, 2))
+    assert [(i.step, i.valid) for i in list_checkpoints(kept)] == [(2, True)]
+    again = run(resume_overrides(tiny_model_dir, data, kept, 2))  # the same command: the run is finished
+    assert again["steps"] == 2 and again["start_step"] == 2
+    assert "is finished (step 2 of 2): nothing to train" in capsys.readouterr().err
+    gone = tmp_path / "gone"
+    run(resume_overrides(tiny_model_dir, data, gone, 2, "trainer.save_last=false"))
+    assert list_checkpoints(gone) == [] and not (gone / "checkpoints").exists()
+    first = (gone / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    summary = run(resume_overrides(tiny_model_dir, data, gone, 2, "trainer.save_last=false"))
+    assert (summary["start_step"], summary["steps"]) == (0, 2)
+    assert (gone / "metrics.discarded.jsonl").read_text() == first  # the first run's metrics, all of them
+    assert [x["step"] for x in read_metrics(gone)] == [0, 1, 2]
+    err = [line for line in capsys.readouterr().err.splitlines() if "no valid checkpoint" in line]
+    assert len(err) == 1 and "metrics (3 lines, steps 0-2)" in err[0], err

@@ -391,7 +391,7 @@ def test_cpu_image_build_steps_then_one_training_step(tmp_path):
     assert cmd[0] == "posttrain"
     run_dir = tmp_path / "run"
     overrides = ["trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
-                 "trainer.save_freq=-1", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=8",
+                 "trainer.save_last=false", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=8",
                  "actor.ppo_micro_batch_size=32", "data.val_max_samples=16", f"trainer.run_dir={run_dir}"]
     start = time.monotonic()
     proc = subprocess.run([str(venv / "bin" / cmd[0]), *cmd[1:], *overrides], cwd=home, env=env,

@@ -147,7 +147,8 @@ def test_keep_top_k_without_a_metric_keeps_the_newest_k():
     low = layer(BASE, "checkpointing.metric_name=train:loss", "checkpointing.higher_is_better=false")
     assert (low["trainer.keep_top_k_metric"], low["trainer.keep_top_k_mode"]) == ("actor/pg_loss", "min")
     assert layer(BASE, "checkpointing.keep_top_k=null").get("trainer.max_ckpt_to_keep") is None  # keep all
-    assert layer(BASE, "checkpointing.enabled=false")["trainer.save_freq"] == -1
+    off = layer(BASE, "checkpointing.enabled=false")
+    assert (off["trainer.save_freq"], off["trainer.save_last"]) == (-1, False)  # NeMo-RL then saves nothing
     with pytest.raises(ConfigError, match="metric_name=val:bogus"):
         layer(BASE, "checkpointing.metric_name=val:bogus")
 

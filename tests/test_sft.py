@@ -3,6 +3,7 @@ move, exact resume, export), verl's SFT keys and bad input."""
 
 import copy
 import math
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +13,9 @@ from safetensors.torch import load_file
 
 from posttrain.driver.build_sft import build_sft_run
 from posttrain.cli import main
-from posttrain.config import load_config
+from posttrain.checkpoint import list_checkpoints
+from posttrain.config import config_to_dict, flatten, load_config
+from posttrain.config.keys import type_name
 from posttrain.errors import ConfigError, DataError
 from posttrain.driver.sft import train_sft
 from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, nll_sum, sft_update
@@ -124,6 +127,46 @@ def test_sft_learns_resumes_exactly_and_exports(tmp_path, sft_data, tiny_model_d
     assert main(["export", str(tmp_path / "whole" / "checkpoints" / "global_step_6"), "--output", str(out)]) == 0
     exported = load_file(out / "model.safetensors")
     assert all(torch.equal(exported[k], after[k]) for k in after)
+
+
+def test_sft_keeps_its_last_step_and_says_when_it_starts_over(tmp_path, sft_data, tiny_model_dir, capsys):
+    """No trainer.save_freq: the last step is saved; with trainer.save_last=false nothing is, and the same
+    command again says it starts over and appends the earlier metrics to metrics.discarded.jsonl."""
+    run_sft(sft_overrides(tiny_model_dir, *sft_data, tmp_path / "kept", 2))
+    assert [(i.step, i.valid) for i in list_checkpoints(tmp_path / "kept")] == [(2, True)]
+    gone = tmp_path / "gone"
+    args = sft_overrides(tiny_model_dir, *sft_data, gone, 2, "trainer.save_last=false")
+    run_sft(args)
+    assert not (gone / "checkpoints").exists()
+    first = (gone / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert run_sft(args)["start_step"] == 0
+    assert (gone / "metrics.discarded.jsonl").read_text() == first
+    said = [line for line in capsys.readouterr().err.splitlines() if "no valid checkpoint" in line]
+    assert len(said) == 1 and f"{gone} holds an earlier run's metrics (3 lines, steps 0-2)" in said[0], said
+
+
+def test_sft_help_config_prints_the_defaults_an_sft_run_gets(tiny_model_dir, capsys):
+    """Each key `posttrain sft --help-config` prints shows what a run's resolved config holds: given a model, and
+    (embedded: ...) without one; RL's keys are left out."""
+    assert main(["sft", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    printed = {m[1]: line for line in out.splitlines() if (m := re.match(r"  ([\w.]+): ", line))}
+    given = flatten(config_to_dict(load_config(None, [f"model.path={tiny_model_dir}"], command="sft")))
+    embedded = flatten(config_to_dict(load_config(None, [], command="sft")))
+    for key, line in printed.items():
+        default = None if key == "model.path" else given[key]
+        assert line.startswith(f"  {key}: {type_name(key)} = {default!r}"), (line, default)
+        if key != "model.path" and embedded[key] != given[key]:
+            assert f"(embedded: {embedded[key]!r})" in line, (line, embedded[key])
+        else:
+            assert "(embedded:" not in line, line
+    assert {"data.response_key", "data.max_length", "data.multiturn.enable", "trainer.save_last"} <= printed.keys()
+    assert not {"rollout.n", "actor.ppo_mini_batch_size", "algorithm.adv_estimator", "data.max_prompt_length",
+                "reward.num_workers", "trainer.log_samples_freq", "distillation.enabled"} & printed.keys()
+    assert "  actor.lr: float = 1e-05  (verl: optim.lr)  (embedded: 0.0001)" in printed["actor.lr"]
+    assert printed["actor.ppo_micro_batch_size"].endswith("(verl: data.micro_batch_size_per_gpu)  (embedded: 64)")
+    assert printed["data.prompt_key"] == "  data.prompt_key: str = 'question'  (embedded: 'prompt')"
 
 
 def test_verls_sft_command_loads():

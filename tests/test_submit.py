@@ -152,7 +152,7 @@ def posttrain(env, *args, timeout=240):
 def train_args(model_dir, run_dir, steps=2):
     return ["train", f"model.path={model_dir}", f"trainer.total_training_steps={steps}", "data.train_batch_size=4",
             "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "rollout.n=2", "data.val_max_samples=8",
-            "trainer.device=cpu", "trainer.n_gpus_per_node=2", f"trainer.run_dir={run_dir}", "trainer.save_freq=-1"]
+            "trainer.device=cpu", "trainer.n_gpus_per_node=2", f"trainer.run_dir={run_dir}", "trainer.save_last=false"]
 
 
 def submit_args(ray_cluster):

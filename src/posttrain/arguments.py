@@ -74,8 +74,8 @@ def add_sft(sub) -> None:
                                    "docs/sft.md.")
     t.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
     t.add_argument("--config", metavar="CONFIG.yaml", help="the config file (as the first argument)")
-    t.add_argument("--help-config", action="store_true", help="list every config key, its type and default, "
-                   "and verl's SFT spellings")
+    t.add_argument("--help-config", action="store_true", help="list the config keys posttrain sft reads, each "
+                   "with its type, the default an SFT run gets and verl's SFT spelling")
     t.add_argument("--debug", dest="debug_run", action="store_true", help="tracebacks for errors and pdb "
                    "post-mortem on a crash (docs/debugging.md)")
 

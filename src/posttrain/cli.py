@@ -43,14 +43,12 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from posttrain.driver.build_sft import build_sft_run
-    from posttrain.config import describe_keys, load_config
-    from posttrain.config.dialects.verl.sft import alias_table
+    from posttrain.config import load_config
+    from posttrain.config.keys_sft import describe_sft_keys
     from posttrain.driver.sft import train_sft
 
     if args.help_config:
-        print(describe_keys())
-        print("\nverl's SFT trainer keys accepted by posttrain sft (verl key -> posttrain key):")
-        print("\n".join(f"  {theirs} -> {ours}" for theirs, ours in alias_table().items()))
+        print(describe_sft_keys())
         return 0
     config_path, overrides = split_train_args(args.args, args.config)
     cfg = load_config(config_path, overrides, command="sft")

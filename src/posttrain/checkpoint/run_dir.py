@@ -53,12 +53,18 @@ def check_start(run_dir: Path, ckpt: Path | None, resume_mode: str, config: dict
 
 def check_fresh_run_dir(run_dir: Path, resume_mode: str) -> None:
     """Without a checkpoint to resume from, an earlier run's files are never
-    mixed into. With resume_mode=auto the earlier run died before its first
-    complete checkpoint: its metrics are set aside and its unfinished saves,
-    never loaded, are overwritten. With disable the directory must be new."""
+    mixed into. With resume_mode=auto the earlier run left no complete
+    checkpoint (it died before its first, or saved none): one line says so,
+    its metrics are set aside (appended to metrics.discarded.jsonl, never
+    deleted) and its unfinished saves, never loaded, are overwritten. With
+    disable the directory must be new."""
     metrics = run_dir / "metrics.jsonl"
     if resume_mode == "auto":
-        set_aside(metrics, keep_up_to=-1)
+        moved = set_aside(metrics, keep_up_to=-1)
+        if moved:
+            print(f"posttrain: warning: {run_dir} holds an earlier run's metrics ({moved}) but no valid checkpoint "
+                  f"to resume from: starting over at step 0, the old metrics appended to "
+                  f"{metrics.with_name(DISCARDED)} (another trainer.experiment_name keeps runs apart)", file=sys.stderr)
         return
     leftovers = [p for p in (metrics, run_dir / "checkpoints") if p.exists()]
     if leftovers:
@@ -90,22 +96,48 @@ def resume(run, ckpt: Path) -> None:
     """Load `ckpt` into the built `run` (checkpoint.restore: weights, optimizer, sampler, random state) and
     set aside the metrics of the steps after it. Last: nothing after this may draw random numbers."""
     restore(run, ckpt)
-    set_aside(run.run_dir / "metrics.jsonl", keep_up_to=run.global_step)
-    print(f"posttrain: resuming from {ckpt} (step {run.global_step})", file=sys.stderr)
+    moved = set_aside(run.run_dir / "metrics.jsonl", keep_up_to=run.global_step)
+    after = f"; the metrics logged after it ({moved}) appended to {DISCARDED}" if moved else ""
+    print(f"posttrain: resuming from {ckpt} (step {run.global_step}){after}", file=sys.stderr)
+    if run.global_step >= run.total_steps:
+        print(f"posttrain: the run in {run.run_dir} is finished (step {run.global_step} of {run.total_steps}): "
+              "nothing to train; raise trainer.total_training_steps (or total_epochs) to go on, or give another "
+              "trainer.experiment_name for a new run", file=sys.stderr)
 
 
-def set_aside(metrics: Path, keep_up_to: int) -> None:
-    """Keep the metrics of steps <= keep_up_to; move the rest (steps of a
-    timeline abandoned by a crash) to metrics.discarded.jsonl."""
+DISCARDED = "metrics.discarded.jsonl"
+
+
+def set_aside(metrics: Path, keep_up_to: int) -> str:
+    """Keep the metrics of steps <= keep_up_to; append the rest (steps of a timeline abandoned by a crash, or
+    of an earlier run) to metrics.discarded.jsonl. -> what was moved, for a message ('41 lines, steps 0-40';
+    '' if nothing)."""
     if not metrics.exists():
-        return
-    keep, drop = [], []
-    for line in metrics.read_text().splitlines():
-        try:
-            (keep if json.loads(line).get("step", 0) <= keep_up_to else drop).append(line)
-        except ValueError:
+        return ""
+    keep, drop, steps = [], [], []
+    for line in filter(str.strip, metrics.read_text().splitlines()):
+        step = _step(line)
+        if step is None:
             drop.append(line)  # a line cut short by a kill
-    if drop:
-        with open(metrics.with_name("metrics.discarded.jsonl"), "a", encoding="utf-8") as fh:
-            fh.write("\n".join(drop) + "\n")
-        metrics.write_text("".join(line + "\n" for line in keep))
+            continue
+        (keep if step <= keep_up_to else drop).append(line)
+        if step > keep_up_to:
+            steps.append(step)
+    if not drop:
+        return ""
+    with open(metrics.with_name(DISCARDED), "a", encoding="utf-8") as fh:
+        fh.write("\n".join(drop) + "\n")
+    metrics.write_text("".join(line + "\n" for line in keep))
+    lines = f"{len(drop)} line{'s' * (len(drop) > 1)}"
+    if not steps:
+        return lines
+    return f"{lines}, step {steps[0]}" if min(steps) == max(steps) else f"{lines}, steps {min(steps)}-{max(steps)}"
+
+
+def _step(line: str) -> float | None:
+    """A metrics line's step, None for a line that is not one (cut short by a kill)."""
+    try:
+        step = json.loads(line).get("step", 0)
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else None

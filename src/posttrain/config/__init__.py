@@ -22,6 +22,7 @@ One job per module, imports going down this list:
     validate_sft.py    posttrain sft's checks
     load.py            file and overrides -> the dialect's translation -> canonical checks -> merged onto
                        the dataclasses -> validated: load_config
+    keys_sft.py        what `posttrain sft --help-config` prints (the defaults as load_config resolves them)
 """
 
 from posttrain.config.flat import flatten, parse_override

@@ -36,6 +36,7 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "model.fused_kernel_options.impl_backend": "triton: named unused (the fused pass is torch code)",
               "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
               "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
+              "data.seed": "null: trainer.seed's",
               **{k: UNUSED for k in VERL_ONLY_KEYS},
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
@@ -54,12 +55,17 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
                  for r in ("actor", "ref", "rollout", "critic")}}
 
 
+def type_name(key: str) -> str:
+    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...)."""
+    typ = SCHEMA[key][0]
+    return getattr(typ, "__name__", str(typ)).replace("typing.", "")
+
+
 def describe_keys() -> str:
     lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
-    for key, (typ, default) in SCHEMA.items():
-        name = getattr(typ, "__name__", str(typ)).replace("typing.", "")
+    for key, (_, default) in SCHEMA.items():
         status = f"  [{KEY_STATUS[key]}]" if key in KEY_STATUS else ""
-        lines.append(f"  {key}: {name} = {default!r}{status}")
+        lines.append(f"  {key}: {type_name(key)} = {default!r}{status}")
     lines.append("")
     lines.append("verl keys accepted (verl key -> posttrain key [what happens to it]):")
     for verl, ours in sorted(alias_table(SCHEMA).items()):

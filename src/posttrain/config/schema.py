@@ -243,7 +243,8 @@ class TrainerConfig:
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
     max_epochs: Optional[int] = None  # stop after this many passes over the data even if total_training_steps is more
-    save_freq: int = -1  # -1: never
+    save_freq: int = -1  # a checkpoint every N steps; -1 or 0: none between (verl's -1)
+    save_last: bool = True  # and one at the last step (false: none there, as verl's RL trainer with save_freq=-1)
     test_freq: int = -1  # -1: only before (val_before_train) and after training
     val_before_train: bool = True
     val_at_end: bool = True  # validate after the last step (false: only if it is a test_freq multiple)

@@ -13,15 +13,24 @@ from posttrain.config.schema import Config, data_parallel_groups
 from posttrain.config.validate import (validate_actor, validate_data, validate_model, validate_sequence_parallel,
                                        validate_trainer, warn_unused)
 
-# what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the RL
-# loss's knobs (a run that sets them is told, in one line)
-RL_SECTIONS = ("rollout.", "algorithm.", "reward.", "critic.", "ref.", "async_training.")
-RL_ACTOR_KEYS = ("actor.ppo_mini_batch_size", "actor.ppo_epochs", "actor.clip_ratio", "actor.clip_ratio_low",
-                 "actor.clip_ratio_high", "actor.clip_ratio_c", "actor.loss_agg_mode", "actor.loss_scale_factor",
-                 "actor.policy_loss.loss_mode", "actor.entropy_coeff", "actor.use_kl_loss", "actor.kl_loss_coef",
-                 "actor.kl_loss_type", "actor.reuse_on_policy_log_probs", "data.max_prompt_length",
-                 "data.max_response_length", "data.filter_overlong_prompts", "trainer.critic_warmup")
+# what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the teachers,
+# the RL loss's knobs, the sampled completions' logs (a run that sets them is told, in one line; `posttrain sft
+# --help-config` leaves them out: keys_sft.py)
+RL_SECTIONS = ("rollout.", "algorithm.", "reward.", "critic.", "ref.", "async_training.", "distillation.",
+               "profiler.ref.", "profiler.rollout.", "profiler.critic.")
+RL_KEYS = ("actor.ppo_mini_batch_size", "actor.ppo_epochs", "actor.clip_ratio", "actor.clip_ratio_low",
+           "actor.clip_ratio_high", "actor.clip_ratio_c", "actor.loss_agg_mode", "actor.loss_scale_factor",
+           "actor.policy_loss.loss_mode", "actor.entropy_coeff", "actor.use_kl_loss", "actor.kl_loss_coef",
+           "actor.kl_loss_type", "actor.reuse_on_policy_log_probs", "actor.entropy_from_logits_with_chunking",
+           "actor.entropy_checkpointing", "actor.use_torch_compile", "data.max_prompt_length",
+           "data.max_response_length", "data.filter_overlong_prompts", "data.val_batch_size", "data.image_key",
+           "model.share_prompt", "trainer.critic_warmup", "trainer.max_critic_ckpt_to_keep",
+           "trainer.log_val_generations", "trainer.log_samples_freq", "trainer.log_samples_prompts")
 
+
+def rl_only(key: str) -> bool:
+    """A key that only reinforcement learning reads."""
+    return key.startswith(RL_SECTIONS) or key in RL_KEYS
 
 def validate_sft(cfg: Config, given: set[str]) -> None:
     """Ranges and rules of a supervised run (in place, as validate does); RL keys in `given` (the run's own
@@ -47,7 +56,7 @@ def validate_sft(cfg: Config, given: set[str]) -> None:
     need(not (templates and d.multiturn.enable), f"data.{templates[0] if templates else ''} with "
           "data.multiturn.enable=true: prompt files rewrite a single-turn row's prompt; put the text in the "
           "conversations themselves, or leave it out")
-    rl = sorted(k for k in given if k.startswith(RL_SECTIONS) or k in RL_ACTOR_KEYS)
+    rl = sorted(k for k in given if rl_only(k))
     if rl:
         warnings.warn(f"{', '.join(rl)}: reinforcement-learning settings; posttrain sft does not use them",
                       stacklevel=3)

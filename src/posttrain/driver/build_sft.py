@@ -69,9 +69,10 @@ def build_sft_run(cfg) -> SFTRun:
         connect_cluster(cfg)
     device = worker_device(tr.device, distributed)
     policy_dir, _ = resumed_model_dirs(resume_from)
-    # the policy and its optimizer only: no reference, no critic, and the hf engine over the policy (never used)
+    # the policy and its optimizer only: no reference, critic or teachers, and the hf engine over the policy
+    # (never used)
     spec = dataclasses.replace(worker_spec(cfg, model_dir, policy_dir, device, total_steps), ref=RefSpec(),
-                               rollout=RolloutSpec(), critic=None, sft=update_settings(cfg))
+                               rollout=RolloutSpec(), critic=None, teachers=(), sft=update_settings(cfg))
     actor, workers = make_actor(cfg, spec, run_dir)
     writer, config_yaml = checkpoint_writer(cfg, run_dir, remote, model_dir, tokenizer)
     run = SFTRun(

@@ -29,14 +29,14 @@ def open_logger(run, line=format_line) -> MetricsLogger:
 
 def due(run, has_validation: bool) -> tuple[bool, bool]:
     """After run.global_step steps: (validate now, save now). Validation every trainer.test_freq steps and at
-    the last (unless trainer.val_at_end is false); a checkpoint every trainer.save_freq steps and at the last
-    (save_freq > 0), and always on a stop (a signal, or a streak of non-finite steps)."""
+    the last (unless trainer.val_at_end is false); a checkpoint every trainer.save_freq steps (save_freq > 0), at
+    the last (unless trainer.save_last is false), and always on a stop (a signal, or a streak of non-finite steps)."""
     tr = run.cfg.trainer
     last = run.global_step == run.total_steps
     periodic = tr.test_freq > 0 and run.global_step % tr.test_freq == 0
     validating = has_validation and ((last and tr.val_at_end) or periodic)
     stopping = run.stop_signal is not None or run.guard.exhausted
-    saving = stopping or (tr.save_freq > 0 and (run.global_step % tr.save_freq == 0 or last))
+    saving = stopping or (last and tr.save_last) or (tr.save_freq > 0 and run.global_step % tr.save_freq == 0)
     return validating, saving
 
 

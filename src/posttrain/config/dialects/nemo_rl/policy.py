@@ -174,8 +174,8 @@ def _scheduler(value, origin: str) -> dict:
 
 def checkpointing_and_logger(f: Leaves, out: dict, origin: str) -> None:
     enabled = f.get("checkpointing.enabled", True)
-    if not enabled:
-        out["trainer.save_freq"] = -1
+    if not enabled:  # NeMo-RL then writes none, at the last step neither
+        out["trainer.save_freq"], out["trainer.save_last"] = -1, False
     if f.has("checkpointing.checkpoint_dir") and enabled:
         out["trainer.run_dir"] = f.get("checkpointing.checkpoint_dir")  # checkpoints and metrics in one place
     elif f.has("logger.log_dir"):

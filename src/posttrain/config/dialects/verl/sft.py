@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from posttrain.config.checks import printable
+from posttrain.config.dialects.verl.keys import alias_table
 from posttrain.config.schema import SCHEMA
 from posttrain.errors import ConfigError
 
@@ -36,6 +37,9 @@ EXACT = {
     "use_remove_padding": "model.use_remove_padding",
 }
 PREFIXES = (("optim.", "actor."),)  # lr, betas, weight_decay, lr_warmup_steps_ratio, lr_scheduler_type, ...
+# verl's optimizer settings (its optim/fsdp.yaml) that PREFIXES reads, as `posttrain sft --help-config` names them
+OPTIM = ("lr", "betas", "eps", "weight_decay", "lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
+         "min_lr_ratio", "num_cycles")
 
 # accepted; a value other than these is named in one warning line as unused
 UNUSED = {
@@ -102,6 +106,16 @@ def _renamed(key: str, theirs: str, ours: str, origin: str) -> str:
     raise ConfigError(f"unknown config key '{key}' ({origin})" + (f"; did you mean '{match[0]}'?" if match else ""))
 
 
-def alias_table() -> dict[str, str]:
-    """verl's SFT spellings -> posttrain's (for `posttrain sft --help-config`)."""
-    return {**EXACT, **{f"{theirs}*": f"{ours}*" for theirs, ours in PREFIXES}}
+def spellings_by_key() -> dict[str, list[str]]:
+    """posttrain's key -> verl's SFT spellings of it (for `posttrain sft --help-config`); its trainer.* keys are
+    its RL trainer's."""
+    out: dict[str, list[str]] = {}
+    for theirs, ours in alias_table(SCHEMA).items():
+        if theirs.startswith("trainer."):
+            out.setdefault(ours, []).append(theirs)
+    for theirs, ours in PREFIXES:
+        for name in OPTIM:
+            out.setdefault(ours + name, []).append(theirs + name)
+    for theirs, ours in EXACT.items():
+        out.setdefault(ours, []).append(theirs)
+    return out
