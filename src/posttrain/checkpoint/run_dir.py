@@ -120,8 +120,10 @@ def set_aside(metrics: Path, keep_up_to: int) -> str:
         if step is None:
             drop.append(line)  # a line cut short by a kill
             continue
-        (keep if step <= keep_up_to else drop).append(line)
-        if step > keep_up_to:
+        if step <= keep_up_to:
+            keep.append(line)
+        else:
+            drop.append(line)
             steps.append(step)
     if not drop:
         return ""

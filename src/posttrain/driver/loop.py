@@ -170,8 +170,8 @@ def pf_ppo_batch(batch: RolloutBatch, pf, seed: int) -> RolloutBatch:
 
 def train(run: Run) -> dict[str, float]:
     """Validate, run steps up to `total_steps` (validating every `test_freq` and saving every `save_freq`
-    steps, and at the end unless `save_last` is false), validate again (unless trainer.val_at_end is false and the last step is no
-    test_freq multiple).
+    steps, and at the end unless `save_last` is false), validate again (unless trainer.val_at_end is false and
+    the last step is no test_freq multiple).
 
     SIGTERM or SIGINT: the step in progress finishes, a checkpoint is written and `Preempted` is raised (the
     CLI exits with status 75); a second signal exits at once.

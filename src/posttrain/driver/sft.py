@@ -86,7 +86,8 @@ def validation_loss(run: SFTRun) -> dict[str, float]:
 
 def train_sft(run: SFTRun) -> dict[str, float]:
     """Validate, run steps up to `total_steps` (validating every test_freq and saving every save_freq steps, and
-    at the end unless save_last is false), validate again. SIGTERM/SIGINT: the step finishes, a checkpoint is written, `Preempted` raised.
+    at the end unless save_last is false), validate again. SIGTERM/SIGINT: the step finishes, a checkpoint is
+    written, `Preempted` raised.
     -> summary: val_before, val_after, loss_first, loss_last, steps, seconds, run_dir"""
     tr = run.cfg.trainer
     logger = open_logger(run, line=format_sft_line)
