@@ -18,25 +18,19 @@ Every entry of NOT_KEYS, SHORT, REFUSED and CONTEXT is still on its page. A tabl
 `default` (docs/configuration.md's first keys) gives SCHEMA's defaults.
 """
 
-import copy
 import functools
 import re
 from pathlib import Path
 
 import pytest
-from omegaconf.errors import ValidationError
-from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode, StringNode
 
-from posttrain.config import SCHEMA, canonicalize, load, load_config
+from posttrain.config import SCHEMA, canonicalize, load_config
 from posttrain.config.dialects import nemo_rl
 from posttrain.config.dialects.nemo_rl import keys as nemo_keys
-from posttrain.config.dialects.verl import fully_async
 from posttrain.config.dialects.verl import sft as verl_sft
 from posttrain.config.dialects.verl.keys import CUSTOM_REWARD_NAME, CUSTOM_REWARD_PATH, HYBRID_ENGINE, alias_table
 from posttrain.config.flat import parse_override
-from posttrain.config.load import canonical
-from posttrain.config.validate import validate
-from posttrain.config.validate_sft import validate_sft
+from posttrain.config.load import canonical, from_layers
 from posttrain.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the loader's "set, but unused" as keys are probed
@@ -208,18 +202,10 @@ def placeholder(value: str) -> bool:
     return value == "" or len(value) == 1 and value.isalpha() or bool(re.search(r"[A-Z]{2}|[|]", value))
 
 
-@functools.cache
-def base(command: str):
-    """load_config(None, [], command): the defaults and the embedded preset every override lands on."""
-    return load_config(None, [], command=command)
-
-
 def loads(span: str, context: tuple = ()) -> str | None:
     """Whether `key=value` (with the `context` keys the page gives it with) loads: None, or the loader's line. The
-    first route whose layer builds decides: the algorithm.name preset under the layer, each value checked against
-    its key's type and set on a copy of base(command), then validated as load_config validates. load_config's
-    merge (OmegaConf over the whole Config, ~0.5 s a call) is the one step done here by hand:
-    test_the_quick_load_agrees_with_load_config holds the two alike."""
+    first route whose layer builds decides, through the rest of load_config (load.from_layers: the presets under
+    the layer, the merge, validation)."""
     error = "no route takes it"
     for command, layer in routes([*context, span]):
         try:
@@ -228,56 +214,11 @@ def loads(span: str, context: tuple = ()) -> str | None:
             error = error if error != "no route takes it" else str(e)
             continue
         try:
-            if command == "train":
-                keys = {**load._algorithm_layer([keys]), **keys}
-            cfg = copy.deepcopy(base(command))
-            for key, value in keys.items():
-                put(cfg, key, value)
-            if command == "sft":
-                validate_sft(cfg, set(keys))
-            else:
-                fully_async.resolve(cfg, set(keys))
-                validate(cfg)
+            from_layers([keys], command)
             return None
         except ConfigError as e:
             return str(e)
     return error
-
-
-NODES = {"float": FloatNode, "int": IntegerNode, "bool": BooleanNode, "str": StringNode}
-
-
-def put(cfg, key: str, value) -> None:
-    """cfg's `key` set to `value` converted as OmegaConf's node of the key's type converts it (`1e-5` a float),
-    or the ConfigError load_config gives for a value that does not fit."""
-    kind = SCHEMA[key][0] if key in SCHEMA else "Any"
-    try:
-        value = converted(kind, value)
-    except ValidationError:
-        raise ConfigError(f"config key '{key}' expects {kind}, got {value!r}; fix the value") from None
-    *parents, leaf = key.split(".")
-    node = cfg
-    for p in parents:
-        node = node.setdefault(p, {}) if isinstance(node, dict) else getattr(node, p)
-    if isinstance(node, dict):
-        node[leaf] = value
-    else:
-        setattr(node, leaf, value)
-
-
-def converted(kind: str, value):
-    optional = kind.startswith("Optional[")
-    kind = kind[9:-1] if optional else kind
-    if value is None:
-        if not optional:
-            raise ValidationError("null")
-        return None
-    if kind.startswith("List["):
-        if not isinstance(value, list):
-            raise ValidationError("not a list")
-        return [converted(kind[5:-1], v) for v in value]
-    node = NODES.get(kind)
-    return node(value=value)._value() if node else value
 
 
 def check(page: str, span: str) -> str | None:
@@ -330,14 +271,14 @@ def test_the_checker_tells_keys_from_the_rest():
 
 
 @pytest.mark.parametrize("span", ["actor.lr=1e-5", "actor.lr=fast", "rollout.dtype=fp8", "algorithm.name=dapo"])
-def test_the_quick_load_agrees_with_load_config(span):
+def test_loads_agrees_with_load_config(span):
     try:
         load_config(None, [span])
         real = None
     except ConfigError as e:
         real = str(e)
-    quick = loads(span)
-    assert (quick is None) == (real is None), (quick, real)
+    ours = loads(span)
+    assert (ours is None) == (real is None), (ours, real)
 
 
 # ---- tables of keys with their defaults (docs/configuration.md's first keys, ...): SCHEMA's defaults

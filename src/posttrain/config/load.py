@@ -111,6 +111,15 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
         origin = f"in {config_path}" if nemo_tree is not None else "on the command line"
         layers.append(canonical(nemo_rl.translate(nemo_tree, nemo_overrides, origin, command, given=ours), origin))
     layers.append(ours)
+    return from_layers(layers, command)
+
+
+def from_layers(layers: list[dict], command: str = "train") -> Config:
+    """The run's layers, translated and checked (canonicalize), lowest first -> its validated Config: under them
+    the presets (algorithm.name's, the embedded run's without a model.path, sft's defaults), the whole merged
+    onto the dataclasses, verl's global sizes and fully asynchronous keys resolved, validated."""
+    sft = command == "sft"
+    layers = list(layers)
     given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
     if not sft:
         layers.insert(0, _algorithm_layer(layers))
