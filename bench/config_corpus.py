@@ -6,6 +6,9 @@ config's code that must not change what users see: capture before, capture after
     .venv/bin/python bench/config_corpus.py --out after.jsonl ...
     .venv/bin/python bench/config_corpus.py --compare before.jsonl after.jsonl
 
+--cases-from before.jsonl runs an earlier capture's cases again, those of a key that has left the schema since
+included (a case that names a file is that file as --config; the others are one key=value override).
+
 The cases, each for `posttrain train` and `posttrain sft`: every schema key set to each of VALUES; every
 algorithm preset; every YAML file of examples/, configs/ and tests/ as --config; with --verl-configs,
 verl's trainer/config/*.yaml (e.g. .venv/verl/verl/trainer/config) as --config; with --nemo-rl, a
@@ -46,6 +49,13 @@ def cases(verl_configs: Path | None, nemo_rl: Path | None, values=VALUES, comman
             yield str(path), command, str(path), []
 
 
+def replayed(path: Path):
+    """-> the cases of an earlier capture, as cases() gives them."""
+    for record in map(json.loads, path.read_text().splitlines()):
+        case = record["case"]
+        yield (case, record["command"], case, []) if case.startswith("/") else (case, record["command"], None, [case])
+
+
 def outcome(command: str, path: str | None, overrides: list[str]) -> dict:
     """The resolved config (or the error), and the warnings, of one case."""
     from posttrain.config import config_to_dict, load_config
@@ -60,10 +70,12 @@ def outcome(command: str, path: str | None, overrides: list[str]) -> dict:
     return result
 
 
-def capture(out: Path, verl_configs: Path | None, nemo_rl: Path | None, values=VALUES, commands=COMMANDS) -> int:
+def capture(out: Path, verl_configs: Path | None, nemo_rl: Path | None, values=VALUES, commands=COMMANDS,
+            cases_from: Path | None = None) -> int:
     count = 0
     with out.open("w") as f:
-        for name, command, path, overrides in cases(verl_configs, nemo_rl, values, commands):
+        for name, command, path, overrides in (replayed(cases_from) if cases_from else
+                                               cases(verl_configs, nemo_rl, values, commands)):
             record = {"case": name, "command": command, **outcome(command, path, overrides)}
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
             count += 1
@@ -100,6 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--values", help="the values each key is set to, comma-separated ('default' for its own; "
                                      "default: all of VALUES)")
     p.add_argument("--commands", default=",".join(COMMANDS), help="train,sft (default: both)")
+    p.add_argument("--cases-from", type=Path, help="run the cases of an earlier capture (its keys, files, commands)")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="compare two outputs")
     args = p.parse_args(argv)
     if args.compare:
@@ -107,7 +120,7 @@ def main(argv=None) -> int:
     if not args.out:
         p.error("give --out FILE to capture, or --compare BEFORE AFTER")
     values = VALUES if not args.values else [None if v == "default" else v for v in args.values.split(",")]
-    return capture(args.out, args.verl_configs, args.nemo_rl, values, tuple(args.commands.split(",")))
+    return capture(args.out, args.verl_configs, args.nemo_rl, values, tuple(args.commands.split(",")), args.cases_from)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,34 @@ def test_resume_compares_the_new_training_keys_and_tolerates_older_checkpoints(t
         check_compatible(older, config_to_dict(load_config(None, ["algorithm.overlong_filtering=true"])), "m")
 
 
+def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_path):
+    """An older posttrain saved verl's unused keys (data.return_raw_chat, rollout.trace, ...) in a run's config.yaml;
+    they are verl's dialect's now: the file loads as --config, and the checkpoint holding it resumes unchanged."""
+    import yaml
+
+    from posttrain.checkpoint.resume import check_compatible
+    from posttrain.config import config_to_dict, config_to_yaml
+
+    cfg = load_config()
+    older = yaml.safe_load(config_to_yaml(cfg))
+    older["data"].update(return_raw_chat=False, gen_batch_size=None)
+    older["trainer"]["use_legacy_worker_impl"] = "auto"
+    older["rollout"].update(layered_summon=False, trace={})
+    older["reward"]["model"].update(use_reward_loop=False, rollout={})
+    older["async_training"].update(use_trainer_do_validate=False, checkpoint_engine={})
+    ckpt = tmp_path / "global_step_1"
+    ckpt.mkdir()
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"model_dir": "m"}))
+    assert config_to_dict(load_config(str(ckpt / "config.yaml"))) == config_to_dict(cfg)
+    check_compatible(ckpt, config_to_dict(cfg), "m")
+    older["model"]["use_shm"] = True  # set by the older run: unused then as now
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    with pytest.warns(UserWarning, match="^model.use_shm: verl's settings"):
+        assert config_to_dict(load_config(str(ckpt / "config.yaml"))) == config_to_dict(cfg)
+    check_compatible(ckpt, config_to_dict(cfg), "m")
+
+
 def spawn(args, **env):
     return subprocess.Popen([POSTTRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **env})

@@ -300,6 +300,28 @@ def test_verls_switches_for_what_posttrain_does_not_do():
         load_config(None, ["model.path=/m", "data.return_raw_chat=True", "trainer.use_legacy_worker_impl=disable"])
 
 
+def test_verls_unused_keys_are_its_dialects_named_in_one_line_as_before(tmp_path):
+    """verl's keys that posttrain takes and does not use are not posttrain's keys (dialects/verl/keys.py: UNUSED):
+    read in verl's spelling and in posttrain's former one, after every layer (a later one winning), dropped before
+    the merge; the ones set to anything but their default are named in validation's one line, a value the merge
+    would refuse is refused in its words."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"use_shm": True}, "reward_model": {"rollout": {"name": "vllm"}}}))
+    with pytest.warns(UserWarning) as caught:
+        c = load_config(str(path), ["model.path=/m", "actor_rollout_ref.rollout.layered_summon=True", "model.use_shm=0",
+                                    "actor_rollout_ref.actor.fsdp_config.use_orig_params=1", "data.gen_batch_size=1",
+                                    "trainer.max_critic_ckpt_to_keep=3"])
+    assert [str(w.message) for w in caught] == [
+        "reward.model.rollout, rollout.layered_summon, actor.use_orig_params, data.gen_batch_size, "
+        "trainer.max_critic_ckpt_to_keep (no critic): verl's settings for what posttrain does its own way (its "
+        "servers, worker classes, kernels: `posttrain train --help-config` says each); set, but unused"]
+    saved = config_to_yaml(c)
+    assert "use_shm" not in saved and "layered_summon" not in saved and "gen_batch_size" not in saved
+    assert error(["data.return_raw_chat=x"]) == "config key 'data.return_raw_chat' expects bool, got 'x'; fix the value"
+    assert error(["actor_rollout_ref.rollout.trace=0"]) == (
+        "config key 'rollout.trace' expects Dict[str, Any], got 0; fix the value")
+
+
 def test_verls_memory_and_compile_switches_reach_the_passes():
     """use_fused_kernels, the entropy's chunking and checkpointing and torch.compile
     are honoured (their effect: tests/test_fast_paths.py); a triton backend is named unused."""

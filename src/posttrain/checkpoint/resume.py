@@ -11,6 +11,7 @@ import torch
 from posttrain.checkpoint.manifest import latest_valid, list_checkpoints, verify
 from posttrain.checkpoint.state import ROLLOUTS_AHEAD, restore_rng
 from posttrain.config import SCHEMA, flatten
+from posttrain.config.dialects import verl
 from posttrain.errors import CheckpointError, ConfigError
 from posttrain.text.redact import matches_redacted, redact_mapping
 from posttrain.text.lines import one_line
@@ -50,7 +51,9 @@ def find_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | Non
 def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
     """Refuse a checkpoint made with another model or an incompatible config."""
     state = read_json(ckpt / "trainer_state.json")
-    saved = flatten(read_yaml(ckpt / "config.yaml"))
+    # a key an older posttrain saved that verl's dialect now reads before the merge (data.return_raw_chat) is no
+    # difference: unused, or already made into posttrain's keys when that config.yaml was written
+    saved = {k: v for k, v in flatten(read_yaml(ckpt / "config.yaml")).items() if not verl.reads(k)}
     now = flatten(config)
     shown = redact_mapping(now)  # the message names values, never a credential among them
     # the saved config was redacted (build.build_run): a `***` there matches whatever secret is given now,

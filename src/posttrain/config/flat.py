@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import yaml
+from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config.checks import repr_cut
 from posttrain.config.schema import DICT_KEYS, SCHEMA
@@ -69,3 +70,14 @@ def parse_override(arg: str) -> tuple[str, Any]:
     except YAML_ERRORS:
         value = raw
     return key, value
+
+
+# how OmegaConf refuses a value: its own errors, and a few plain ones (an int too large for a float
+# field: OverflowError; a dict onto a list: TypeError; a YAML alias that holds itself: RecursionError)
+REFUSED = (OmegaConfBaseException, TypeError, ValueError, OverflowError, RecursionError)
+
+
+def type_error(key: str, typ: str | None, value) -> ConfigError:
+    """The merge's refusal of `value` for `key`, a field of type `typ` (None: a key below a free-form mapping)."""
+    kind = typ or "a number, text, true/false or a list of them"
+    return ConfigError(f"config key '{key}' expects {kind}, got {repr_cut(value)}; fix the value")

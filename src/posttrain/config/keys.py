@@ -4,8 +4,9 @@ and the verl and NeMo-RL spellings accepted.
 
     print(describe_keys())
 
-LORA_ONLY_KEYS and VERL_ONLY_KEYS are also what validation names as "set, but
-unused" (validate.py): one list, so the help and the warning agree.
+LORA_ONLY_KEYS is also what validation names as "set, but unused" (validate.py):
+one list, so the help and the warning agree; verl's keys that posttrain's schema
+does not hold are its dialect's (dialects/verl/keys.py: READ, STATUS).
 """
 
 from __future__ import annotations
@@ -13,22 +14,18 @@ from __future__ import annotations
 from posttrain.config.schema import SCHEMA
 from posttrain.config.schema_rollout import VLLM_SETTINGS
 from posttrain.config.dialects.nemo_rl.keys import RENAMES as NEMO_RL_RENAMES
-from posttrain.config.dialects.verl.keys import GLOBAL_SIZES, alias_table
+from posttrain.config.dialects.verl.keys import GLOBAL_SIZES, READ, STATUS, alias_table
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
                   "rollout.lora_sync")
-VERL_ONLY_KEYS = ("data.return_raw_chat", "trainer.use_legacy_worker_impl", "reward.model.use_reward_loop",
-                  "reward.model.rollout", "model.use_shm", "rollout.layered_summon", "rollout.trace",
-                  "ref.entropy_from_logits_with_chunking", "actor.use_orig_params", "data.gen_batch_size",
-                  "async_training.use_trainer_do_validate", "async_training.checkpoint_engine")
 
 SFT_ONLY_KEYS = ("data.response_key", "data.prompt_dict_keys", "data.response_dict_keys", "data.max_length",
                  "data.multiturn.enable", "data.multiturn.messages_key", "data.multiturn.tools_key",
                  "data.multiturn.enable_thinking_key", "data.only_last_turn", "data.custom_chat_template")
 
 # What happens to a key, as --help-config shows it; every key not named here is honoured.
-ENGINE, ONLY_OFF, UNUSED = "vLLM's engine (named unused on hf)", "only this value; others refused", "verl only: unused"
+ENGINE, ONLY_OFF = "vLLM's engine (named unused on hf)", "only this value; others refused"
 KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
               "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
               **{k: ONLY_OFF for k in ("actor.fsdp_size", "ref.fsdp_size", "critic.model.fsdp_size")},
@@ -37,7 +34,6 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
               "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
               "data.seed": "null: trainer.seed's",
-              **{k: UNUSED for k in VERL_ONLY_KEYS},
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
@@ -56,9 +52,8 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
 
 
 def type_name(key: str) -> str:
-    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...)."""
-    typ = SCHEMA[key][0]
-    return getattr(typ, "__name__", str(typ)).replace("typing.", "")
+    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...): as the schema spells it."""
+    return SCHEMA[key][0]
 
 
 def describe_keys() -> str:
@@ -69,9 +64,13 @@ def describe_keys() -> str:
     lines.append("")
     lines.append("verl keys accepted (verl key -> posttrain key [what happens to it]):")
     for verl, ours in sorted(alias_table(SCHEMA).items()):
-        lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours, 'honoured')}]")
+        lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours) or STATUS.get(ours, 'honoured')}]")
     lines.append(f"  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  [{ENGINE}]")
     lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  [named unused]")
+    lines.append("")
+    lines.append("verl keys that are not posttrain's, read by its dialect before the merge (an older posttrain's "
+                 "config.yaml holds them too; type = default [what happens to it]):")
+    lines += [f"  {key}: {typ} = {default!r}  [{STATUS[key]}]" for key, (typ, default) in READ.items()]
     lines.append("")
     lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
     lines.append("")

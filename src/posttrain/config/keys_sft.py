@@ -13,7 +13,7 @@ from typing import Any
 
 from posttrain.config.dialects.verl import sft as verl_sft
 from posttrain.config.flat import flatten
-from posttrain.config.keys import KEY_STATUS, SFT_ONLY_KEYS, VERL_ONLY_KEYS, type_name
+from posttrain.config.keys import KEY_STATUS, SFT_ONLY_KEYS, type_name
 from posttrain.config.load import config_to_dict, load_config
 from posttrain.config.schema import SCHEMA
 from posttrain.config.validate_sft import RL_SECTIONS, rl_only
@@ -23,7 +23,7 @@ PLACEHOLDER_MODEL = "<model.path>"  # any model.path: the defaults of a run give
 
 def sft_keys() -> list[str]:
     """The keys `posttrain sft` reads, in the config's order."""
-    return [k for k in SCHEMA if not rl_only(k) and k not in VERL_ONLY_KEYS]
+    return [k for k in SCHEMA if not rl_only(k)]
 
 
 def sft_defaults() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config import presets
 from posttrain.config.checks import printable, repr_cut
-from posttrain.config.flat import below_dict_key, flatten, parse_override, unflatten
+from posttrain.config.flat import REFUSED, below_dict_key, flatten, parse_override, type_error, unflatten
 from posttrain.config.schema import LIST_KEYS, SCHEMA, Config
 from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
@@ -54,7 +54,7 @@ def canonical(flat: dict[str, Any], origin: str) -> dict[str, Any]:
     """posttrain's keys (a dialect's translation) checked: unknown keys refused, scalars normalised to lists."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
-        if key not in SCHEMA and not below_dict_key(key):
+        if key not in SCHEMA and not below_dict_key(key) and not verl.reads(key):
             if key.startswith(VERL_PREFIXES):
                 raise ConfigError(
                     f"verl key {key!r} ({origin}) is not supported yet by posttrain{nearest(key)} "
@@ -127,13 +127,14 @@ def from_layers(layers: list[dict], command: str = "train") -> Config:
         layers.insert(0, preset("tiny_sft.yaml" if sft else "tiny_arith.yaml"))
     if sft:
         layers.insert(0, preset("sft.yaml"))
+    layers, unused = verl.resolve(layers)  # verl's keys that posttrain's schema does not hold, read together
     cfg = _merge(layers)
     global_sizes.resolve(cfg, given)  # verl's global micro-batches divided over the workers, now known
     if sft:
-        validate_sft(cfg, given)
+        validate_sft(cfg, given, unused)
         return cfg
     fully_async.resolve(cfg, given)  # verl's fully asynchronous keys, read on the merged config's batch sizes
-    validate(cfg)
+    validate(cfg, unused)
     return cfg
 
 
@@ -159,12 +160,12 @@ def _merge(layers: list[dict]) -> Config:
     """The layers (flat keys) merged in order onto the dataclasses' defaults, OmegaConf checking the types."""
     try:
         merged = OmegaConf.merge(_defaults(), *(OmegaConf.create(unflatten(layer)) for layer in layers))
-    except _REFUSED:  # again a layer at a time, to name the key refused
+    except REFUSED:  # again a layer at a time, to name the key refused
         merged = _defaults()
         for layer in layers:
             try:
                 merged = OmegaConf.merge(merged, OmegaConf.create(unflatten(layer)))
-            except _REFUSED:
+            except REFUSED:
                 raise _type_error(merged, layer) from None
     try:
         return OmegaConf.to_object(merged)
@@ -174,22 +175,13 @@ def _merge(layers: list[dict]) -> Config:
                           "'${...}' in a value is an OmegaConf interpolation: fix it or escape it as '\\${...}'") from None
 
 
-# how OmegaConf refuses a value: its own errors, and a few plain ones (an int too large for a float
-# field: OverflowError; a dict onto a list: TypeError; a YAML alias that holds itself: RecursionError)
-_REFUSED = (OmegaConfBaseException, TypeError, ValueError, OverflowError, RecursionError)
-
-
 def _type_error(merged, layer: dict) -> ConfigError:
     """Find the key of `layer` that OmegaConf refused, and say what it expects."""
     for key, value in layer.items():
         try:
             OmegaConf.merge(merged, OmegaConf.create(unflatten({key: value})))
-        except _REFUSED:
-            if key not in SCHEMA:  # below a free-form mapping (rollout.engine_kwargs.vllm.X): e.g. a date
-                return ConfigError(f"config key '{key}' expects a number, text, true/false or a list of them, got "
-                                   f"{repr_cut(value)}; fix the value")
-            kind = getattr(SCHEMA[key][0], "__name__", str(SCHEMA[key][0])).replace("typing.", "")
-            return ConfigError(f"config key '{key}' expects {kind}, got {repr_cut(value)}; fix the value")
+        except REFUSED:  # below a free-form mapping (rollout.engine_kwargs.vllm.X) when not in SCHEMA: e.g. a date
+            return type_error(key, SCHEMA[key][0] if key in SCHEMA else None, value)
     return ConfigError(f"config values {repr_cut(layer, 200)} do not fit the config's types; fix them")
 
 

@@ -53,8 +53,6 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right, when not filtering
     image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
-    return_raw_chat: bool = False  # verl's input for its async rollout server; posttrain tokenizes the chat itself
-    gen_batch_size: Optional[int] = None  # verl's prompts per generation request (fully async: 1); unused
     # verl's own dataset class (its RLHFDataset API): not supported, posttrain reads the parquet rows itself
     custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
     # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
@@ -102,7 +100,6 @@ class ModelConfig:
     exclude_modules: Any = None
     lora_dropout: float = 0.0
     lora_adapter_path: Optional[str] = None  # a peft adapter directory to start from (its rank and targets)
-    use_shm: bool = False  # verl copies the model to /dev/shm first: posttrain reads it where it is
 
 
 @dataclass
@@ -171,7 +168,6 @@ class ActorConfig:
     optimizer_offload: bool = False  # the optimizer's state moves to the CPU between updates
     forward_prefetch: bool = False  # FSDP2: each layer gathers the next one's parameters as it starts
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
-    use_orig_params: bool = False  # FSDP1's flag: FSDP2 always keeps the original parameters (named unused)
     freeze_vision_tower: bool = False  # a vision-language model's image encoder keeps its weights
 
 
@@ -183,7 +179,6 @@ class RefConfig:
     fsdp_size: int = -1
     ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's (one size for all of a worker's models)
     use_torch_compile: bool = False  # the reference pass's log-prob function torch.compile'd
-    entropy_from_logits_with_chunking: bool = False  # verl's: the reference pass computes no entropy (unused)
     # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
     log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
@@ -239,7 +234,6 @@ class CriticConfig:
 
 @dataclass
 class TrainerConfig:
-    use_legacy_worker_impl: str = "auto"  # verl's choice of its own worker classes: posttrain has one kind
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # None: total_epochs x steps per epoch
     max_epochs: Optional[int] = None  # stop after this many passes over the data even if total_training_steps is more

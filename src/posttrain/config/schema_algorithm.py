@@ -5,7 +5,7 @@ sampling and the rollout correction are computed, and how samples are scored. sc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 
 @dataclass
@@ -127,8 +127,6 @@ class RewardModelConfig:
     use_remove_padding: bool = True  # chats of alike length share a scoring pass
     param_offload: bool = False  # its weights wait in CPU memory between scoring calls (verl's fsdp_config.*)
     input_tokenizer: Optional[str] = None  # verl's: responses are decoded by the policy's tokenizer either way
-    use_reward_loop: bool = False  # verl's choice of its reward workers; named unused
-    rollout: Dict[str, Any] = field(default_factory=dict)  # verl's vLLM server for the model; named unused
 
 
 @dataclass

@@ -84,7 +84,6 @@ class RolloutConfig:
     # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second
     # copy on hf, full weights into vLLM); null: adapter on hf (no second copy), merged on vLLM
     lora_sync: Optional[str] = None
-    trace: Dict[str, Any] = field(default_factory=dict)  # verl's rollout tracing (backend, token2text): named unused
     free_cache_engine: bool = True  # vLLM sleeps between generations: KV cache freed, weights moved to the CPU
     # the engine returns each sampled token's log-prob, and every step logs how far it is from the trainer's
     # (training/rollout_probs_diff_*, rollout_corr/*: algorithms/rollout_corr.py); null: on with vLLM
@@ -95,7 +94,6 @@ class RolloutConfig:
     # the engine samples with the policy's weights of this many updates ago (0: the current ones): a measured,
     # controlled off-policy gap for algorithm.rollout_correction (hf keeps a copy, both keep k CPU snapshots)
     stale_updates: int = 0
-    layered_summon: bool = False  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way (unused)
     mode: str = "sync"  # verl's sync | async (its server); posttrain's vLLM rollout is one LLM.generate per step
     # more vllm.LLM arguments by name (rollout.engine_kwargs.vllm.swap_space=4), checked against vLLM's EngineArgs
     engine_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
@@ -132,6 +130,4 @@ class AsyncTrainingConfig:
     use_rollout_log_probs: Optional[bool] = None
     compute_prox_log_prob: Optional[bool] = None
     total_rollout_prompts: Optional[int] = None
-    use_trainer_do_validate: bool = False  # verl's: validation on the trainer's devices (posttrain's always are)
-    checkpoint_engine: Dict[str, Any] = field(default_factory=dict)  # verl's bucketed NCCL weight sync: unused
 

@@ -4,17 +4,19 @@ section; the first broken rule is a ConfigError of one line that says the fix.
     validate(cfg)   # in place: nulls that mean "as the actor's" are filled in, verl's dtype spellings normalised
 
 Keys set but unused (verl's inputs, LoRA's keys without LoRA, another
-engine's settings) are named in one warning line each, not refused.
+engine's settings) are named in one warning line each, not refused; verl's
+keys that posttrain's schema does not hold come named by its dialect (`unused`).
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 from posttrain.algorithms import (
     ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES, estimator,
 )
-from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS, VERL_ONLY_KEYS
+from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
                                      positive_or_null, printable, repr_cut, warmup_start_factor)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
@@ -23,9 +25,10 @@ from posttrain.config.validate_distill import validate_distillation
 from posttrain.config.validate_rollout import validate_rollout, validate_rollout_correction
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, unused: Sequence[str] = ()) -> None:
     """Ranges, choices and cross-field rules; fills derived values in place. The sections first, then the
-    rules that join them (they divide by sizes the sections checked). posttrain sft's: validate_sft.py."""
+    rules that join them (they divide by sizes the sections checked). `unused`: verl's keys its dialect dropped,
+    set to anything but their default (named in warn_unused's line). posttrain sft's: validate_sft.py."""
     validate_data(cfg)
     validate_model(cfg)
     validate_rollout(cfg)
@@ -33,7 +36,7 @@ def validate(cfg: Config) -> None:
     validate_ref(cfg)
     validate_trainer(cfg)
     validate_sequence_parallel(cfg)
-    warn_unused(cfg)
+    warn_unused(cfg, unused)
     validate_reward(cfg)
     validate_algorithm(cfg)
     validate_rollout_correction(cfg)
@@ -138,10 +141,10 @@ def validate_sequence_parallel(cfg: Config) -> None:
           f"{size}: the fused pass does not split sequences yet; turn one of them off")
 
 
-def warn_unused(cfg: Config, sft_keys_used: bool = False) -> None:
-    """verl's switches for what posttrain does not do: inputs only verl reads, and settings of a feature that is
-    off (LoRA, multi-turn rollouts, posttrain sft's data keys in an RL run), set to anything but their default,
-    are named in one warning line each."""
+def warn_unused(cfg: Config, unused: Sequence[str] = (), sft_keys_used: bool = False) -> None:
+    """verl's switches for what posttrain does not do: inputs only verl reads (`unused`: the ones its dialect
+    dropped), and settings of a feature that is off (LoRA, multi-turn rollouts, posttrain sft's data keys in an RL
+    run), set to anything but their default, are named in one warning line each."""
     m, backend = cfg.model, cfg.model.fused_kernel_options.impl_backend
     sft_only = [k for k in SFT_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not sft_keys_used else []
     if sft_only:
@@ -150,7 +153,7 @@ def warn_unused(cfg: Config, sft_keys_used: bool = False) -> None:
     lora_only = [k for k in LORA_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
     if not cfg.rollout.multi_turn.enable:
         lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and get(cfg, k) != SCHEMA[k][1]]
-    inert = [k for k in VERL_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]]
+    inert = list(unused)
     if cfg.trainer.max_critic_ckpt_to_keep is not None and cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         inert.append("trainer.max_critic_ckpt_to_keep (no critic)")
     if cfg.data.custom_cls.name and not cfg.data.custom_cls.path:

@@ -7,6 +7,7 @@ micro-batches, trainer), its own keys, and a warning naming the RL settings a ru
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 from posttrain.config.checks import choice, need, positive, positive_or_null
 from posttrain.config.schema import Config, data_parallel_groups
@@ -32,16 +33,16 @@ def rl_only(key: str) -> bool:
     """A key that only reinforcement learning reads."""
     return key.startswith(RL_SECTIONS) or key in RL_KEYS
 
-def validate_sft(cfg: Config, given: set[str]) -> None:
+def validate_sft(cfg: Config, given: set[str], unused: Sequence[str] = ()) -> None:
     """Ranges and rules of a supervised run (in place, as validate does); RL keys in `given` (the run's own
-    keys) named unused."""
+    keys) named unused, and `unused` (verl's keys its dialect dropped, as validate's)."""
     d, a = cfg.data, cfg.actor
     a.ppo_mini_batch_size = d.train_batch_size  # one optimizer step per batch (what the shared checks read)
     validate_data(cfg)
     validate_model(cfg)
     validate_actor(cfg)
     validate_trainer(cfg)
-    warn_unused(cfg, sft_keys_used=True)
+    warn_unused(cfg, unused, sft_keys_used=True)
     positive(cfg, "data.max_length")
     positive_or_null(cfg, "data.train_max_samples")
     choice("data.truncation", d.truncation, ("error", "left", "right"))

@@ -2,10 +2,16 @@
 its fully asynchronous trainer's, read as posttrain's keys.
 
     translate(flat, "in run.yaml", command="train")   # one layer's keys -> posttrain's keys, in one pass
+    layers, unused = resolve(layers)                   # all the run's layers: the keys read together, dropped
+
+Some of verl's keys are not posttrain's (keys.READ: the ones posttrain takes and does not use): translate leaves
+them in its layer, spelt as an older posttrain's config.yaml spells them, and resolve reads them over all the
+run's layers before the merge and takes them out.
 
 One job per module, imports going down this list:
-    keys.py                the RL trainer's spellings -> posttrain's (tables only)
+    keys.py                the RL trainer's spellings -> posttrain's, and the keys the dialect reads itself (tables)
     sft.py                 the SFT trainer's spellings -> posttrain sft's
+    resolve.py             the keys of keys.READ over all the run's layers: resolve, before the merge
     translate.py           one layer of verl's keys -> posttrain's: translate, the entry point
     fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
                            training, on the merged config (it needs the merged batch sizes)
@@ -14,6 +20,7 @@ One job per module, imports going down this list:
     rollout_correction.py  algorithm.rollout_correction.* -> the RolloutCorrection settings (algorithms/)
 """
 
+from posttrain.config.dialects.verl.resolve import reads, resolve
 from posttrain.config.dialects.verl.translate import translate
 
-__all__ = ["translate"]
+__all__ = ["reads", "resolve", "translate"]

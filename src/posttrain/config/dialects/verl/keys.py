@@ -1,6 +1,31 @@
-"""verl's config keys, as tutorials pass them, mapped onto posttrain's keys."""
+"""verl's config keys, as tutorials pass them, mapped onto posttrain's keys; and verl's keys that posttrain's schema
+does not hold, which the dialect reads itself before the merge (READ: resolve.py)."""
 
 from __future__ import annotations
+
+# verl's keys that posttrain takes and does not use, by posttrain's former spelling of each (an older run's
+# config.yaml holds them; verl's spellings map onto them as onto posttrain's keys) -> (type, default): taken out of
+# the layers before the merge; one set to anything but its default is named in one warning line as unused
+UNUSED = {
+    # verl's input for its async rollout server; posttrain tokenizes the chat itself
+    "data.return_raw_chat": ("bool", False),
+    # verl's choice of its own worker classes: posttrain has one kind
+    "trainer.use_legacy_worker_impl": ("str", "auto"),
+    "reward.model.use_reward_loop": ("bool", False),  # verl's choice of its reward workers
+    "reward.model.rollout": ("Dict[str, Any]", {}),  # verl's vLLM server for the reward model
+    "model.use_shm": ("bool", False),  # verl copies the model to /dev/shm first: posttrain reads it where it is
+    "rollout.layered_summon": ("bool", False),  # verl's layer-by-layer LoRA weight sync: posttrain syncs its own way
+    "rollout.trace": ("Dict[str, Any]", {}),  # verl's rollout tracing (backend, token2text)
+    "ref.entropy_from_logits_with_chunking": ("bool", False),  # verl's: the reference pass computes no entropy
+    "actor.use_orig_params": ("bool", False),  # FSDP1's flag: FSDP2 always keeps the original parameters
+    "data.gen_batch_size": ("Optional[int]", None),  # verl's prompts per generation request (fully async: 1)
+    # verl's: validation on the trainer's devices (posttrain's always are)
+    "async_training.use_trainer_do_validate": ("bool", False),
+    "async_training.checkpoint_engine": ("Dict[str, Any]", {}),  # verl's bucketed NCCL weight sync
+}
+# every key the dialect reads itself -> (type, default), and what happens to each (`posttrain train --help-config`)
+READ = {**UNUSED}
+STATUS = {**{k: "verl only: unused" for k in UNUSED}}
 
 # verl's deprecated global micro-batch sizes -> the posttrain keys that hold a size over all workers; after the
 # merge, global_sizes.py divides each into the per-worker key (GLOBAL_SIZES) as verl's workers divide theirs
@@ -108,22 +133,22 @@ def spellings() -> list[str]:
 
 
 def to_canonical(key: str, canonical_keys) -> str | None:
-    """The posttrain key for `key`, or None when there is none."""
-    if key in canonical_keys:
+    """The posttrain key (or the key of READ) for `key`, or None when there is none."""
+    if key in canonical_keys or key in READ:
         return key
     if key in EXACT:
         return EXACT[key]
     for verl, ours in PREFIXES:
-        if key.startswith(verl) and ours + key[len(verl):] in canonical_keys:
+        if key.startswith(verl) and (ours + key[len(verl):] in canonical_keys or ours + key[len(verl):] in READ):
             return ours + key[len(verl):]
     return None
 
 
 def alias_table(canonical_keys) -> dict[str, str]:
-    """Every verl spelling we accept -> our key (for help and suggestions)."""
+    """Every verl spelling we accept -> our key, or the key of READ (for help and suggestions)."""
     table = dict(EXACT)
     for verl, ours in PREFIXES:
-        for key in canonical_keys:
+        for key in [*canonical_keys, *READ]:
             if key.startswith(ours):
                 table.setdefault(verl + key[len(ours):], key)
     table[CUSTOM_REWARD_PATH] = "reward.custom_fn"

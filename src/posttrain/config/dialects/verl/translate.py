@@ -15,6 +15,7 @@ from posttrain.config.checks import printable
 from posttrain.config.flat import below_dict_key
 from posttrain.config.schema import SCHEMA
 from posttrain.config.dialects.verl import sft
+from posttrain.config.dialects.verl.resolve import reads
 from posttrain.config.dialects.verl.keys import (CUSTOM_REWARD_NAME, CUSTOM_REWARD_PATH, HYBRID_ENGINE, PREFIXES,
                                           SEPARATE_ROLLOUT, to_canonical)
 from posttrain.errors import ConfigError
@@ -48,7 +49,8 @@ def translate(flat: dict[str, Any], origin: str, command: str = "train") -> dict
 
 
 def _below_dict_key(key: str) -> str | None:
-    """Our spelling of a key inside a free-form mapping (rollout.engine_kwargs.vllm.X), verl's prefixes mapped."""
+    """Our spelling of a key inside a free-form mapping (rollout.engine_kwargs.vllm.X, rollout.trace.X), verl's
+    prefixes mapped."""
     spellings = [key] + [ours + key[len(verl):] for verl, ours in PREFIXES if key.startswith(verl)]
-    return next((k for k in spellings if below_dict_key(k)), None)
+    return next((k for k in spellings if below_dict_key(k) or reads(k)), None)
 
