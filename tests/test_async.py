@@ -212,6 +212,33 @@ def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
         load_config(None, [*VERL_FULLY_ASYNC, "async_training.trigger_parameter_sync_step=0"])
 
 
+def test_the_dialect_translates_verls_fully_asynchronous_keys_before_the_merge():
+    """fully_async.translate reads verl's keys and posttrain's as the merge will make them (`value`), and gives
+    posttrain's keys; a key the run sets itself wins, a contradiction is refused."""
+    from posttrain.config.dialects.verl import fully_async
+
+    ours = {"actor.ppo_mini_batch_size": 3, "data.train_batch_size": 0, "rollout.name": "hf",
+            "async_training.max_trajectory_age_steps": 1, "algorithm.rollout_correction.bypass_mode": False}
+    verl = {"async_training.staleness_threshold": 1.5, "async_training.require_batches": 2,
+            "async_training.total_rollout_prompts": 100}
+    # 3 prompts x 2 mini-batches x 4 syncs (verl's default trigger) = 24 prompts a step; ceil(100 / 24) = 5 steps;
+    # k = ceil(1.5) = 2; partial rollouts (verl's default) are in-flight updates on hf; the rollout's log-probs
+    # (verl's default) are the old policy's: bypass mode
+    assert fully_async.translate(verl, ours.get, {"data.train_batch_size"}) == {
+        "async_training.enable": True, "async_training.max_trajectory_age_steps": 2, "data.train_batch_size": 24,
+        "trainer.total_training_steps": 5, "async_training.in_flight_weight_updates": True,
+        "algorithm.rollout_correction.bypass_mode": True}
+    # the run's own steps, in-flight switch and bypass mode win; its k must agree
+    given = {"trainer.total_training_steps", "async_training.in_flight_weight_updates",
+             "algorithm.rollout_correction.bypass_mode"}
+    assert fully_async.translate({**verl, "async_training.compute_prox_log_prob": True}, ours.get, given) == {
+        "async_training.enable": True, "async_training.max_trajectory_age_steps": 2, "data.train_batch_size": 24}
+    with pytest.raises(ConfigError, match=r"max_trajectory_age_steps=1 and verl's async_training.staleness_threshold"
+                                          r"=1.5 \(at most ceil\(1.5\) = 2 updates ahead\) disagree"):
+        fully_async.translate(verl, ours.get, {"async_training.max_trajectory_age_steps"})
+    assert fully_async.translate({}, ours.get, set()) == {}
+
+
 def test_a_verl_fully_asynchronous_command_runs(tmp_path, data, trained_tiny_model_dir):
     keep = [a for a in small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 2)
             if not a.startswith(("data.train_batch_size=", "actor.ppo_mini_batch_size=", "trainer.total_training_steps"))]

@@ -87,8 +87,9 @@ def test_resume_compares_the_new_training_keys_and_tolerates_older_checkpoints(t
 
 
 def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_path):
-    """An older posttrain saved verl's unused keys (data.return_raw_chat, rollout.trace, ...) in a run's config.yaml;
-    they are verl's dialect's now: the file loads as --config, and the checkpoint holding it resumes unchanged."""
+    """An older posttrain saved verl's unused keys (data.return_raw_chat, rollout.trace, ...), and its global sizes
+    and fully asynchronous keys (null: already translated) in a run's config.yaml; they are verl's dialect's now: the
+    file loads as --config, and the checkpoint holding it resumes unchanged."""
     import yaml
 
     from posttrain.checkpoint.resume import check_compatible
@@ -100,7 +101,9 @@ def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_pa
     older["trainer"]["use_legacy_worker_impl"] = "auto"
     older["rollout"].update(layered_summon=False, trace={})
     older["reward"]["model"].update(use_reward_loop=False, rollout={})
-    older["async_training"].update(use_trainer_do_validate=False, checkpoint_engine={})
+    older["async_training"].update(use_trainer_do_validate=False, checkpoint_engine={}, staleness_threshold=None,
+                                   trigger_parameter_sync_step=None, total_rollout_prompts=None)
+    older["actor"]["ppo_micro_batch_size_global"] = older["critic"]["forward_micro_batch_size_global"] = None
     ckpt = tmp_path / "global_step_1"
     ckpt.mkdir()
     (ckpt / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))

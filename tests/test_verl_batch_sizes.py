@@ -49,8 +49,40 @@ def test_a_global_size_is_divided_over_the_data_parallel_workers(layout, expecte
     assert sizes(cfg) == expected
     # the run's config.yaml holds the per-worker sizes alone: read back on the same workers it is the same run
     saved = yaml.safe_load(config_to_yaml(cfg))
-    assert saved["actor"]["ppo_micro_batch_size_global"] is saved["critic"]["ppo_micro_batch_size_global"] is None
+    assert "ppo_micro_batch_size_global" not in saved["actor"] and "ppo_micro_batch_size_global" not in saved["critic"]
     assert (saved["actor"]["ppo_micro_batch_size"], saved["critic"]["ppo_micro_batch_size_per_gpu"]) == expected[::3]
+
+
+def test_the_dialect_divides_them_before_the_merge_over_the_runs_layers():
+    """resolve() reads the run's layers together, a later one winning, over the presets and the schema's defaults:
+    the global sizes (posttrain's former *_global keys, verl's spelling translated) leave the layers, and a layer
+    of per-worker keys goes on top."""
+    from posttrain.config.dialects.verl import global_sizes, resolve
+
+    preset = {"trainer.n_gpus_per_node": 8}  # under the run's own layers
+    file = {"trainer.n_gpus_per_node": 2, "actor.ppo_micro_batch_size_global": 16, "trainer.nnodes": 2}
+    cli = {"critic.forward_micro_batch_size_global": 20, "actor.ulysses_sequence_parallel_size": 2}
+    layers, unused = resolve([preset, file, cli], set(file) | set(cli))
+    # 2 nodes x 2 workers in Ulysses pairs: 2 data-parallel groups, 16 // 2 and 20 // 2
+    assert layers == [preset, {"trainer.n_gpus_per_node": 2, "trainer.nnodes": 2},
+                      {"actor.ulysses_sequence_parallel_size": 2},
+                      {"actor.ppo_micro_batch_size": 8, "critic.forward_micro_batch_size_per_gpu": 10}] and unused == []
+    # the reward model's by the 4 workers alone: 24 // 4; posttrain's own per-worker key beside it is refused
+    sizes = {"trainer.nnodes": 2, "trainer.n_gpus_per_node": 2, "actor.ulysses_sequence_parallel_size": 2,
+             "reward.model.micro_batch_size": 64}
+    assert global_sizes.per_worker({"reward.model.micro_batch_size_global": 24}, sizes.get, set()) == {
+        "reward.model.micro_batch_size": 6}
+    with pytest.raises(ConfigError, match=r"reward_model.micro_batch_size=24 \(reward.model.micro_batch_size_global\), "
+                                          r"verl's deprecated global micro-batch, and the per-worker "
+                                          r"reward_model.micro_batch_size_per_gpu=64 \(reward.model.micro_batch_size\)"):
+        global_sizes.per_worker({"reward.model.micro_batch_size_global": 24}, sizes.get,
+                                {"reward.model.micro_batch_size"})
+    # a value the merge will refuse: no translation, the merge's own error
+    assert resolve([{"trainer.nnodes": "two", "actor.ppo_micro_batch_size_global": 16}], set())[0][-1] == {}
+    assert error(["trainer.nnodes=two", "actor_rollout_ref.actor.ppo_micro_batch_size=16"]) == (
+        "config key 'trainer.nnodes' expects int, got 'two'; fix the value")
+    assert error(["actor_rollout_ref.actor.ppo_micro_batch_size=x"]) == (
+        "config key 'actor.ppo_micro_batch_size_global' expects Optional[int], got 'x'; fix the value")
 
 
 def test_a_saved_config_read_again_is_not_divided_twice(tmp_path):

@@ -51,8 +51,9 @@ def find_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | Non
 def check_compatible(ckpt: Path, config: dict, model_dir: str) -> None:
     """Refuse a checkpoint made with another model or an incompatible config."""
     state = read_json(ckpt / "trainer_state.json")
-    # a key an older posttrain saved that verl's dialect now reads before the merge (data.return_raw_chat) is no
-    # difference: unused, or already made into posttrain's keys when that config.yaml was written
+    # a key an older posttrain saved that verl's dialect now reads before the merge (data.return_raw_chat, a
+    # *_global size, async_training.staleness_threshold) is no difference: unused, or already made into posttrain's
+    # keys (null) when that config.yaml was written
     saved = {k: v for k, v in flatten(read_yaml(ckpt / "config.yaml")).items() if not verl.reads(k)}
     now = flatten(config)
     shown = redact_mapping(now)  # the message names values, never a credential among them

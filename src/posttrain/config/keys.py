@@ -14,7 +14,7 @@ from __future__ import annotations
 from posttrain.config.schema import SCHEMA
 from posttrain.config.schema_rollout import VLLM_SETTINGS
 from posttrain.config.dialects.nemo_rl.keys import RENAMES as NEMO_RL_RENAMES
-from posttrain.config.dialects.verl.keys import GLOBAL_SIZES, READ, STATUS, alias_table
+from posttrain.config.dialects.verl.keys import READ, STATUS, alias_table
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
@@ -38,11 +38,6 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
               "reward.reward_manager": "posttrain scores in worker processes whichever",
               **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
-              **{f"async_training.{k}": "verl's fully asynchronous trainer: translated (docs/async.md)"
-                 for k in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
-                           "use_rollout_log_probs", "compute_prox_log_prob", "total_rollout_prompts")},
-              **{k: f"verl's global size: {ours} = it // (trainer.nnodes x trainer.n_gpus_per_node"
-                    f"{' / the Ulysses size' if ulysses else ''})" for k, (ours, ulysses) in GLOBAL_SIZES.items()},
               "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
               "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
               **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"

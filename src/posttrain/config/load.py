@@ -5,10 +5,11 @@
 One pass down: read the file and the overrides (flat.py) -> pick the dialect (a file in NeMo-RL's layout, and
 NeMo-RL's overrides: posttrain.config.dialects.nemo_rl; posttrain's and verl's keys: posttrain.config.dialects.verl) -> the
 dialect translates each layer to posttrain's keys -> canonical checks (`canonical`: unknown keys, lists, text)
--> the layers merged onto the dataclasses (OmegaConf checks the types) -> verl's global sizes divided over the
-workers (dialects/verl/global_sizes.py) -> validated (validate.py). Layers,
-later winning: the dataclass defaults < the embedded preset (only without model.path) < algorithm.name's
-preset < the YAML file < the overrides. An unknown key is an error naming the nearest valid one.
+-> verl's keys that need the whole run read over all its layers (dialects/verl/resolve.py: its unused keys, its
+global micro-batch sizes divided over the workers, its fully asynchronous trainer's keys) -> the layers merged onto
+the dataclasses (OmegaConf checks the types) -> validated (validate.py). Layers, later winning: the dataclass
+defaults < the embedded preset (only without model.path) < algorithm.name's preset < the YAML file < the
+overrides. An unknown key is an error naming the nearest valid one.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
 # the dialects as modules, their functions looked up when called: a dialect imports config's lower modules
 from posttrain.config.dialects import nemo_rl, verl
-from posttrain.config.dialects.verl import fully_async, global_sizes
 from posttrain.config.dialects.verl.keys import VERL_PREFIXES, alias_table, spellings
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import read_mapping
@@ -116,8 +116,9 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
 
 def from_layers(layers: list[dict], command: str = "train") -> Config:
     """The run's layers, translated and checked (canonicalize), lowest first -> its validated Config: under them
-    the presets (algorithm.name's, the embedded run's without a model.path, sft's defaults), the whole merged
-    onto the dataclasses, verl's global sizes and fully asynchronous keys resolved, validated."""
+    the presets (algorithm.name's, the embedded run's without a model.path, sft's defaults), verl's keys that need
+    the whole run resolved (its global sizes, its fully asynchronous keys), the whole merged onto the dataclasses,
+    validated."""
     sft = command == "sft"
     layers = list(layers)
     given = {key for layer in layers for key in layer}  # the run's own keys, not a preset's
@@ -127,13 +128,11 @@ def from_layers(layers: list[dict], command: str = "train") -> Config:
         layers.insert(0, preset("tiny_sft.yaml" if sft else "tiny_arith.yaml"))
     if sft:
         layers.insert(0, preset("sft.yaml"))
-    layers, unused = verl.resolve(layers)  # verl's keys that posttrain's schema does not hold, read together
+    layers, unused = verl.resolve(layers, given, command)  # verl's keys that posttrain's schema does not hold
     cfg = _merge(layers)
-    global_sizes.resolve(cfg, given)  # verl's global micro-batches divided over the workers, now known
     if sft:
         validate_sft(cfg, given, unused)
         return cfg
-    fully_async.resolve(cfg, given)  # verl's fully asynchronous keys, read on the merged config's batch sizes
     validate(cfg, unused)
     return cfg
 

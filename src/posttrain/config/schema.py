@@ -132,9 +132,6 @@ class ActorConfig:
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
     ppo_micro_batch_size: int = 8  # sequences per worker (verl's ppo_micro_batch_size_per_gpu)
-    # verl's deprecated global actor_rollout_ref.actor.ppo_micro_batch_size: sequences over all workers, divided
-    # by the data-parallel size into ppo_micro_batch_size once the workers are known (dialects/verl/global_sizes.py)
-    ppo_micro_batch_size_global: Optional[int] = None
     # micro-batches filled up to a token budget (prompt + response tokens per worker) instead of
     # ppo_micro_batch_size sequences: the same loss and gradient, fewer and fuller passes on mixed lengths
     use_dynamic_bsz: bool = False
@@ -174,7 +171,6 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
-    log_prob_micro_batch_size_global: Optional[int] = None  # verl's global one (see actor.ppo_micro_batch_size_global)
     strategy: str = "fsdp2"
     fsdp_size: int = -1
     ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's (one size for all of a worker's models)
@@ -217,12 +213,10 @@ class CriticConfig:
     num_cycles: float = 0.5
     grad_clip: float = 1.0
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
-    # sequences per worker, verl's spellings: critic.ppo_micro_batch_size and forward_micro_batch_size are verl's
-    # deprecated global sizes (over all workers, divided by the data-parallel size: dialects/verl/global_sizes.py)
+    # sequences per worker, verl's *_per_gpu spellings: critic.ppo_micro_batch_size and forward_micro_batch_size are
+    # verl's deprecated global sizes (divided over the data-parallel workers: dialects/verl/global_sizes.py)
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # null: actor.ppo_micro_batch_size
     forward_micro_batch_size_per_gpu: Optional[int] = None  # per value pass; null: rollout.log_prob_micro_batch_size
-    ppo_micro_batch_size_global: Optional[int] = None  # verl's critic.ppo_micro_batch_size
-    forward_micro_batch_size_global: Optional[int] = None  # verl's critic.forward_micro_batch_size
     use_dynamic_bsz: Optional[bool] = None  # token-budget micro-batches (see actor.use_dynamic_bsz); null: the actor's
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: Optional[int] = None  # value passes' budget; null: ppo_max_token_len_per_gpu

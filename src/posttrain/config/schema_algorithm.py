@@ -119,9 +119,6 @@ class RewardModelConfig:
     enable: bool = False  # its score is the reward (with reward.custom_fn: that function's extra_info["rm_score"])
     path: Optional[str] = None
     micro_batch_size: int = 64  # chats per scoring pass (verl's reward_model.micro_batch_size_per_gpu)
-    # verl's deprecated global reward_model.micro_batch_size: chats over all workers, divided by their number
-    # into micro_batch_size once they are known (dialects/verl/global_sizes.py)
-    micro_batch_size_global: Optional[int] = None
     max_length: Optional[int] = None  # chats cut to this many of the reward model's tokens; null: not cut
     trust_remote_code: bool = False
     use_remove_padding: bool = True  # chats of alike length share a scoring pass

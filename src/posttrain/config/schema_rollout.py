@@ -65,9 +65,6 @@ class RolloutConfig:
     remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
     early_stop: bool = True  # hf: stop decoding once every sequence has ended
     log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
-    # verl's deprecated global actor_rollout_ref.rollout.log_prob_micro_batch_size: sequences over all workers,
-    # divided into log_prob_micro_batch_size once the workers are known (dialects/verl/global_sizes.py)
-    log_prob_micro_batch_size_global: Optional[int] = None
     # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
     log_prob_use_dynamic_bsz: Optional[bool] = None
     log_prob_max_token_len_per_gpu: Optional[int] = None
@@ -105,7 +102,8 @@ class RolloutConfig:
 class AsyncTrainingConfig:
     """Asynchronous training (docs/async.md): the rollout engine samples in a process of its own while the
     trainer updates, up to max_trajectory_age_steps updates ahead. NeMo-RL's grpo.async_grpo.* and
-    policy.generation.colocated.enabled=false map here."""
+    policy.generation.colocated.enabled=false map here, and so do verl's one-step off-policy and fully asynchronous
+    trainers' keys (dialects/verl/fully_async.py)."""
 
     enable: bool = False
     # k: a batch trains weights at most k updates newer than those that sampled it (0: the synchronous algorithm,
@@ -118,16 +116,3 @@ class AsyncTrainingConfig:
     # the rollout's own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node): one process
     rollout_nnodes: int = 1
     rollout_n_gpus_per_node: int = 1
-    # verl's fully asynchronous trainer (verl.experimental.fully_async_policy), translated by dialects.verl.fully_async
-    # when one is set: k = ceil(staleness_threshold); a step's batch = actor.ppo_mini_batch_size x require_batches x
-    # trigger_parameter_sync_step prompts (one weight version: verl's local updates between two syncs); partial_rollout:
-    # in-flight updates on the hf engine; use_rollout_log_probs / compute_prox_log_prob: bypass or decoupled rollout
-    # correction; total_rollout_prompts (verl's rollout.total_rollout_steps): the run's prompts
-    staleness_threshold: Optional[float] = None
-    trigger_parameter_sync_step: Optional[int] = None
-    require_batches: Optional[int] = None
-    partial_rollout: Optional[bool] = None
-    use_rollout_log_probs: Optional[bool] = None
-    compute_prox_log_prob: Optional[bool] = None
-    total_rollout_prompts: Optional[int] = None
-

@@ -2,21 +2,22 @@
 its fully asynchronous trainer's, read as posttrain's keys.
 
     translate(flat, "in run.yaml", command="train")   # one layer's keys -> posttrain's keys, in one pass
-    layers, unused = resolve(layers)                   # all the run's layers: the keys read together, dropped
+    layers, unused = resolve(layers, given)            # all the run's layers: the keys read together
 
-Some of verl's keys are not posttrain's (keys.READ: the ones posttrain takes and does not use): translate leaves
-them in its layer, spelt as an older posttrain's config.yaml spells them, and resolve reads them over all the
-run's layers before the merge and takes them out.
+Some of verl's keys are not posttrain's (keys.READ: the ones posttrain takes and does not use, the deprecated
+global micro-batch sizes, the fully asynchronous trainer's): translate leaves them in its layer, spelt as an older
+posttrain's config.yaml spells them, and resolve reads them over all the run's layers before the merge, takes them
+out and adds a layer of the posttrain keys they make.
 
 One job per module, imports going down this list:
     keys.py                the RL trainer's spellings -> posttrain's, and the keys the dialect reads itself (tables)
     sft.py                 the SFT trainer's spellings -> posttrain sft's
+    fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
+                           training (it reads the run's batch sizes: resolve's view of the layers)
+    global_sizes.py        verl's deprecated global micro-batch sizes divided over the workers (it reads the run's
+                           trainer.nnodes x trainer.n_gpus_per_node: resolve's view of the layers)
     resolve.py             the keys of keys.READ over all the run's layers: resolve, before the merge
     translate.py           one layer of verl's keys -> posttrain's: translate, the entry point
-    fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
-                           training, on the merged config (it needs the merged batch sizes)
-    global_sizes.py        verl's deprecated global micro-batch sizes divided over the workers, on the merged config
-                           (it needs the merged trainer.nnodes x trainer.n_gpus_per_node)
     rollout_correction.py  algorithm.rollout_correction.* -> the RolloutCorrection settings (algorithms/)
 """
 

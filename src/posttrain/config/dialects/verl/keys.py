@@ -23,12 +23,10 @@ UNUSED = {
     "async_training.use_trainer_do_validate": ("bool", False),
     "async_training.checkpoint_engine": ("Dict[str, Any]", {}),  # verl's bucketed NCCL weight sync
 }
-# every key the dialect reads itself -> (type, default), and what happens to each (`posttrain train --help-config`)
-READ = {**UNUSED}
-STATUS = {**{k: "verl only: unused" for k in UNUSED}}
 
-# verl's deprecated global micro-batch sizes -> the posttrain keys that hold a size over all workers; after the
-# merge, global_sizes.py divides each into the per-worker key (GLOBAL_SIZES) as verl's workers divide theirs
+# verl's deprecated global micro-batch sizes -> posttrain's former keys of a size over all workers (each
+# Optional[int], null by default); before the merge, global_sizes.py divides each into the per-worker key
+# (GLOBAL_SIZES) as verl's workers divide theirs
 GLOBAL = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor.ppo_micro_batch_size_global",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": "rollout.log_prob_micro_batch_size_global",
@@ -47,6 +45,28 @@ GLOBAL_SIZES = {
     "critic.forward_micro_batch_size_global": ("critic.forward_micro_batch_size_per_gpu", True),
     "reward.model.micro_batch_size_global": ("reward.model.micro_batch_size", False),
 }
+
+# verl's fully asynchronous trainer (verl.experimental.fully_async_policy), translated by fully_async.py when one
+# is set: k = ceil(staleness_threshold); a step's batch = actor.ppo_mini_batch_size x require_batches x
+# trigger_parameter_sync_step prompts (one weight version: verl's local updates between two syncs); partial_rollout:
+# in-flight updates on the hf engine; use_rollout_log_probs / compute_prox_log_prob: bypass or decoupled rollout
+# correction; total_rollout_prompts (verl's rollout.total_rollout_steps): the run's prompts
+FULLY_ASYNC = {
+    "async_training.staleness_threshold": ("Optional[float]", None),
+    "async_training.trigger_parameter_sync_step": ("Optional[int]", None),
+    "async_training.require_batches": ("Optional[int]", None),
+    "async_training.partial_rollout": ("Optional[bool]", None),
+    "async_training.use_rollout_log_probs": ("Optional[bool]", None),
+    "async_training.compute_prox_log_prob": ("Optional[bool]", None),
+    "async_training.total_rollout_prompts": ("Optional[int]", None),
+}
+
+# every key the dialect reads itself -> (type, default), and what happens to each (`posttrain train --help-config`)
+READ = {**UNUSED, **{key: ("Optional[int]", None) for key in GLOBAL_SIZES}, **FULLY_ASYNC}
+STATUS = {**{key: "verl only: unused" for key in UNUSED},
+          **{key: f"verl's global size: {ours} = it // (trainer.nnodes x trainer.n_gpus_per_node"
+                  f"{' / the Ulysses size' if ulysses else ''})" for key, (ours, ulysses) in GLOBAL_SIZES.items()},
+          **{key: "verl's fully asynchronous trainer: translated (docs/async.md)" for key in FULLY_ASYNC}}
 
 # Exact renames (checked first).
 EXACT = {

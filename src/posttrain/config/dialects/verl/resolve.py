@@ -2,11 +2,15 @@
 posttrain's schema does not hold (keys.READ) in each layer, and resolve() takes them out of every layer and reads
 them together, a later layer winning, as the merge would:
 
-    layers, unused = resolve(layers)   # unused: ["data.return_raw_chat"], for validation's warning
+    layers, unused = resolve(layers, given)   # unused: ["data.return_raw_chat"], for validation's warning
 
 The keys posttrain takes and does not use (keys.UNUSED) are dropped: the ones set to anything but their default
-are returned, for the one warning line that names them (validate.py's warn_unused). A value of a type the merge
-would refuse is refused in its words.
+are returned, for the one warning line that names them (validate.py's warn_unused). verl's global micro-batch
+sizes (global_sizes.py) and its fully asynchronous trainer's keys (fully_async.py; not for posttrain sft) become
+posttrain's keys, in a layer of their own on top: they read posttrain's keys as the merge will make them (the
+layers' flat view, a later one winning, over the schema's defaults). A value of a type the merge would refuse is
+refused in its words: one of the dialect's keys here, one of posttrain's by the merge (the translation then left
+out).
 """
 
 from __future__ import annotations
@@ -16,10 +20,16 @@ from typing import Any
 from omegaconf import BooleanNode, FloatNode, IntegerNode, OmegaConf, StringNode
 
 from posttrain.config.flat import REFUSED, type_error
+from posttrain.config.schema import SCHEMA
+from posttrain.config.dialects.verl import fully_async, global_sizes
 from posttrain.config.dialects.verl.keys import READ, UNUSED
 
 _MAPPINGS = tuple(key for key, (typ, _) in READ.items() if typ.startswith("Dict["))
 _NODES = {"bool": BooleanNode, "int": IntegerNode, "float": FloatNode, "str": StringNode}
+
+
+class Unmergeable(ValueError):
+    """A posttrain key's value the merge will refuse (its own error says so)."""
 
 
 def reads(key: str) -> bool:
@@ -27,16 +37,38 @@ def reads(key: str) -> bool:
     return key in READ or key.startswith(tuple(m + "." for m in _MAPPINGS))
 
 
-def resolve(layers: list[dict]) -> tuple[list[dict], list[str]]:
-    """The run's translated layers, lowest first (the presets under the run's own) -> (the layers without the keys
-    of keys.READ, the unused keys set to anything but their default)."""
+def resolve(layers: list[dict], given: set[str], command: str = "train") -> tuple[list[dict], list[str]]:
+    """The run's translated layers, lowest first (the presets under the run's own; `given`: the keys the run's own
+    set) -> (the layers without the keys of keys.READ, and one of the posttrain keys made of them on top; the unused
+    keys set to anything but their default)."""
     theirs: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
             if reads(key):
                 _read(theirs, key, value)
     unused = [key for key, (_, default) in UNUSED.items() if theirs.get(key, default) != default]
-    return [{k: v for k, v in layer.items() if not reads(k)} for layer in layers], unused
+    ours = [{k: v for k, v in layer.items() if not reads(k)} for layer in layers]
+    value = _view(ours)
+    try:
+        made = global_sizes.per_worker(theirs, value, given)
+        if command != "sft":
+            made.update(fully_async.translate(theirs, value, given))
+    except Unmergeable:
+        made = {}
+    return [*ours, made], unused
+
+
+def _view(layers: list[dict]):
+    """-> value(key): posttrain's `key` as the merge will make it (the layers' flat view, a later one winning, over
+    the schema's defaults; typed), Unmergeable where the merge will refuse it."""
+    flat = {key: v for layer in layers for key, v in layer.items()}
+
+    def value(key: str):
+        try:
+            return typed(SCHEMA[key][0], flat.get(key, SCHEMA[key][1]))
+        except ValueError:
+            raise Unmergeable(key) from None
+    return value
 
 
 def _read(theirs: dict[str, Any], key: str, value) -> None:
