@@ -1,5 +1,6 @@
 """The checks config validation is written in: each raises a ConfigError of one line that names the key, the
-value and the fix (config.validate and config.validate_rollout use them)."""
+value and the fix (config.validate and config.validate_rollout use them; values are shown by posttrain.text.lines'
+printable, repr_cut, clipped)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,7 @@ import math
 
 from posttrain.config.schema import DTYPE_SPELLINGS, Config
 from posttrain.errors import ConfigError
-
-
-def printable(value) -> str:
-    """A value for a one-line message: as typed, or repr'd when it holds a newline or another
-    unprintable character ('a\\nb')."""
-    text = str(value)
-    return text if text.isprintable() else repr(value)
-
-
-def repr_cut(value, limit: int = 80) -> str:
-    """A value's repr for a message, cut at `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+from posttrain.text.lines import printable
 
 
 def get(cfg, key: str):
@@ -84,9 +73,3 @@ def no_hybrid_sharding(cfg: Config, section: str) -> None:
 def whole(value, minimum: int = 0) -> bool:
     """An integer (not a bool) of at least `minimum`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def clipped(value, limit: int = 60) -> str:
-    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
-    text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[:limit] + "..."

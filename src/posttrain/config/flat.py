@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import yaml
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config.checks import repr_cut
 from posttrain.config.schema import DICT_KEYS, SCHEMA
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import YAML_ERRORS
+from posttrain.text.lines import repr_cut
 
 
 def flatten(d: dict, prefix: str = "", sections: Sequence[str] = ()) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config import presets
-from posttrain.config.checks import printable, repr_cut
 from posttrain.config.flat import REFUSED, below_dict_key, flatten, parse_override, type_error, unflatten
 from posttrain.config.schema import LIST_KEYS, SCHEMA, Config
 from posttrain.config.validate import validate
@@ -35,7 +34,7 @@ from posttrain.config.dialects import nemo_rl, verl
 from posttrain.config.dialects.verl.keys import VERL_PREFIXES, alias_table, spellings
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import read_mapping
-from posttrain.text.lines import invalid_text
+from posttrain.text.lines import invalid_text, printable, repr_cut
 
 
 def nearest(key: str) -> str:

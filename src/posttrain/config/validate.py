@@ -18,11 +18,12 @@ from posttrain.algorithms import (
 )
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
 from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
-                                     positive_or_null, printable, repr_cut, warmup_start_factor)
+                                     positive_or_null, warmup_start_factor)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
 from posttrain.config.validate_distill import validate_distillation
 from posttrain.config.validate_rollout import validate_rollout, validate_rollout_correction
+from posttrain.text.lines import printable, repr_cut
 
 
 def validate(cfg: Config, unused: Sequence[str] = ()) -> None:

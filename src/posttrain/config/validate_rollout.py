@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import warnings
 
-from posttrain.config.checks import choice, need, positive, positive_or_null, printable, whole
+from posttrain.config.checks import choice, need, positive, positive_or_null, whole
 from posttrain.config.schema import DTYPE_SPELLINGS, Config, uses_lora
 from posttrain.config.schema_rollout import VLLM_SETTINGS, RolloutConfig
 from posttrain.config.dialects.verl.rollout_correction import from_config
 from posttrain.errors import ConfigError
+from posttrain.text.lines import printable
 
 
 def validate_rollout(cfg: Config) -> None:

@@ -2,9 +2,32 @@
 
     one_line(ValueError("bad\\nmore"))              # "ValueError: bad"
     invalid_text({"prompt": ["ok", "\\ud800"]})     # "prompt[1] holds text that is not valid unicode ..."
+    printable("a\\nb"), repr_cut(value), clipped(value)   # a value shown in a one-line message
 """
 
 from __future__ import annotations
+
+
+def printable(value) -> str:
+    """A value for a one-line message: as typed, or repr'd when it holds a newline or another unprintable character
+    ('a\\nb')."""
+    text = str(value)
+    return text if text.isprintable() else repr(value)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` cut at `limit` characters, "..." marking the cut."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def repr_cut(value, limit: int = 80) -> str:
+    """A value's repr for a message, cut at `limit` characters."""
+    return cut(repr(value), limit)
+
+
+def clipped(value, limit: int = 60) -> str:
+    """A value for a message: text as it is, anything else repr'd; cut at `limit` characters."""
+    return cut(value if isinstance(value, str) else repr(value), limit)
 
 
 def one_line(e: BaseException) -> str:
@@ -30,7 +53,7 @@ def invalid_text(value, where: str = "", _within: tuple = ()) -> str | None:
     within = (*_within, id(value))
     if isinstance(value, dict):
         for k, v in value.items():
-            k_text = str(k) if str(k).isprintable() else repr(k)  # the reason stays one line
+            k_text = printable(k)  # the reason stays one line
             name = f"{where}.{k_text}" if where else k_text
             found = invalid_text(k, f"a key of {where or 'the row'}", within) or invalid_text(v, name, within)
             if found:

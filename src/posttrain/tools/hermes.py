@@ -21,6 +21,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from posttrain.text.lines import cut
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 SHOWN_CHARS = 80  # of a malformed call's text, in its message
@@ -85,4 +87,4 @@ def _json_type(value) -> str:
 def _show(text: str) -> str:
     """text on one line, at most SHOWN_CHARS characters."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= SHOWN_CHARS else flat[:SHOWN_CHARS] + "..."
+    return cut(flat, SHOWN_CHARS)

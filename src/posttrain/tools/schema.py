@@ -24,6 +24,7 @@ import types
 import typing
 
 from posttrain.errors import ConfigError
+from posttrain.text.lines import cut
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object",
@@ -166,4 +167,4 @@ def _json_cut(value) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
+    return cut(text, 40)

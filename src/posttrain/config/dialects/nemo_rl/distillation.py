@@ -17,9 +17,9 @@ import warnings
 from typing import Any, Callable
 
 from posttrain.algorithms.distill import KL_TYPES
-from posttrain.config.checks import clipped
 from posttrain.config.dialects.nemo_rl.policy import Leaves
 from posttrain.errors import ConfigError
+from posttrain.text.lines import clipped
 
 TEACHER = "teacher"  # the name of the one teacher in distillation.teacher_models
 LOSS = "distillation.distillation_loss."

@@ -22,12 +22,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posttrain.config.checks import clipped
 from posttrain.config.schema import SCHEMA
 from posttrain.config.dialects.nemo_rl import grpo
 from posttrain.config.dialects.nemo_rl.keys import DATA_KEYS, SECTIONS
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import YAML_ERRORS, first_line, read_mapping
+from posttrain.text.lines import clipped
 
 _ABSENT = object()
 # posttrain's distillation.* keys (config/schema_distill.py): the section NeMo-RL's layout also names

@@ -23,10 +23,10 @@ import fnmatch
 from typing import Any
 
 from posttrain.config.dialects.nemo_rl.rollout_correction import from_nemo_rl
-from posttrain.config.checks import clipped
 from posttrain.config.dialects.nemo_rl.keys import IS_CORRECTION, KL_IN_REWARD, KL_TYPES, OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
 from posttrain.config.dialects.nemo_rl.policy import ABSENT, Leaves, checkpointing_and_logger, policy
 from posttrain.errors import ConfigError
+from posttrain.text.lines import clipped
 
 
 def translate(tree: dict, origin: str) -> dict[str, Any]:

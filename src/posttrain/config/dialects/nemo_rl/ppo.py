@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from posttrain.config.checks import clipped
 from posttrain.config.dialects.nemo_rl.keys import VALUE_KEYS
 from posttrain.errors import ConfigError
+from posttrain.text.lines import clipped
 
 
 def translate_ppo(tree: dict, origin: str, translate: Callable[[dict, str], dict]) -> dict[str, Any]:

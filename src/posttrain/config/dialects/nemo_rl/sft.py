@@ -22,10 +22,10 @@ import fnmatch
 import sys
 from typing import Any, Container
 
-from posttrain.config.checks import clipped, printable
 from posttrain.config.dialects.nemo_rl.keys import OFF, OTHER_TRAINERS, RENAMES, SWITCHED, TUNING
 from posttrain.config.dialects.nemo_rl.policy import Leaves, checkpointing_and_logger, policy
 from posttrain.errors import ConfigError
+from posttrain.text.lines import clipped, printable
 
 # NeMo-RL's chat_template: null (transformers' tokenizer gets this passthrough template; nemo_rl/data/chat_templates.py)
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"

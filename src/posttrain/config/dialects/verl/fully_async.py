@@ -16,8 +16,9 @@ import math
 import warnings
 from typing import Any, Callable
 
-from posttrain.config.checks import need, printable
+from posttrain.config.checks import need
 from posttrain.config.dialects.verl.keys import FULLY_ASYNC
+from posttrain.text.lines import printable
 
 A = "async_training."
 # verl's defaults for its fully asynchronous trainer (its fully_async_ppo_trainer.yaml)

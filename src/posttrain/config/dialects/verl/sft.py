@@ -16,10 +16,10 @@ import difflib
 import sys
 from typing import Any
 
-from posttrain.config.checks import printable
 from posttrain.config.dialects.verl.keys import alias_table
 from posttrain.config.schema import SCHEMA
 from posttrain.errors import ConfigError
+from posttrain.text.lines import printable
 
 EXACT = {
     "model.partial_pretrain": "model.path",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.config.checks import printable
 from posttrain.config.flat import below_dict_key
 from posttrain.config.schema import SCHEMA
 from posttrain.config.dialects.verl import sft
@@ -19,6 +18,7 @@ from posttrain.config.dialects.verl.resolve import reads
 from posttrain.config.dialects.verl.keys import (CUSTOM_REWARD_NAME, CUSTOM_REWARD_PATH, HYBRID_ENGINE, PREFIXES,
                                           SEPARATE_ROLLOUT, to_canonical)
 from posttrain.errors import ConfigError
+from posttrain.text.lines import printable
 
 
 def translate(flat: dict[str, Any], origin: str, command: str = "train") -> dict[str, Any]:
