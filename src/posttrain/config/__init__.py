@@ -12,7 +12,7 @@ One job per module, imports going down this list:
     schema_sft.py      posttrain sft's data dataclasses (data.multiturn.*)
     schema_algorithm.py  the algorithm and reward sections' dataclasses (algorithm.*, reward.*)
     schema.py          the dataclasses: every key, its type and default (SCHEMA)
-    checks.py          the one-line checks validation is written in (need, choice, positive, ...)
+    checks.py          the one-line checks validation is written in (need, choice, in_range, fill, ...)
     flat.py            flat dotted keys: a mapping flattened and back, a key=value override parsed
     presets.py         algorithm.name=dapo|gspo|... -> the keys each sets
     keys.py            what `posttrain train --help-config` prints

@@ -17,8 +17,8 @@ from posttrain.algorithms import (
     ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES, estimator,
 )
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
-from posttrain.config.checks import (choice, dtype, get, lr_schedule, need, no_hybrid_sharding, positive,
-                                     positive_or_null, warmup_start_factor)
+from posttrain.config.checks import (choice, dtype, fill, get, in_range, lr_schedule, need, no_hybrid_sharding,
+                                     positive, positive_or_null, warmup_start_factor)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
 from posttrain.config.validate_distill import validate_distillation
@@ -53,8 +53,7 @@ def validate_data(cfg: Config) -> None:
     d = cfg.data
     positive(cfg, "data.train_batch_size", "data.max_prompt_length", "data.max_response_length")
     positive_or_null(cfg, "data.val_batch_size", "data.val_max_samples")
-    need(0 <= d.val_split_size < 1, f"data.val_split_size must be in [0, 1) (the share of training prompts held "
-          f"out for validation), got {d.val_split_size}")
+    in_range(cfg, "in [0, 1) (the share of training prompts held out for validation)", "data.val_split_size")
     choice("data.truncation", d.truncation, ("error", "left", "right"))
     need(not d.custom_cls.path, f"data.custom_cls.path={printable(d.custom_cls.path)}: a verl dataset class is not "
           "supported; posttrain reads parquet rows itself (prompt, data_source, reward_model.ground_truth): write "
@@ -63,7 +62,7 @@ def validate_data(cfg: Config) -> None:
     taken = sorted({"conversation", "tokenize", "add_generation_prompt", "return_dict"} & set(d.apply_chat_template_kwargs))
     need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
                      "for the assistant's turn); leave it out")
-    d.seed = cfg.trainer.seed if d.seed is None else d.seed
+    fill(cfg, {"data.seed": "trainer.seed"})
 
 
 def validate_dataset_names(d: DataConfig) -> None:
@@ -85,19 +84,17 @@ def validate_model(cfg: Config) -> None:
     backend = m.fused_kernel_options.impl_backend
     need(backend in (None, "torch", "triton"), f"model.fused_kernel_options.impl_backend={printable(backend)} is not "
           "one of: torch, triton")
-    need(m.lora_rank >= 0, f"model.lora_rank must be >= 0 (0: train all weights), got {m.lora_rank}")
-    need(0 <= m.lora_dropout < 1, f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+    in_range(cfg, ">= 0 (0: train all weights)", "model.lora_rank")
+    in_range(cfg, "in [0, 1)", "model.lora_dropout")
     need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
 
 
 def validate_actor(cfg: Config) -> None:
     a = cfg.actor
     positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.eps")
-    need(a.lr > 0, f"actor.lr must be > 0, got {a.lr}")
-    need(a.grad_clip > 0, f"actor.grad_clip must be > 0, got {a.grad_clip}")
+    in_range(cfg, "> 0", "actor.lr", "actor.grad_clip")
     need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
-    need(a.clip_ratio_c is None or a.clip_ratio_c > 1,
-          f"actor.clip_ratio_c must be > 1, or null (no dual clip), got {a.clip_ratio_c}")
+    in_range(cfg, "> 1, or null (no dual clip)", "actor.clip_ratio_c")
     warmup_start_factor(cfg, "actor.lr_warmup_start_factor")
     lr_schedule(cfg, "actor")
     for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
@@ -108,10 +105,8 @@ def validate_actor(cfg: Config) -> None:
     choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
     no_hybrid_sharding(cfg, "actor")
     choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
-    need(a.loss_scale_factor is None or a.loss_scale_factor > 0,
-          f"actor.loss_scale_factor must be > 0 or null, got {a.loss_scale_factor}")
-    a.clip_ratio_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
-    a.clip_ratio_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
+    in_range(cfg, "> 0 or null", "actor.loss_scale_factor")
+    fill(cfg, {"actor.clip_ratio_low": "actor.clip_ratio", "actor.clip_ratio_high": "actor.clip_ratio"})
     need(0 <= a.clip_ratio_low < 1 and a.clip_ratio_high >= 0, "actor.clip_ratio_low must be in [0, 1) and "
           "actor.clip_ratio_high >= 0")
 
@@ -127,7 +122,7 @@ def validate_sequence_parallel(cfg: Config) -> None:
     the workers; each group of that many workers takes the same rows."""
     size = cfg.actor.ulysses_sequence_parallel_size
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    need(size >= 1, f"actor.ulysses_sequence_parallel_size must be >= 1, got {size}")
+    in_range(cfg, ">= 1", "actor.ulysses_sequence_parallel_size")
     for sec in (cfg.ref, cfg.critic):
         sec.ulysses_sequence_parallel_size = sec.ulysses_sequence_parallel_size or size
     for key in ("ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
@@ -174,19 +169,16 @@ def warn_unused(cfg: Config, unused: Sequence[str] = (), sft_keys_used: bool = F
 
 def validate_reward(cfg: Config) -> None:
     rw, rm, sf = cfg.reward, cfg.reward.model, cfg.reward.sandbox_fusion
-    need(rw.timeout_s > 0, f"reward.timeout_s must be > 0, got {rw.timeout_s}")
-    need(rw.num_workers is None or rw.num_workers >= 0,
-          f"reward.num_workers must be >= 0 (0: score in the trainer process) or null (min(8, CPUs)), "
-          f"got {rw.num_workers}")
+    in_range(cfg, "> 0", "reward.timeout_s")
+    in_range(cfg, ">= 0 (0: score in the trainer process) or null (min(8, CPUs))", "reward.num_workers")
     need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
           "reward_model.model.path): a Hugging Face sequence-classification model directory")
-    need(rm.micro_batch_size > 0, f"reward.model.micro_batch_size must be > 0, got {rm.micro_batch_size}")
+    in_range(cfg, "> 0", "reward.model.micro_batch_size")
     choice("reward.reward_manager", rw.reward_manager, ("naive", "prime", "dapo", "batch"))
     need(not sf.url or (sf.url.startswith(("http://", "https://")) and sf.url.isprintable() and " " not in sf.url),
           f"reward.sandbox_fusion.url must be an http:// or https:// URL (a SandboxFusion /run_code endpoint), "
           f"got {printable(sf.url)}")
-    for key in ("max_concurrent", "memory_limit_mb"):
-        need(getattr(sf, key) > 0, f"reward.sandbox_fusion.{key} must be > 0, got {getattr(sf, key)}")
+    in_range(cfg, "> 0", "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb")
     if rw.data_source is not None and not rw.custom_fn:  # a custom function reads the name as it likes
         from posttrain.rewards import reward_fn_for
 
@@ -199,15 +191,15 @@ def validate_reward(cfg: Config) -> None:
 
 def validate_overlong(cfg: Config) -> None:
     ob = cfg.reward.overlong_buffer
-    ob.max_resp_len = cfg.data.max_response_length if ob.max_resp_len is None else ob.max_resp_len
+    fill(cfg, {"reward.overlong_buffer.max_resp_len": "data.max_response_length"})
+    in_range(cfg, "> 0", "reward.overlong_buffer.max_resp_len")
     max_len = ob.max_resp_len
-    need(max_len > 0, f"reward.overlong_buffer.max_resp_len must be > 0, got {max_len}")
     if ob.len is None:
         ob.len = max(1, max_len // 5)
     if ob.enable:
         need(0 < ob.len <= max_len, f"reward.overlong_buffer.len={ob.len} must be in 1..reward.overlong_buffer."
               f"max_resp_len={max_len} (the penalty grows over the last len tokens before it)")
-        need(ob.penalty_factor >= 0, f"reward.overlong_buffer.penalty_factor must be >= 0, got {ob.penalty_factor}")
+        in_range(cfg, ">= 0", "reward.overlong_buffer.penalty_factor")
     sc = cfg.reward.scaling
     if sc.enable:
         need(sc.source_max > sc.source_min, f"reward.scaling.source_max={sc.source_max} must be above "
@@ -253,9 +245,8 @@ def validate_trainer(cfg: Config) -> None:
     tr, critic = cfg.trainer, cfg.algorithm.adv_estimator in NEEDS_CRITIC
     positive(cfg, "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.total_epochs", "trainer.cpus_per_worker")
     positive_or_null(cfg, "trainer.total_training_steps")
-    need(tr.max_epochs is None or tr.max_epochs >= 1,
-          f"trainer.max_epochs must be >= 1 or null (no cap on passes over the data), got {tr.max_epochs}")
-    need(tr.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0, got {tr.collective_timeout_s}")
+    in_range(cfg, ">= 1 or null (no cap on passes over the data)", "trainer.max_epochs")
+    in_range(cfg, "> 0", "trainer.collective_timeout_s")
     choice("trainer.device", tr.device, ("auto", "cpu", "cuda"))
     choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
     need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
@@ -266,7 +257,7 @@ def validate_trainer(cfg: Config) -> None:
           f"{tr.max_ckpt_to_keep}) to the count you want for both")
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
         need(get(cfg, key) is None or get(cfg, key) > 0, f"{key} must be a positive integer or null")
-    need(tr.critic_warmup >= 0, f"trainer.critic_warmup must be >= 0, got {tr.critic_warmup}")
+    in_range(cfg, ">= 0", "trainer.critic_warmup")
     need(tr.critic_warmup == 0 or critic,
           f"trainer.critic_warmup={tr.critic_warmup} needs a critic: set algorithm.adv_estimator=gae "
           "(or algorithm.name=ppo), or trainer.critic_warmup=0")
@@ -281,30 +272,23 @@ def validate_trainer(cfg: Config) -> None:
 def validate_critic(cfg: Config) -> None:
     """Fill the critic's null sizes from the actor's and check them (only
     when a critic is used: algorithm.adv_estimator=gae)."""
-    c, a = cfg.critic, cfg.actor
+    c = cfg.critic
     warmup_start_factor(cfg, "critic.lr_warmup_start_factor")
     lr_schedule(cfg, "critic")
     no_hybrid_sharding(cfg, "critic.model")
-    c.ppo_mini_batch_size = a.ppo_mini_batch_size if c.ppo_mini_batch_size is None else c.ppo_mini_batch_size
-    if c.ppo_micro_batch_size_per_gpu is None:
-        c.ppo_micro_batch_size_per_gpu = a.ppo_micro_batch_size
-    c.ppo_epochs = a.ppo_epochs if c.ppo_epochs is None else c.ppo_epochs
-    c.loss_agg_mode = a.loss_agg_mode if c.loss_agg_mode is None else c.loss_agg_mode
-    if c.forward_micro_batch_size_per_gpu is None:
-        c.forward_micro_batch_size_per_gpu = cfg.rollout.log_prob_micro_batch_size
-    c.use_dynamic_bsz = a.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
-    if c.forward_max_token_len_per_gpu is None:
-        c.forward_max_token_len_per_gpu = c.ppo_max_token_len_per_gpu
-    need(c.forward_max_token_len_per_gpu > 0, "critic.forward_max_token_len_per_gpu must be a positive number "
-          f"of tokens, got {c.forward_max_token_len_per_gpu}")
+    fill(cfg, {"critic.ppo_mini_batch_size": "actor.ppo_mini_batch_size",
+               "critic.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
+               "critic.ppo_epochs": "actor.ppo_epochs", "critic.loss_agg_mode": "actor.loss_agg_mode",
+               "critic.forward_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
+               "critic.use_dynamic_bsz": "actor.use_dynamic_bsz",
+               "critic.forward_max_token_len_per_gpu": "critic.ppo_max_token_len_per_gpu"})
+    in_range(cfg, "a positive number of tokens", "critic.forward_max_token_len_per_gpu")
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
     positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
               "critic.forward_micro_batch_size_per_gpu", "critic.eps")
-    need(c.lr > 0, f"critic.lr must be > 0, got {c.lr}")
-    need(c.grad_clip > 0, f"critic.grad_clip must be > 0, got {c.grad_clip}")
-    need(c.cliprange_value > 0, f"critic.cliprange_value must be > 0, got {c.cliprange_value}")
-    need(c.loss_coef > 0, f"critic.loss_coef must be > 0 (the value loss times it), got {c.loss_coef}")
+    in_range(cfg, "> 0", "critic.lr", "critic.grad_clip", "critic.cliprange_value")
+    in_range(cfg, "> 0 (the value loss times it)", "critic.loss_coef")
     choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
     need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
           f"critic.betas must be two numbers in [0, 1), got {c.betas}")
@@ -387,12 +371,9 @@ def validate_across_sections(cfg: Config) -> None:
 def validate_token_budgets(cfg: Config) -> None:
     """Fill the log-prob passes' null dynamic-batch settings from the actor's
     (as verl does) and check every budget."""
-    a = cfg.actor
-    for sec in (cfg.rollout, cfg.ref):
-        if sec.log_prob_use_dynamic_bsz is None:
-            sec.log_prob_use_dynamic_bsz = a.use_dynamic_bsz
-        if sec.log_prob_max_token_len_per_gpu is None:
-            sec.log_prob_max_token_len_per_gpu = a.ppo_max_token_len_per_gpu
-    for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
-                "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
-        need(get(cfg, key) > 0, f"{key} must be a positive number of tokens, got {get(cfg, key)}")
+    for sec in ("rollout", "ref"):
+        fill(cfg, {f"{sec}.log_prob_use_dynamic_bsz": "actor.use_dynamic_bsz",
+                   f"{sec}.log_prob_max_token_len_per_gpu": "actor.ppo_max_token_len_per_gpu"})
+    in_range(cfg, "a positive number of tokens", "actor.ppo_max_token_len_per_gpu",
+             "rollout.log_prob_max_token_len_per_gpu", "ref.log_prob_max_token_len_per_gpu",
+             "critic.ppo_max_token_len_per_gpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from posttrain.config.checks import choice, need, positive, positive_or_null, whole
+from posttrain.config.checks import choice, in_range, need, positive, positive_or_null, whole
 from posttrain.config.schema import DTYPE_SPELLINGS, Config, uses_lora
 from posttrain.config.schema_rollout import VLLM_SETTINGS, RolloutConfig
 from posttrain.config.dialects.verl.rollout_correction import from_config
@@ -18,9 +18,8 @@ def validate_rollout(cfg: Config) -> None:
     positive(cfg, "rollout.n", "rollout.log_prob_micro_batch_size", "rollout.val_kwargs.n",
               "rollout.tensor_model_parallel_size")
     positive_or_null(cfg, "rollout.micro_batch_size")
-    need(r.temperature >= 0, f"rollout.temperature must be >= 0, got {r.temperature}")
-    need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    need(0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}")
+    in_range(cfg, ">= 0", "rollout.temperature")
+    in_range(cfg, "in (0, 1]", "rollout.top_p", "rollout.gpu_memory_utilization")
     need(r.name not in ("sglang", "trtllm"), f"rollout.name={r.name}: posttrain has no {r.name} engine; use "
           "rollout.name=vllm (GPUs) or hf")
     choice("rollout.name", r.name, ("hf", "vllm"))
@@ -122,7 +121,7 @@ def validate_multi_turn(cfg: Config) -> None:
     given = [k for k in ("environment", "interaction_config_path", "agent") if getattr(mt, k)]
     need(len(given) <= 1, f"{key}.{' and '.join(given)} both set; use one of them")
     need(whole(mt.agent_workers, 1), f"{key}.agent_workers must be an integer >= 1, got {printable(mt.agent_workers)}")
-    need(mt.agent_timeout_s > 0, f"{key}.agent_timeout_s must be > 0, got {mt.agent_timeout_s}")
+    in_range(cfg, "> 0", f"{key}.agent_timeout_s")
     need(mt.max_user_turns is None or (whole(mt.max_user_turns, 1)),
           f"{key}.max_user_turns must be an integer >= 1 or null, got {printable(mt.max_user_turns)}")
     need(mt.max_user_turns is None or (env and not mt.agent), f"{key}.max_user_turns limits an environment's or "
@@ -133,13 +132,11 @@ def validate_multi_turn(cfg: Config) -> None:
              "there is no environment")
     need(whole(mt.environment_workers, 1), f"{key}.environment_workers must be an integer >= 1, got "
           f"{printable(mt.environment_workers)}")
-    need(mt.environment_timeout_s > 0, f"{key}.environment_timeout_s must be > 0, got {mt.environment_timeout_s}")
+    in_range(cfg, "> 0", f"{key}.environment_timeout_s")
     need(whole(mt.environment_memory_mb), f"{key}.environment_memory_mb must be an integer >= 0 (0: no limit), "
           f"got {printable(mt.environment_memory_mb)}")
-    need(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
-          f"rollout.multi_turn.max_assistant_turns must be >= 1 or null (5), got {mt.max_assistant_turns}")
-    need(mt.max_tool_response_length >= 1,
-          f"rollout.multi_turn.max_tool_response_length must be >= 1, got {mt.max_tool_response_length}")
+    in_range(cfg, ">= 1 or null (5)", f"{key}.max_assistant_turns")
+    in_range(cfg, ">= 1", f"{key}.max_tool_response_length")
 
 
 def validate_rollout_correction(cfg: Config) -> None:
