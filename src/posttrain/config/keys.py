@@ -1,6 +1,6 @@
 """What `posttrain train --help-config` prints: every key with its type and
 default, what happens to the keys posttrain takes but does not simply honour,
-and the verl and NeMo-RL spellings accepted.
+and the verl and NeMo-RL spellings accepted (each dialect's describe()).
 
     print(describe_keys())
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from posttrain.config.schema import SCHEMA
 from posttrain.config.schema_rollout import VLLM_SETTINGS
-from posttrain.config.dialects.nemo_rl.keys import RENAMES as NEMO_RL_RENAMES
-from posttrain.config.dialects.verl.keys import READ, STATUS, alias_table
+from posttrain.config.dialects import nemo_rl
+from posttrain.config.dialects.verl import keys as verl_keys
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
@@ -56,23 +56,4 @@ def describe_keys() -> str:
     for key, (_, default) in SCHEMA.items():
         status = f"  [{KEY_STATUS[key]}]" if key in KEY_STATUS else ""
         lines.append(f"  {key}: {type_name(key)} = {default!r}{status}")
-    lines.append("")
-    lines.append("verl keys accepted (verl key -> posttrain key [what happens to it]):")
-    for verl, ours in sorted(alias_table(SCHEMA).items()):
-        lines.append(f"  {verl} -> {ours}  [{KEY_STATUS.get(ours) or STATUS.get(ours, 'honoured')}]")
-    lines.append(f"  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  [{ENGINE}]")
-    lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  [named unused]")
-    lines.append("")
-    lines.append("verl keys that are not posttrain's, read by its dialect before the merge (an older posttrain's "
-                 "config.yaml holds them too; type = default [what happens to it]):")
-    lines += [f"  {key}: {typ} = {default!r}  [{STATUS[key]}]" for key, (typ, default) in READ.items()]
-    lines.append("")
-    lines.append("Any other verl key is refused with a line naming it (`not supported yet`).")
-    lines.append("")
-    lines.append("NeMo-RL's layout (a --config file with grpo:, loss_fn:, policy:, ... and `defaults:`; its keys as "
-                 "overrides, ++key=value, ~key):")
-    for nemo, ours in NEMO_RL_RENAMES.items():
-        lines.append(f"  {nemo} -> {ours}")
-    lines.append("  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
-                 "keep_top_k, the loggers): docs/coming-from-nemo-rl.md")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *verl_keys.describe(SCHEMA, KEY_STATUS), "", *nemo_rl.describe()])

@@ -49,12 +49,7 @@ def describe_sft_keys() -> str:
         if key in KEY_STATUS and key not in SFT_ONLY_KEYS:
             line += f"  [{KEY_STATUS[key]}]"
         lines.append(line)
-    unused = ", ".join(verl_sft.UNUSED)
-    lines += ["", f"verl's SFT keys accepted and unused (a value other than its default is named in a warning): "
-              f"{unused}",
-              f"verl's SFT keys refused, each with what to give instead: {', '.join(verl_sft.REFUSED)}",
-              "verl's RL spellings of the keys above (actor_rollout_ref.actor.optim.lr, ...) are read too: "
-              "`posttrain train --help-config` lists them",
+    lines += ["", *verl_sft.describe(),
               f"Not listed: what only RL reads ({', '.join(s + '*' for s in RL_SECTIONS)}, "
               "actor.ppo_mini_batch_size, actor.clip_ratio, ...): set for posttrain sft, they are named in one "
               "warning as unused.",

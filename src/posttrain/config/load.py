@@ -94,7 +94,6 @@ def load_config(config_path: str | None = None, overrides: Sequence[str] = (), c
     spellings are read too (dialects/verl/sft.py), a NeMo-RL file is its SFT layout
     (dialects/nemo_rl/sft.py), and the layers start from SFT's defaults
     (configs/sft.yaml) and its embedded preset (configs/tiny_sft.yaml)."""
-    sft = command == "sft"
     layers, nemo_tree = [], None
     if config_path:
         data = _read_config_file(config_path)

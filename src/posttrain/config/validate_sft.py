@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Sequence
 
-from posttrain.config.checks import choice, need, positive, positive_or_null
+from posttrain.config.checks import need, positive, positive_or_null
 from posttrain.config.schema import Config, data_parallel_groups
 from posttrain.config.validate import (validate_actor, validate_data, validate_model, validate_sequence_parallel,
                                        validate_trainer, warn_unused)
@@ -45,7 +45,6 @@ def validate_sft(cfg: Config, given: set[str], unused: Sequence[str] = ()) -> No
     warn_unused(cfg, unused, sft_keys_used=True)
     positive(cfg, "data.max_length")
     positive_or_null(cfg, "data.train_max_samples")
-    choice("data.truncation", d.truncation, ("error", "left", "right"))
     validate_sequence_parallel(cfg)  # the group's workers take the same rows, each 1/P of their positions
     groups = data_parallel_groups(cfg)
     need(d.train_batch_size % groups == 0, f"data.train_batch_size={d.train_batch_size} rows must divide evenly "

@@ -14,9 +14,9 @@ One job per module, imports going down this list:
     distillation.py        the distillation layout (distillation.*, teacher.*, loss_fn.*)
     grpo.py                the GRPO layout (grpo.*, loss_fn.*, env.*, data.*), handing PPO and distillation on
     sft.py                 the SFT layout (sft.*), for `posttrain sft`
-    files.py               the files, the overrides, and translate: the entry point
+    files.py               the files, the overrides, and translate: the entry point (describe: its help lines)
 """
 
-from posttrain.config.dialects.nemo_rl.files import is_key, is_layout, load_tree, split_overrides, translate
+from posttrain.config.dialects.nemo_rl.files import describe, is_key, is_layout, load_tree, split_overrides, translate
 
-__all__ = ["is_key", "is_layout", "load_tree", "split_overrides", "translate"]
+__all__ = ["describe", "is_key", "is_layout", "load_tree", "split_overrides", "translate"]

@@ -9,7 +9,8 @@ NeMo-RL composes them), its Hydra-style overrides applied, and the resolved tree
 Overrides are Hydra's: `key=value`, `+key=value` / `++key=value` (the path
 created), `~key` (deleted); a value reads as NeMo-RL reads it (`1e-6` a float).
 The resolved tree goes to its layout's translator: grpo.py (and ppo.py,
-distillation.py below it) for `posttrain train`, sft.py for `posttrain sft`.
+distillation.py below it) for `posttrain train`, sft.py for `posttrain sft`. describe() gives the lines of
+`posttrain train --help-config` on NeMo-RL's keys.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config.schema import SCHEMA
 from posttrain.config.dialects.nemo_rl import grpo
-from posttrain.config.dialects.nemo_rl.keys import DATA_KEYS, SECTIONS
+from posttrain.config.dialects.nemo_rl.keys import DATA_KEYS, RENAMES, SECTIONS
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import YAML_ERRORS, first_line, read_mapping
 from posttrain.text.lines import clipped
@@ -50,6 +51,14 @@ def _ours(section) -> bool:
     """A distillation section in posttrain's (verl's) keys: enabled, teacher_models, distillation_loss, ..."""
     return isinstance(section, dict) and bool(section) and all(f"distillation.{k}" in SCHEMA or k in OWN_DISTILLATION
                                                                 for k in section)
+
+
+def describe() -> list[str]:
+    """`posttrain train --help-config`'s lines on NeMo-RL's layout: its renamed keys, and where the rest are told."""
+    return ["NeMo-RL's layout (a --config file with grpo:, loss_fn:, policy:, ... and `defaults:`; its keys as "
+            "overrides, ++key=value, ~key):", *(f"  {nemo} -> {ours}" for nemo, ours in RENAMES.items()),
+            "  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
+            "keep_top_k, the loggers): docs/coming-from-nemo-rl.md"]
 
 
 def is_key(key: str, tree: dict | None = None) -> bool:

@@ -10,7 +10,8 @@ posttrain's config.yaml spells them, and resolve reads them over all the run's l
 out and adds a layer of the posttrain keys they make.
 
 One job per module, imports going down this list:
-    keys.py                the RL trainer's spellings -> posttrain's, and the keys the dialect reads itself (tables)
+    keys.py                the RL trainer's spellings -> posttrain's, and the keys the dialect reads itself (tables;
+                           describe: their lines of `posttrain train --help-config`)
     sft.py                 the SFT trainer's spellings -> posttrain sft's
     fully_async.py         the fully asynchronous trainer's async_training.* read into posttrain's asynchronous
                            training (it reads the run's batch sizes: resolve's view of the layers)

@@ -1,5 +1,6 @@
 """verl's config keys, as tutorials pass them, mapped onto posttrain's keys; and verl's keys that posttrain's schema
-does not hold, which the dialect reads itself before the merge (READ: resolve.py)."""
+does not hold, which the dialect reads itself before the merge (READ: resolve.py). describe() gives the lines of
+`posttrain train --help-config` on them."""
 
 from __future__ import annotations
 
@@ -174,3 +175,19 @@ def alias_table(canonical_keys) -> dict[str, str]:
     table[CUSTOM_REWARD_PATH] = "reward.custom_fn"
     table[CUSTOM_REWARD_NAME] = "reward.custom_fn"
     return table
+
+
+def describe(canonical_keys, status: dict[str, str]) -> list[str]:
+    """`posttrain train --help-config`'s lines on verl's keys: each spelling -> posttrain's key, with what happens
+    to it (`status`: posttrain's for its keys, else STATUS; neither: honoured), and the keys READ names."""
+    lines = ["verl keys accepted (verl key -> posttrain key [what happens to it]):"]
+    lines += [f"  {verl} -> {ours}  [{status.get(ours) or STATUS.get(ours, 'honoured')}]"
+              for verl, ours in sorted(alias_table(canonical_keys).items())]
+    lines.append("  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  "
+                 f"[{status['rollout.engine_kwargs']}]")
+    lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  "
+                 f"[{status['profiler.global_tool_config']}]")
+    lines += ["", "verl keys that are not posttrain's, read by its dialect before the merge (an older posttrain's "
+                  "config.yaml holds them too; type = default [what happens to it]):"]
+    lines += [f"  {key}: {typ} = {default!r}  [{STATUS[key]}]" for key, (typ, default) in READ.items()]
+    return [*lines, "", "Any other verl key is refused with a line naming it (`not supported yet`)."]

@@ -4,7 +4,8 @@
 verl's SFT config is flat: data.*, model.*, optim.*, trainer.* and two top-level keys. Most data.* and
 trainer.* keys are posttrain's own already (data.prompt_key, data.response_key, data.max_length,
 data.truncation, trainer.total_epochs, ...); the others are renamed here, a few are accepted and named
-unused, and the ones posttrain cannot honour are refused with what to do instead.
+unused, and the ones posttrain cannot honour are refused with what to do instead (describe() says so in
+`posttrain sft --help-config`).
 
     translate({"model.partial_pretrain": "Qwen/Qwen2.5-0.5B", "optim.lr": 1e-4}, "on the command line")
     # -> {"model.path": "Qwen/Qwen2.5-0.5B", "actor.lr": 0.0001}
@@ -104,6 +105,15 @@ def _renamed(key: str, theirs: str, ours: str, origin: str) -> str:
     spellings = [theirs + k[len(ours):] for k in SCHEMA if k.startswith(ours)] + list(EXACT)
     match = difflib.get_close_matches(key, spellings, n=1, cutoff=0.5)
     raise ConfigError(f"unknown config key '{key}' ({origin})" + (f"; did you mean '{match[0]}'?" if match else ""))
+
+
+def describe() -> list[str]:
+    """`posttrain sft --help-config`'s lines on verl's SFT keys that are not posttrain's, and on its RL spellings."""
+    return [f"verl's SFT keys accepted and unused (a value other than its default is named in a warning): "
+            f"{', '.join(UNUSED)}",
+            f"verl's SFT keys refused, each with what to give instead: {', '.join(REFUSED)}",
+            "verl's RL spellings of the keys above (actor_rollout_ref.actor.optim.lr, ...) are read too: "
+            "`posttrain train --help-config` lists them"]
 
 
 def spellings_by_key() -> dict[str, list[str]]:
