@@ -31,14 +31,14 @@ from posttrain.config.validate import validate
 from posttrain.config.validate_sft import validate_sft
 # the dialects as modules, their functions looked up when called: a dialect imports config's lower modules
 from posttrain.config.dialects import nemo_rl, verl
-from posttrain.config.dialects.verl.keys import VERL_PREFIXES, alias_table, spellings
+from posttrain.config.dialects.verl.keys import READ, VERL_PREFIXES, alias_table, spellings
 from posttrain.errors import ConfigError
 from posttrain.files.yamlfile import read_mapping
 from posttrain.text.lines import invalid_text, printable, repr_cut
 
 
 def nearest(key: str) -> str:
-    candidates = list(SCHEMA) + list(alias_table(SCHEMA))
+    candidates = [*SCHEMA, *READ, *alias_table(SCHEMA)]  # posttrain's keys, verl's dialect's, verl's spellings
     match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else ""
 
