@@ -70,13 +70,20 @@ def dtype(cfg: Config, key: str) -> None:
         choice(key, value, ("float32", "bfloat16", "float16"))
 
 
-def warmup_start_factor(cfg: Config, key: str) -> None:
-    in_range(cfg, "in (0, 1] (the LR factor of the first step, as torch's LinearLR start_factor) or null (warm-up "
-             "from 1/W)", key)
+def adamw(cfg: Config, section: str) -> None:
+    """<section>'s AdamW settings (schema.OptimizerConfig): eps, lr, grad_clip, betas."""
+    positive(cfg, f"{section}.eps")
+    in_range(cfg, "> 0", f"{section}.lr", f"{section}.grad_clip")
+    betas = get(cfg, f"{section}.betas")
+    need(len(betas) == 2 and all(0 <= b < 1 for b in betas),
+         f"{section}.betas must be two numbers in [0, 1), got {betas}")
 
 
 def lr_schedule(cfg: Config, section: str) -> None:
-    """<section>.lr_scheduler_type, min_lr_ratio and num_cycles (the LR after the warm-up)."""
+    """<section>'s LR schedule (schema.OptimizerConfig): lr_warmup_start_factor, then lr_scheduler_type,
+    min_lr_ratio and num_cycles (the LR after the warm-up)."""
+    in_range(cfg, "in (0, 1] (the LR factor of the first step, as torch's LinearLR start_factor) or null (warm-up "
+             "from 1/W)", f"{section}.lr_warmup_start_factor")
     # training.actor.LR_SCHEDULES, spelled out: importing it would load transformers with the config
     choice(f"{section}.lr_scheduler_type", get(cfg, f"{section}.lr_scheduler_type"), ("constant", "cosine"))
     in_range(cfg, f"in [0, 1] (the cosine's floor as a share of {section}.lr)", f"{section}.min_lr_ratio")

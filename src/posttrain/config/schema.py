@@ -117,7 +117,9 @@ class MixedPrecisionConfig:
 
 
 @dataclass
-class ActorConfig:
+class OptimizerConfig:
+    """AdamW and its learning-rate schedule: the first keys of the actor's section and of the critic's."""
+
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -130,6 +132,10 @@ class ActorConfig:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     grad_clip: float = 1.0
+
+
+@dataclass
+class ActorConfig(OptimizerConfig):
     ppo_mini_batch_size: int = 64  # prompts (x rollout.n sequences)
     ppo_micro_batch_size: int = 8  # sequences per worker (verl's ppo_micro_batch_size_per_gpu)
     # micro-batches filled up to a token budget (prompt + response tokens per worker) instead of
@@ -195,23 +201,13 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(OptimizerConfig):
     """The value model of PPO with GAE (algorithm.adv_estimator=gae): the
-    critic model's LM with a scalar value head."""
+    critic model's LM with a scalar value head. Its optimizer's keys are the actor's (OptimizerConfig)."""
 
+    lr: float = 1e-5
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8  # AdamW's epsilon
-    lr_warmup_steps: int = -1
-    lr_warmup_steps_ratio: float = 0.0
-    lr_warmup_start_factor: Optional[float] = None  # as actor.lr_warmup_start_factor, for the critic's warm-up
-    lr_scheduler_type: str = "constant"  # as actor.lr_scheduler_type, min_lr_ratio, num_cycles: the critic's LR
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
-    grad_clip: float = 1.0
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
     # sequences per worker, verl's *_per_gpu spellings: critic.ppo_micro_batch_size and forward_micro_batch_size are
     # verl's deprecated global sizes (divided over the data-parallel workers: dialects/verl/global_sizes.py)

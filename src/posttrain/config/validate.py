@@ -17,8 +17,8 @@ from posttrain.algorithms import (
     ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES, estimator,
 )
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
-from posttrain.config.checks import (choice, dtype, fill, get, in_range, lr_schedule, need, no_hybrid_sharding,
-                                     positive, positive_or_null, warmup_start_factor)
+from posttrain.config.checks import (adamw, choice, dtype, fill, get, in_range, lr_schedule, need,
+                                     no_hybrid_sharding, positive, positive_or_null)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
 from posttrain.config.validate_distill import validate_distillation
@@ -91,11 +91,9 @@ def validate_model(cfg: Config) -> None:
 
 def validate_actor(cfg: Config) -> None:
     a = cfg.actor
-    positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.eps")
-    in_range(cfg, "> 0", "actor.lr", "actor.grad_clip")
-    need(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), f"actor.betas must be two numbers in [0, 1), got {a.betas}")
+    positive(cfg, "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs")
+    adamw(cfg, "actor")
     in_range(cfg, "> 1, or null (no dual clip)", "actor.clip_ratio_c")
-    warmup_start_factor(cfg, "actor.lr_warmup_start_factor")
     lr_schedule(cfg, "actor")
     for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
                 "actor.mixed_precision.buffer_dtype"):
@@ -273,7 +271,6 @@ def validate_critic(cfg: Config) -> None:
     """Fill the critic's null sizes from the actor's and check them (only
     when a critic is used: algorithm.adv_estimator=gae)."""
     c = cfg.critic
-    warmup_start_factor(cfg, "critic.lr_warmup_start_factor")
     lr_schedule(cfg, "critic")
     no_hybrid_sharding(cfg, "critic.model")
     fill(cfg, {"critic.ppo_mini_batch_size": "actor.ppo_mini_batch_size",
@@ -286,12 +283,11 @@ def validate_critic(cfg: Config) -> None:
     if cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
         return
     positive(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
-              "critic.forward_micro_batch_size_per_gpu", "critic.eps")
-    in_range(cfg, "> 0", "critic.lr", "critic.grad_clip", "critic.cliprange_value")
+              "critic.forward_micro_batch_size_per_gpu")
+    adamw(cfg, "critic")
+    in_range(cfg, "> 0", "critic.cliprange_value")
     in_range(cfg, "> 0 (the value loss times it)", "critic.loss_coef")
     choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
-    need(len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas),
-          f"critic.betas must be two numbers in [0, 1), got {c.betas}")
     n, d = cfg.rollout.n, cfg.data
     need(d.train_batch_size % c.ppo_mini_batch_size == 0,
           f"data.train_batch_size={d.train_batch_size} must be divisible by critic.ppo_mini_batch_size="
