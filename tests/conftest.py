@@ -185,12 +185,28 @@ def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
     raise RuntimeError(f"the local Ray cluster's dashboard {url} did not answer within {timeout:.0f} s")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """The modules that use the session's Ray cluster run last, one after the other: the cluster starts with
-    the first of them and stops at the session's end, right after the last, instead of idling (its daemons
-    take about a tenth of a core) under every module collected after the first. Order otherwise kept."""
+    """The modules that use the session's Ray cluster run one after the other: the cluster starts with the
+    first of them and stops at the session's end, right after the last, instead of idling (its daemons take
+    about a tenth of a core) under every module collected after the first. Alone, they run last; under
+    pytest-xdist (`-n 2`) they are one group on one worker, every other module a group of its own (module
+    fixtures, a real model's run among them, are made once), the groups with the most slow tests first, so
+    that the longest units start early and the workers end together."""
     ray_modules = {item.module for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: getattr(item, "module", None) in ray_modules)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: getattr(item, "module", None) in ray_modules)
+        return
+    from collections import Counter
+
+    def group(item):
+        module = getattr(item, "module", None)
+        return "ray" if module in ray_modules else item.nodeid.split("::")[0]
+
+    slow = Counter(group(item) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[group(item)])
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
 def pytest_runtest_setup(item):
