@@ -233,6 +233,9 @@ class WandbSink:
         if mode == "offline":
             # offline means nothing leaves the machine, crash reports included
             os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        # no Weave: wandb suggests its LLM-call tracing, in three lines past `silent`, whenever an LLM client
+        # (openai, an agent library: a reward or an environment may import one) is loaded; set it to false to have it
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
         import wandb
 
         id_file = Path(run_dir) / "wandb" / "run_id"
