@@ -195,11 +195,11 @@ def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts the same collection alike
         from collections import Counter
 
-        slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
-        items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+        slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])
         return
-    ray_modules = {item.module for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: getattr(item, "module", None) in ray_modules)
+    ray_modules = {item.path for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in ray_modules)
 
 
 def pytest_runtest_setup(item):
