@@ -128,6 +128,7 @@ def test_the_endpoint_refuses_what_it_cannot_serve(tools_engine):
         assert [m.id for m in llm.models.list()] == ["policy"]
     finally:
         server.close()
+    assert not [t.name for t in server._threads if t.is_alive()]  # close() ends the listener and the dispatcher
 
 
 def test_a_few_steps_whose_samples_are_agent_runs(tmp_path, data, trained_tiny_model_dir):

@@ -114,10 +114,13 @@ class CompletionServer:
             s.closed = True
         return s
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop listening and end both threads (the dispatcher first finishes a batch it is sampling)."""
         self._http.shutdown()
         self._http.server_close()
         self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout_s)
 
     # -- a request, in its HTTP thread ------------------------------------------------------------------------
     def complete(self, key: str, body: dict) -> dict:
