@@ -87,8 +87,9 @@ def test_resume_compares_the_new_training_keys_and_tolerates_older_checkpoints(t
 
 
 def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_path):
-    """An older posttrain saved verl's unused keys (data.return_raw_chat, rollout.trace, ...), and its global sizes
-    and fully asynchronous keys (null: already translated) in a run's config.yaml; they are verl's dialect's now: the
+    """An older posttrain saved verl's unused keys (data.return_raw_chat, rollout.trace, ...), the ones it takes at
+    one value only (actor.fsdp_size, ...), and its global sizes and fully asynchronous keys (null: already
+    translated) in a run's config.yaml; they are verl's dialect's now: the
     file loads as --config, and the checkpoint holding it resumes unchanged."""
     import yaml
 
@@ -104,6 +105,15 @@ def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_pa
     older["async_training"].update(use_trainer_do_validate=False, checkpoint_engine={}, staleness_threshold=None,
                                    trigger_parameter_sync_step=None, total_rollout_prompts=None)
     older["actor"]["ppo_micro_batch_size_global"] = older["critic"]["forward_micro_batch_size_global"] = None
+    # and the keys posttrain takes at one value only (as an older posttrain saved them: the null sizes filled in)
+    older["data"]["custom_cls"] = {"path": None, "name": None}
+    older["model"]["fused_kernel_options"] = {"impl_backend": None}
+    older["actor"].update(strategy="fsdp2", fsdp_size=-1)
+    older["actor"]["mixed_precision"]["buffer_dtype"] = "float32"
+    older["ref"].update(strategy="fsdp2", fsdp_size=-1, ulysses_sequence_parallel_size=1)
+    older["critic"]["model"]["fsdp_size"] = -1
+    older["critic"]["ulysses_sequence_parallel_size"] = 1
+    older["trainer"]["max_critic_ckpt_to_keep"] = None
     ckpt = tmp_path / "global_step_1"
     ckpt.mkdir()
     (ckpt / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))

@@ -15,7 +15,7 @@ from posttrain.driver.build_sft import build_sft_run
 from posttrain.cli import main
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import config_to_dict, flatten, load_config
-from posttrain.config.keys import type_name
+from posttrain.config.keys import type_and_default
 from posttrain.errors import ConfigError, DataError
 from posttrain.driver.sft import train_sft
 from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, nll_sum, sft_update
@@ -148,16 +148,18 @@ def test_sft_keeps_its_last_step_and_says_when_it_starts_over(tmp_path, sft_data
 
 def test_sft_help_config_prints_the_defaults_an_sft_run_gets(tiny_model_dir, capsys):
     """Each key `posttrain sft --help-config` prints shows what a run's resolved config holds: given a model, and
-    (embedded: ...) without one; RL's keys are left out."""
+    (embedded: ...) without one (verl's keys that its dialect reads itself: their own default); RL's keys are left
+    out."""
     assert main(["sft", "--help-config"]) == 0
     out = capsys.readouterr().out
     printed = {m[1]: line for line in out.splitlines() if (m := re.match(r"  ([\w.]+): ", line))}
     given = flatten(config_to_dict(load_config(None, [f"model.path={tiny_model_dir}"], command="sft")))
     embedded = flatten(config_to_dict(load_config(None, [], command="sft")))
     for key, line in printed.items():
-        default = None if key == "model.path" else given[key]
-        assert line.startswith(f"  {key}: {type_name(key)} = {default!r}"), (line, default)
-        if key != "model.path" and embedded[key] != given[key]:
+        typ, default = type_and_default(key)
+        default = None if key == "model.path" else given.get(key, default)
+        assert line.startswith(f"  {key}: {typ} = {default!r}"), (line, default)
+        if key != "model.path" and key in given and embedded[key] != given[key]:
             assert f"(embedded: {embedded[key]!r})" in line, (line, embedded[key])
         else:
             assert "(embedded:" not in line, line

@@ -92,12 +92,6 @@ def lr_schedule(cfg: Config, section: str) -> None:
           f"the warm-up; 0.5: one decay to the floor), got {cycles}")
 
 
-def no_hybrid_sharding(cfg: Config, section: str) -> None:
-    n = get(cfg, f"{section}.fsdp_size")
-    need(n == -1, f"{section}.fsdp_size={n}: hybrid sharding is not supported, FSDP2 shards over every worker; "
-                   "set it to -1")
-
-
 def whole(value, minimum: int = 0) -> bool:
     """An integer (not a bool) of at least `minimum`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

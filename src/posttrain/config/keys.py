@@ -25,14 +25,9 @@ SFT_ONLY_KEYS = ("data.response_key", "data.prompt_dict_keys", "data.response_di
                  "data.multiturn.enable_thinking_key", "data.only_last_turn", "data.custom_chat_template")
 
 # What happens to a key, as --help-config shows it; every key not named here is honoured.
-ENGINE, ONLY_OFF = "vLLM's engine (named unused on hf)", "only this value; others refused"
+ENGINE = "vLLM's engine (named unused on hf)"
 KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
               "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
-              **{k: ONLY_OFF for k in ("actor.fsdp_size", "ref.fsdp_size", "critic.model.fsdp_size")},
-              **{f"{k}.ulysses_sequence_parallel_size": "only the actor's value" for k in ("ref", "critic")},
-              "model.fused_kernel_options.impl_backend": "triton: named unused (the fused pass is torch code)",
-              "trainer.max_critic_ckpt_to_keep": "with a critic: only trainer.max_ckpt_to_keep's value",
-              "data.custom_cls.path": "only null; a dataset class is refused", "data.custom_cls.name": "with path only",
               "data.seed": "null: trainer.seed's",
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
               "reward.model.input_tokenizer": "the policy's tokenizer decodes responses either way",
@@ -46,14 +41,26 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
                  for r in ("actor", "ref", "rollout", "critic")}}
 
 
-def type_name(key: str) -> str:
-    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...): as the schema spells it."""
-    return SCHEMA[key][0]
+def listed() -> list[str]:
+    """The keys --help-config lists, in order: posttrain's, and verl's that posttrain takes at one value only or
+    names unused (its dialect's FIXED, where they were listed while they were posttrain's)."""
+    return verl_keys.listed(SCHEMA)
+
+
+def type_and_default(key: str) -> tuple[str, object]:
+    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...: as the schema spells it), and its
+    default."""
+    return SCHEMA[key] if key in SCHEMA else verl_keys.READ[key]
+
+
+def status(key: str) -> str | None:
+    """What happens to the key, when it is not simply honoured."""
+    return KEY_STATUS.get(key) or (verl_keys.STATUS.get(key) if key in verl_keys.FIXED else None)
 
 
 def describe_keys() -> str:
     lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
-    for key, (_, default) in SCHEMA.items():
-        status = f"  [{KEY_STATUS[key]}]" if key in KEY_STATUS else ""
-        lines.append(f"  {key}: {type_name(key)} = {default!r}{status}")
+    for key in listed():
+        typ, default = type_and_default(key)
+        lines.append(f"  {key}: {typ} = {default!r}" + (f"  [{status(key)}]" if status(key) else ""))
     return "\n".join([*lines, "", *verl_keys.describe(SCHEMA, KEY_STATUS), "", *nemo_rl.describe()])

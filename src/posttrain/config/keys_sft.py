@@ -13,7 +13,7 @@ from typing import Any
 
 from posttrain.config.dialects.verl import sft as verl_sft
 from posttrain.config.flat import flatten
-from posttrain.config.keys import KEY_STATUS, SFT_ONLY_KEYS, type_name
+from posttrain.config.keys import SFT_ONLY_KEYS, listed, status, type_and_default
 from posttrain.config.load import config_to_dict, load_config
 from posttrain.config.schema import SCHEMA
 from posttrain.config.validate_sft import RL_SECTIONS, rl_only
@@ -22,15 +22,17 @@ PLACEHOLDER_MODEL = "<model.path>"  # any model.path: the defaults of a run give
 
 
 def sft_keys() -> list[str]:
-    """The keys `posttrain sft` reads, in the config's order."""
-    return [k for k in SCHEMA if not rl_only(k)]
+    """The keys `posttrain sft` reads, in the config's order (as `posttrain train --help-config` lists them)."""
+    return [k for k in listed() if not rl_only(k)]
 
 
 def sft_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
-    """-> (the defaults of a `posttrain sft` run given a model.path, the embedded default run's), flat keys."""
+    """-> (the defaults of a `posttrain sft` run given a model.path, the embedded default run's), flat keys; verl's
+    keys that its dialect reads itself: their own defaults."""
     given = flatten(config_to_dict(load_config(None, [f"model.path={PLACEHOLDER_MODEL}"], command="sft")))
     given["model.path"] = SCHEMA["model.path"][1]
-    return given, flatten(config_to_dict(load_config(None, [], command="sft")))
+    theirs = {key: type_and_default(key)[1] for key in sft_keys() if key not in given}
+    return {**given, **theirs}, {**flatten(config_to_dict(load_config(None, [], command="sft"))), **theirs}
 
 
 def describe_sft_keys() -> str:
@@ -41,13 +43,13 @@ def describe_sft_keys() -> str:
              "  (verl: ...) its spellings in verl's SFT trainer, read too; (embedded: ...) the default without "
              "model.path (`posttrain sft` alone: the tiny model on the arith task)"]
     for key in sft_keys():
-        line = f"  {key}: {type_name(key)} = {defaults[key]!r}"
+        line = f"  {key}: {type_and_default(key)[0]} = {defaults[key]!r}"
         if key in verl:
             line += f"  (verl: {', '.join(verl[key])})"
         if embedded[key] != defaults[key] and key != "model.path":
             line += f"  (embedded: {embedded[key]!r})"
-        if key in KEY_STATUS and key not in SFT_ONLY_KEYS:
-            line += f"  [{KEY_STATUS[key]}]"
+        if status(key) and key not in SFT_ONLY_KEYS:
+            line += f"  [{status(key)}]"
         lines.append(line)
     lines += ["", *verl_sft.describe(),
               f"Not listed: what only RL reads ({', '.join(s + '*' for s in RL_SECTIONS)}, "

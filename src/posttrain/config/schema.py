@@ -25,12 +25,6 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
 
 @dataclass
-class CustomDatasetClass:
-    path: Optional[str] = None
-    name: Optional[str] = None
-
-
-@dataclass
 class DataConfig:
     train_files: Optional[List[str]] = None  # None: data.dataset_name's file, else the embedded arith task
     val_files: Optional[List[str]] = None
@@ -53,8 +47,6 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right, when not filtering
     image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
-    # verl's own dataset class (its RLHFDataset API): not supported, posttrain reads the parquet rows itself
-    custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
     # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     train_max_samples: Optional[int] = None  # the first N training rows only; None or -1: all
@@ -72,11 +64,6 @@ class DataConfig:
 
 
 @dataclass
-class FusedKernelOptions:
-    impl_backend: Optional[str] = None  # verl's torch | triton: posttrain's chunked pass is torch either way
-
-
-@dataclass
 class ModelConfig:
     path: Optional[str] = None  # None: the embedded tiny model
     dtype: str = "float32"
@@ -91,7 +78,6 @@ class ModelConfig:
     # log-probs and entropy from the last hidden states a chunk of tokens at a time, the [N, R, V] logits never
     # whole (training/fused.py): verl's fused kernels' memory saving, in torch
     use_fused_kernels: bool = False
-    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
     # LoRA (models/lora.py, peft): with lora_rank > 0 (or an adapter to start from) only low-rank adapters on
     # target_modules train, the base is frozen and is the reference model; the checkpoint holds the adapters
     lora_rank: int = 0
@@ -113,7 +99,6 @@ class MixedPrecisionConfig:
 
     param_dtype: Optional[str] = None  # compute dtype over the stored weights; null: bfloat16 on GPUs, none on CPUs
     reduce_dtype: str = "float32"  # gradients are reduced across workers in this dtype
-    buffer_dtype: str = "float32"  # FSDP1's: FSDP2 keeps buffers as stored (another value is named unused)
 
 
 @dataclass
@@ -157,8 +142,6 @@ class ActorConfig(OptimizerConfig):
     # an update that is exactly on-policy (ppo_epochs=1, one mini-batch, no KL in the reward) takes its old
     # log-probs from its own forward instead of a separate pass: the same loss and gradient, one pass fewer
     reuse_on_policy_log_probs: bool = True
-    strategy: str = "fsdp2"
-    fsdp_size: int = -1  # -1: shard over every worker (verl's fsdp_config.fsdp_size; hybrid sharding is refused)
     # Ulysses sequence parallelism: groups of this many workers take the same rows and split each sequence's
     # positions (training/ulysses.py); it must divide the workers and the model's attention heads
     ulysses_sequence_parallel_size: int = 1
@@ -177,9 +160,6 @@ class ActorConfig(OptimizerConfig):
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
-    strategy: str = "fsdp2"
-    fsdp_size: int = -1
-    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's (one size for all of a worker's models)
     use_torch_compile: bool = False  # the reference pass's log-prob function torch.compile'd
     # param_offload: the reference's sharded parameters in CPU memory (FSDP2's CPUOffloadPolicy, as the actor's)
     log_prob_use_dynamic_bsz: Optional[bool] = None  # null: actor.use_dynamic_bsz
@@ -197,7 +177,6 @@ class CriticModelConfig:
     # updates (see actor.param_offload); verl's critic.model.fsdp_config.*
     param_offload: bool = False
     optimizer_offload: bool = False
-    fsdp_size: int = -1
 
 
 @dataclass
@@ -207,7 +186,6 @@ class CriticConfig(OptimizerConfig):
 
     lr: float = 1e-5
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    ulysses_sequence_parallel_size: Optional[int] = None  # null: the actor's
     ppo_mini_batch_size: Optional[int] = None  # prompts; null: actor.ppo_mini_batch_size
     # sequences per worker, verl's *_per_gpu spellings: critic.ppo_micro_batch_size and forward_micro_batch_size are
     # verl's deprecated global sizes (divided over the data-parallel workers: dialects/verl/global_sizes.py)
@@ -240,8 +218,6 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # with resume_mode=resume_path (verl's spelling)
     async_save: bool = True  # write checkpoints in a background thread
     max_ckpt_to_keep: Optional[int] = None  # keep the newest K checkpoints; None: all
-    # verl keeps the critic's apart; a posttrain checkpoint holds both, so it may only equal max_ckpt_to_keep
-    max_critic_ckpt_to_keep: Optional[int] = None
     keep_top_k: Optional[int] = None  # also keep the best K by keep_top_k_metric
     keep_top_k_metric: str = "val/score/mean"
     keep_top_k_mode: str = "max"  # max | min

@@ -17,8 +17,8 @@ from posttrain.algorithms import (
     ADV_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, NEEDS_CRITIC, PF_PPO_METHODS, POLICY_LOSSES, estimator,
 )
 from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
-from posttrain.config.checks import (adamw, choice, dtype, fill, get, in_range, lr_schedule, need,
-                                     no_hybrid_sharding, positive, positive_or_null)
+from posttrain.config.checks import (adamw, choice, dtype, fill, get, in_range, lr_schedule, need, positive,
+                                     positive_or_null)
 from posttrain.config.schema import (FILTER_METRICS, LOGGERS, SCHEMA, Config, DataConfig, ProfilerRoleConfig,
                                      data_parallel_groups, uses_lora)
 from posttrain.config.validate_distill import validate_distillation
@@ -55,9 +55,6 @@ def validate_data(cfg: Config) -> None:
     positive_or_null(cfg, "data.val_batch_size", "data.val_max_samples")
     in_range(cfg, "in [0, 1) (the share of training prompts held out for validation)", "data.val_split_size")
     choice("data.truncation", d.truncation, ("error", "left", "right"))
-    need(not d.custom_cls.path, f"data.custom_cls.path={printable(d.custom_cls.path)}: a verl dataset class is not "
-          "supported; posttrain reads parquet rows itself (prompt, data_source, reward_model.ground_truth): write "
-          "the data in that layout (`posttrain preprocess` has examples) and leave data.custom_cls out")
     validate_dataset_names(d)
     taken = sorted({"conversation", "tokenize", "add_generation_prompt", "return_dict"} & set(d.apply_chat_template_kwargs))
     need(not taken, f"data.apply_chat_template_kwargs.{', '.join(taken)}: posttrain sets it (prompts are tokenized "
@@ -81,9 +78,6 @@ def validate_dataset_names(d: DataConfig) -> None:
 def validate_model(cfg: Config) -> None:
     m = cfg.model
     dtype(cfg, "model.dtype")
-    backend = m.fused_kernel_options.impl_backend
-    need(backend in (None, "torch", "triton"), f"model.fused_kernel_options.impl_backend={printable(backend)} is not "
-          "one of: torch, triton")
     in_range(cfg, ">= 0 (0: train all weights)", "model.lora_rank")
     in_range(cfg, "in [0, 1)", "model.lora_dropout")
     need(not uses_lora(cfg) or m.lora_alpha > 0, f"model.lora_alpha must be > 0, got {m.lora_alpha}")
@@ -95,13 +89,10 @@ def validate_actor(cfg: Config) -> None:
     adamw(cfg, "actor")
     in_range(cfg, "> 1, or null (no dual clip)", "actor.clip_ratio_c")
     lr_schedule(cfg, "actor")
-    for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype",
-                "actor.mixed_precision.buffer_dtype"):
+    for key in ("actor.mixed_precision.param_dtype", "actor.mixed_precision.reduce_dtype"):
         dtype(cfg, key)
     choice("actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
     choice("actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
-    choice("actor.strategy", a.strategy, ("fsdp", "fsdp2"))
-    no_hybrid_sharding(cfg, "actor")
     choice("actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES)
     in_range(cfg, "> 0 or null", "actor.loss_scale_factor")
     fill(cfg, {"actor.clip_ratio_low": "actor.clip_ratio", "actor.clip_ratio_high": "actor.clip_ratio"})
@@ -111,22 +102,14 @@ def validate_actor(cfg: Config) -> None:
 
 def validate_ref(cfg: Config) -> None:
     positive(cfg, "ref.log_prob_micro_batch_size")
-    choice("ref.strategy", cfg.ref.strategy, ("fsdp", "fsdp2"))
-    no_hybrid_sharding(cfg, "ref")
 
 
 def validate_sequence_parallel(cfg: Config) -> None:
-    """Ulysses: one size for a worker's models (the reference's and critic's null: the actor's), dividing
+    """Ulysses: one size for a worker's models (verl's reference's and critic's sizes: its dialect's), dividing
     the workers; each group of that many workers takes the same rows."""
     size = cfg.actor.ulysses_sequence_parallel_size
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     in_range(cfg, ">= 1", "actor.ulysses_sequence_parallel_size")
-    for sec in (cfg.ref, cfg.critic):
-        sec.ulysses_sequence_parallel_size = sec.ulysses_sequence_parallel_size or size
-    for key in ("ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
-        need(get(cfg, key) == size, f"{key}={get(cfg, key)} differs from actor.ulysses_sequence_parallel_size="
-              f"{size}: posttrain's workers hold the actor, reference and critic together and split sequences "
-              "one way for all of them; set them equal (or leave this one out)")
     if size == 1:
         return
     need(world % size == 0, f"actor.ulysses_sequence_parallel_size={size} must divide the {world} workers "
@@ -136,10 +119,9 @@ def validate_sequence_parallel(cfg: Config) -> None:
 
 
 def warn_unused(cfg: Config, unused: Sequence[str] = (), sft_keys_used: bool = False) -> None:
-    """verl's switches for what posttrain does not do: inputs only verl reads (`unused`: the ones its dialect
-    dropped), and settings of a feature that is off (LoRA, multi-turn rollouts, posttrain sft's data keys in an RL
-    run), set to anything but their default, are named in one warning line each."""
-    m, backend = cfg.model, cfg.model.fused_kernel_options.impl_backend
+    """verl's switches for what posttrain does not do (`unused`: the ones its dialect dropped, set to anything but
+    their default or set for nothing), and settings of a feature that is off (LoRA, multi-turn rollouts, posttrain
+    sft's data keys in an RL run), set to anything but their default, are named in one warning line each."""
     sft_only = [k for k in SFT_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not sft_keys_used else []
     if sft_only:
         warnings.warn(f"{', '.join(sft_only)}: settings of posttrain sft's data; set, but unused by posttrain train",
@@ -147,20 +129,11 @@ def warn_unused(cfg: Config, unused: Sequence[str] = (), sft_keys_used: bool = F
     lora_only = [k for k in LORA_ONLY_KEYS if get(cfg, k) != SCHEMA[k][1]] if not uses_lora(cfg) else []
     if not cfg.rollout.multi_turn.enable:
         lora_only += [k for k in SCHEMA if k.startswith("rollout.multi_turn.") and get(cfg, k) != SCHEMA[k][1]]
-    inert = list(unused)
-    if cfg.trainer.max_critic_ckpt_to_keep is not None and cfg.algorithm.adv_estimator not in NEEDS_CRITIC:
-        inert.append("trainer.max_critic_ckpt_to_keep (no critic)")
-    if cfg.data.custom_cls.name and not cfg.data.custom_cls.path:
-        inert.append("data.custom_cls.name (no path)")
-    if cfg.actor.mixed_precision.buffer_dtype != "float32":
-        inert.append(f"actor.mixed_precision.buffer_dtype={cfg.actor.mixed_precision.buffer_dtype}")
-    if backend == "triton" or (backend and not m.use_fused_kernels):
-        inert.append(f"model.fused_kernel_options.impl_backend={backend}")  # our fused pass is torch code
     if lora_only:
         warnings.warn(f"{', '.join(lora_only)}: settings of LoRA (off: model.lora_rank=0) or multi-turn rollouts "
                       "(rollout.multi_turn.enable=false), which are off; set, but unused", stacklevel=3)
-    if inert:
-        warnings.warn(f"{', '.join(inert)}: verl's settings for what posttrain does its own way (its servers, "
+    if unused:
+        warnings.warn(f"{', '.join(unused)}: verl's settings for what posttrain does its own way (its servers, "
                       "worker classes, kernels: `posttrain train --help-config` says each); set, but unused",
                       stacklevel=3)
 
@@ -249,10 +222,6 @@ def validate_trainer(cfg: Config) -> None:
     choice("trainer.keep_top_k_mode", tr.keep_top_k_mode, ("max", "min"))
     need(tr.resume_mode != "resume_path" or bool(tr.resume_from_path),
           "trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N directory>")
-    need(tr.max_critic_ckpt_to_keep in (None, tr.max_ckpt_to_keep) or not critic,
-          f"trainer.max_critic_ckpt_to_keep={tr.max_critic_ckpt_to_keep}: a posttrain checkpoint holds the actor and "
-          f"the critic together; set trainer.max_ckpt_to_keep (verl's max_actor_ckpt_to_keep, now "
-          f"{tr.max_ckpt_to_keep}) to the count you want for both")
     for key in ("trainer.max_ckpt_to_keep", "trainer.keep_top_k"):
         need(get(cfg, key) is None or get(cfg, key) > 0, f"{key} must be a positive integer or null")
     in_range(cfg, ">= 0", "trainer.critic_warmup")
@@ -272,7 +241,6 @@ def validate_critic(cfg: Config) -> None:
     when a critic is used: algorithm.adv_estimator=gae)."""
     c = cfg.critic
     lr_schedule(cfg, "critic")
-    no_hybrid_sharding(cfg, "critic.model")
     fill(cfg, {"critic.ppo_mini_batch_size": "actor.ppo_mini_batch_size",
                "critic.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
                "critic.ppo_epochs": "actor.ppo_epochs", "critic.loss_agg_mode": "actor.loss_agg_mode",

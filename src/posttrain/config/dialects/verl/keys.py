@@ -62,12 +62,42 @@ FULLY_ASYNC = {
     "async_training.total_rollout_prompts": ("Optional[int]", None),
 }
 
+# verl's keys that posttrain takes at one value only (another is refused) or names unused when set, by posttrain's
+# former spelling of each -> (type, default, the posttrain key `--help-config` lists it after, where it was listed
+# while it was one): fixed.py checks them before the merge, in the words validation used
+ONLY_OFF, ONLY_ACTORS = "only this value; others refused", "only the actor's value"
+FIXED = {
+    # verl's own dataset class (its RLHFDataset API): refused, posttrain reads the parquet rows itself
+    "data.custom_cls.path": ("Optional[str]", None, "data.image_key", "only null; a dataset class is refused"),
+    "data.custom_cls.name": ("Optional[str]", None, "data.custom_cls.path", "with path only"),
+    # verl's torch | triton fused kernels: posttrain's chunked pass (model.use_fused_kernels) is torch either way
+    "model.fused_kernel_options.impl_backend": ("Optional[str]", None, "model.use_fused_kernels",
+                                                "triton: named unused (the fused pass is torch code)"),
+    "actor.strategy": ("str", "fsdp2", "actor.reuse_on_policy_log_probs", None),  # fsdp | fsdp2: FSDP2 either way
+    # -1: shard over every worker (verl's fsdp_config.fsdp_size; hybrid sharding is refused)
+    "actor.fsdp_size": ("int", -1, "actor.strategy", ONLY_OFF),
+    # FSDP1's: FSDP2 keeps buffers as stored (another value is named unused)
+    "actor.mixed_precision.buffer_dtype": ("str", "float32", "actor.mixed_precision.reduce_dtype", None),
+    "ref.strategy": ("str", "fsdp2", "ref.log_prob_micro_batch_size", None),
+    "ref.fsdp_size": ("int", -1, "ref.strategy", ONLY_OFF),
+    # null: the actor's (posttrain's workers split sequences one way for all of their models)
+    "ref.ulysses_sequence_parallel_size": ("Optional[int]", None, "ref.fsdp_size", ONLY_ACTORS),
+    "critic.model.fsdp_size": ("int", -1, "critic.model.optimizer_offload", ONLY_OFF),
+    "critic.ulysses_sequence_parallel_size": ("Optional[int]", None, "critic.model.fsdp_size", ONLY_ACTORS),
+    # verl keeps the critic's apart; a posttrain checkpoint holds both, so it may only equal max_ckpt_to_keep
+    "trainer.max_critic_ckpt_to_keep": ("Optional[int]", None, "trainer.max_ckpt_to_keep",
+                                        "with a critic: only trainer.max_ckpt_to_keep's value"),
+}
+
+# the keys the dialect reads itself, listed in their own block of `posttrain train --help-config` -> (type, default)
+OWN = {**UNUSED, **{key: ("Optional[int]", None) for key in GLOBAL_SIZES}, **FULLY_ASYNC}
 # every key the dialect reads itself -> (type, default), and what happens to each (`posttrain train --help-config`)
-READ = {**UNUSED, **{key: ("Optional[int]", None) for key in GLOBAL_SIZES}, **FULLY_ASYNC}
+READ = {**OWN, **{key: (typ, default) for key, (typ, default, _, _) in FIXED.items()}}
 STATUS = {**{key: "verl only: unused" for key in UNUSED},
           **{key: f"verl's global size: {ours} = it // (trainer.nnodes x trainer.n_gpus_per_node"
                   f"{' / the Ulysses size' if ulysses else ''})" for key, (ours, ulysses) in GLOBAL_SIZES.items()},
-          **{key: "verl's fully asynchronous trainer: translated (docs/async.md)" for key in FULLY_ASYNC}}
+          **{key: "verl's fully asynchronous trainer: translated (docs/async.md)" for key in FULLY_ASYNC},
+          **{key: status for key, (_, _, _, status) in FIXED.items() if status}}
 
 # Exact renames (checked first).
 EXACT = {
@@ -149,8 +179,23 @@ VERL_PREFIXES = ("actor_rollout_ref.", "critic.", "reward_model.", "custom_rewar
 
 
 def spellings() -> list[str]:
-    """verl's keys and key prefixes (for config/flat.py's flatten: an empty `actor_rollout_ref:` is a section)."""
-    return [*EXACT, *(verl for verl, _ in PREFIXES)]
+    """verl's keys and key prefixes, and the keys the dialect reads itself (for config/flat.py's flatten: an empty
+    `actor_rollout_ref:` or `data.custom_cls:` is a section)."""
+    return [*EXACT, *READ, *(verl for verl, _ in PREFIXES)]
+
+
+def listed(keys) -> list[str]:
+    """posttrain's `keys` in order, with FIXED's keys where `--help-config` lists them (each after its key)."""
+    out: list[str] = []
+
+    def add(key: str) -> None:
+        out.append(key)
+        for fixed, (_, _, after, _) in FIXED.items():
+            if after == key:
+                add(fixed)
+    for key in keys:
+        add(key)
+    return out
 
 
 def to_canonical(key: str, canonical_keys) -> str | None:
@@ -189,5 +234,5 @@ def describe(canonical_keys, status: dict[str, str]) -> list[str]:
                  f"[{status['profiler.global_tool_config']}]")
     lines += ["", "verl keys that are not posttrain's, read by its dialect before the merge (an older posttrain's "
                   "config.yaml holds them too; type = default [what happens to it]):"]
-    lines += [f"  {key}: {typ} = {default!r}  [{STATUS[key]}]" for key, (typ, default) in READ.items()]
+    lines += [f"  {key}: {typ} = {default!r}  [{STATUS[key]}]" for key, (typ, default) in OWN.items()]
     return [*lines, "", "Any other verl key is refused with a line naming it (`not supported yet`)."]

@@ -5,7 +5,8 @@ them together, a later layer winning, as the merge would:
     layers, unused = resolve(layers, given)   # unused: ["data.return_raw_chat"], for validation's warning
 
 The keys posttrain takes and does not use (keys.UNUSED) are dropped: the ones set to anything but their default
-are returned, for the one warning line that names them (validate.py's warn_unused). verl's global micro-batch
+are returned, for the one warning line that names them (validate.py's warn_unused); so are the keys it takes at one
+value only or names unused when set (keys.FIXED), checked first (fixed.py). verl's global micro-batch
 sizes (global_sizes.py) and its fully asynchronous trainer's keys (fully_async.py; not for posttrain sft) become
 posttrain's keys, in a layer of their own on top: they read posttrain's keys as the merge will make them (the
 layers' flat view, a later one winning, over the schema's defaults). A value of a type the merge would refuse is
@@ -21,7 +22,7 @@ from omegaconf import BooleanNode, FloatNode, IntegerNode, OmegaConf, StringNode
 
 from posttrain.config.flat import REFUSED, type_error
 from posttrain.config.schema import SCHEMA
-from posttrain.config.dialects.verl import fully_async, global_sizes
+from posttrain.config.dialects.verl import fixed, fully_async, global_sizes
 from posttrain.config.dialects.verl.keys import READ, UNUSED
 
 _MAPPINGS = tuple(key for key, (typ, _) in READ.items() if typ.startswith("Dict["))
@@ -50,6 +51,7 @@ def resolve(layers: list[dict], given: set[str], command: str = "train") -> tupl
     ours = [{k: v for k, v in layer.items() if not reads(k)} for layer in layers]
     value = _view(ours)
     try:
+        unused += fixed.check(theirs, value, command)
         made = global_sizes.per_worker(theirs, value, given)
         if command != "sft":
             made.update(fully_async.translate(theirs, value, given))
