@@ -1,8 +1,9 @@
 import pytest
 import yaml
 
-from posttrain.config import config_to_yaml, describe_keys, load_config
+from posttrain.config import config_to_yaml, load_config
 from posttrain.errors import ConfigError
+from posttrain.help_config import describe_keys
 
 VERL_COMMAND = """data.train_files=gsm8k/train.parquet data.val_files=gsm8k/test.parquet data.train_batch_size=16
 data.max_prompt_length=256 data.max_response_length=64 actor_rollout_ref.model.path=/m

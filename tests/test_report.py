@@ -231,8 +231,9 @@ def find_chromium() -> str | None:
 
 def real_run(tmp_path: Path) -> Path:
     from posttrain.driver.build import build_run
-    from posttrain.config import describe_keys, load_config
+    from posttrain.config import load_config
     from posttrain.driver.loop import train
+    from posttrain.help_config import describe_keys
 
     run_dir = tmp_path / "real-run"
     extra = [o for o in ("trainer.log_samples_freq=1", "trainer.log_val_generations=4")

@@ -15,7 +15,7 @@ from posttrain.driver.build_sft import build_sft_run
 from posttrain.cli import main
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import config_to_dict, flatten, load_config
-from posttrain.config.keys import type_and_default
+from posttrain.help_config import type_and_default
 from posttrain.errors import ConfigError, DataError
 from posttrain.driver.sft import train_sft
 from posttrain.training.sft import SFTSettings, learned_tokens, micro_batches, nll_of, nll_sum, sft_update

@@ -7,8 +7,9 @@ tests/test_verl_crosscheck.py runs verl 0.9.1's own checks of the global sizes."
 import pytest
 import yaml
 
-from posttrain.config import config_to_yaml, describe_keys, load_config
+from posttrain.config import config_to_yaml, load_config
 from posttrain.errors import ConfigError
+from posttrain.help_config import describe_keys
 
 # 16 prompts x 8 samples: 128 sequences a mini-batch; the critic is checked (gae)
 BASE = ["actor_rollout_ref.model.path=/m", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",

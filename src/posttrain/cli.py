@@ -21,8 +21,9 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run ag
 
 def cmd_train(args) -> int:
     from posttrain.driver.build import build_run
-    from posttrain.config import describe_keys, load_config
+    from posttrain.config import load_config
     from posttrain.driver.loop import train
+    from posttrain.help_config import describe_keys
 
     if args.help_config:
         print(describe_keys())
@@ -44,8 +45,8 @@ def cmd_train(args) -> int:
 def cmd_sft(args) -> int:
     from posttrain.driver.build_sft import build_sft_run
     from posttrain.config import load_config
-    from posttrain.config.keys_sft import describe_sft_keys
     from posttrain.driver.sft import train_sft
+    from posttrain.help_config import describe_sft_keys
 
     if args.help_config:
         print(describe_sft_keys())

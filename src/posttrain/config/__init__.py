@@ -15,21 +15,19 @@ One job per module, imports going down this list:
     checks.py          the one-line checks validation is written in (need, choice, in_range, fill, ...)
     flat.py            flat dotted keys: a mapping flattened and back, a key=value override parsed
     presets.py         algorithm.name=dapo|gspo|... -> the keys each sets
-    keys.py            what `posttrain train --help-config` prints
+    keys.py            what happens to the keys posttrain does not simply honour (--help-config says it)
     validate_rollout.py  the rollout's settings and algorithm.rollout_correction checked
     validate_distill.py  distillation.* checked
     validate.py        ranges, choices and cross-field rules, section by section
     validate_sft.py    posttrain sft's checks
     load.py            file and overrides -> the dialect's translation -> canonical checks -> merged onto
                        the dataclasses -> validated: load_config
-    keys_sft.py        what `posttrain sft --help-config` prints (the defaults as load_config resolves them)
 """
 
 from posttrain.config.flat import flatten, parse_override
-from posttrain.config.keys import describe_keys
 from posttrain.config.load import canonicalize, config_to_dict, config_to_yaml, load_config
 from posttrain.config.schema import LOGGERS, SCHEMA, Config, uses_lora
 from posttrain.config.schema_rollout import VLLM_SETTINGS
 
 __all__ = ["LOGGERS", "SCHEMA", "VLLM_SETTINGS", "Config", "canonicalize", "config_to_dict", "config_to_yaml",
-           "describe_keys", "flatten", "load_config", "parse_override", "uses_lora"]
+           "flatten", "load_config", "parse_override", "uses_lora"]

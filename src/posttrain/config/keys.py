@@ -1,20 +1,14 @@
-"""What `posttrain train --help-config` prints: every key with its type and
-default, what happens to the keys posttrain takes but does not simply honour,
-and the verl and NeMo-RL spellings accepted (each dialect's describe()).
+"""What happens to posttrain's keys that it takes but does not simply honour, as `--help-config` says it
+(posttrain/help_config.py prints it, beside each dialect's lines on its own keys).
 
-    print(describe_keys())
-
-LORA_ONLY_KEYS is also what validation names as "set, but unused" (validate.py):
-one list, so the help and the warning agree; verl's keys that posttrain's schema
-does not hold are its dialect's (dialects/verl/keys.py: READ, STATUS).
+LORA_ONLY_KEYS and SFT_ONLY_KEYS are also what validation names as "set, but unused" (validate.py): one list, so
+the help and the warning agree; verl's keys that posttrain's schema does not hold are its dialect's
+(dialects/verl/keys.py: READ, STATUS).
 """
 
 from __future__ import annotations
 
-from posttrain.config.schema import SCHEMA
 from posttrain.config.schema_rollout import VLLM_SETTINGS
-from posttrain.config.dialects import nemo_rl
-from posttrain.config.dialects.verl import keys as verl_keys
 
 # set to anything but their default, these are named in one warning line as unused
 LORA_ONLY_KEYS = ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "model.lora_dropout",
@@ -40,27 +34,3 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               **{f"profiler.{r}.tool_config": "<tool>.discrete, <torch|npu>.contents read; the rest named unused"
                  for r in ("actor", "ref", "rollout", "critic")}}
 
-
-def listed() -> list[str]:
-    """The keys --help-config lists, in order: posttrain's, and verl's that posttrain takes at one value only or
-    names unused (its dialect's FIXED, where they were listed while they were posttrain's)."""
-    return verl_keys.listed(SCHEMA)
-
-
-def type_and_default(key: str) -> tuple[str, object]:
-    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...: as the schema spells it), and its
-    default."""
-    return SCHEMA[key] if key in SCHEMA else verl_keys.READ[key]
-
-
-def status(key: str) -> str | None:
-    """What happens to the key, when it is not simply honoured."""
-    return KEY_STATUS.get(key) or (verl_keys.STATUS.get(key) if key in verl_keys.FIXED else None)
-
-
-def describe_keys() -> str:
-    lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
-    for key in listed():
-        typ, default = type_and_default(key)
-        lines.append(f"  {key}: {typ} = {default!r}" + (f"  [{status(key)}]" if status(key) else ""))
-    return "\n".join([*lines, "", *verl_keys.describe(SCHEMA, KEY_STATUS), "", *nemo_rl.describe()])

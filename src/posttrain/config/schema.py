@@ -5,7 +5,7 @@
 
 Keys are posttrain's own; verl's spellings map onto them (dialects/verl/), NeMo-RL's
 layout too (dialects/nemo_rl/). A comment beside a field says what it does where the
-name does not; `posttrain train --help-config` lists them all (keys.py).
+name does not; `posttrain train --help-config` lists them all (posttrain/help_config.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from posttrain.config.validate import (validate_actor, validate_data, validate_m
 
 # what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the teachers,
 # the RL loss's knobs, the sampled completions' logs (a run that sets them is told, in one line; `posttrain sft
-# --help-config` leaves them out: keys_sft.py)
+# --help-config` leaves them out: help_config.py)
 RL_SECTIONS = ("rollout.", "algorithm.", "reward.", "critic.", "ref.", "async_training.", "distillation.",
                "profiler.ref.", "profiler.rollout.", "profiler.critic.")
 RL_KEYS = ("actor.ppo_mini_batch_size", "actor.ppo_epochs", "actor.clip_ratio", "actor.clip_ratio_low",

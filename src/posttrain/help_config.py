@@ -1,24 +1,55 @@
-"""What `posttrain sft --help-config` prints: the keys a supervised run reads, each with the default a run
-gets (resolved as load_config resolves a run's: the dataclasses' defaults under configs/sft.yaml), the embedded
-tiny run's value where it differs (configs/tiny_sft.yaml, without model.path), verl's SFT spellings of the key,
-and what happens to it when not simply honoured. The keys only RL reads (validate_sft.rl_only: the ones a run
-is told it set for nothing) and verl's unused ones are left out.
+"""What `posttrain train --help-config` and `posttrain sft --help-config` print, composed from the config's own
+tables (config/keys.py: what happens to a key; the schema: its type and default) and each dialect's lines on its
+keys (its describe()).
 
-    print(describe_sft_keys())
+    print(describe_keys())       # train: every key with its type and default, then verl's and NeMo-RL's spellings
+    print(describe_sft_keys())   # sft: the keys a supervised run reads, with the defaults a run gets
+
+`posttrain sft --help-config` resolves its defaults as load_config resolves a run's (the dataclasses' defaults
+under configs/sft.yaml), gives the embedded tiny run's value where it differs (configs/tiny_sft.yaml, without
+model.path) and verl's SFT spellings of each key; the keys only RL reads (validate_sft.rl_only: the ones a run is
+told it set for nothing) and verl's unused ones are left out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from posttrain.config.dialects import nemo_rl
+from posttrain.config.dialects.verl import keys as verl_keys
 from posttrain.config.dialects.verl import sft as verl_sft
 from posttrain.config.flat import flatten
-from posttrain.config.keys import SFT_ONLY_KEYS, listed, status, type_and_default
+from posttrain.config.keys import KEY_STATUS, SFT_ONLY_KEYS
 from posttrain.config.load import config_to_dict, load_config
 from posttrain.config.schema import SCHEMA
 from posttrain.config.validate_sft import RL_SECTIONS, rl_only
 
 PLACEHOLDER_MODEL = "<model.path>"  # any model.path: the defaults of a run given one
+
+
+def listed() -> list[str]:
+    """The keys --help-config lists, in order: posttrain's, and verl's that posttrain takes at one value only or
+    names unused (its dialect's FIXED, where they were listed while they were posttrain's)."""
+    return verl_keys.listed(SCHEMA)
+
+
+def type_and_default(key: str) -> tuple[str, Any]:
+    """The key's type as --help-config prints it (`Optional[str]`, `int`, ...: as the schema spells it), and its
+    default."""
+    return SCHEMA[key] if key in SCHEMA else verl_keys.READ[key]
+
+
+def status(key: str) -> str | None:
+    """What happens to the key, when it is not simply honoured."""
+    return KEY_STATUS.get(key) or (verl_keys.STATUS.get(key) if key in verl_keys.FIXED else None)
+
+
+def describe_keys() -> str:
+    lines = ["posttrain config keys (type = default) [what happens to it, when not simply honoured]:"]
+    for key in listed():
+        typ, default = type_and_default(key)
+        lines.append(f"  {key}: {typ} = {default!r}" + (f"  [{status(key)}]" if status(key) else ""))
+    return "\n".join([*lines, "", *verl_keys.describe(SCHEMA, KEY_STATUS), "", *nemo_rl.describe()])
 
 
 def sft_keys() -> list[str]:
