@@ -114,6 +114,8 @@ def test_an_older_config_yaml_holding_verls_unused_keys_loads_and_resumes(tmp_pa
     older["critic"]["model"]["fsdp_size"] = -1
     older["critic"]["ulysses_sequence_parallel_size"] = 1
     older["trainer"]["max_critic_ckpt_to_keep"] = None
+    older["reward"]["reward_manager"] = "naive"
+    older["reward"]["model"]["input_tokenizer"] = None
     ckpt = tmp_path / "global_step_1"
     ckpt.mkdir()
     (ckpt / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))

@@ -162,7 +162,7 @@ def test_the_cpu_build_has_no_sleep_mode_and_the_worker_does_not_call_it(worker,
 
 
 def test_engine_arguments_are_checked_against_the_real_engine_args():
-    from posttrain.config.keys import VLLM_SETTINGS
+    from posttrain.config import VLLM_SETTINGS
     from posttrain.errors import ConfigError
     from posttrain.rollout.vllm import check_engine_args, check_vllm_available
 

@@ -1,6 +1,6 @@
-"""What `posttrain train --help-config` and `posttrain sft --help-config` print, composed from the config's own
-tables (config/keys.py: what happens to a key; the schema: its type and default) and each dialect's lines on its
-keys (its describe()).
+"""What `posttrain train --help-config` and `posttrain sft --help-config` print, composed from the schema (a key's type and
+default), KEY_STATUS below (what happens to a key posttrain takes but does not simply honour) and each dialect's
+lines on its keys (its describe()).
 
     print(describe_keys())       # train: every key with its type and default, then verl's and NeMo-RL's spellings
     print(describe_sft_keys())   # sft: the keys a supervised run reads, with the defaults a run gets
@@ -19,12 +19,27 @@ from posttrain.config.dialects import nemo_rl
 from posttrain.config.dialects.verl import keys as verl_keys
 from posttrain.config.dialects.verl import sft as verl_sft
 from posttrain.config.flat import flatten
-from posttrain.config.keys import KEY_STATUS, SFT_ONLY_KEYS
+from posttrain.config.keys import LORA_ONLY_KEYS, SFT_ONLY_KEYS
 from posttrain.config.load import config_to_dict, load_config
 from posttrain.config.schema import SCHEMA
+from posttrain.config.schema_rollout import VLLM_SETTINGS
 from posttrain.config.validate_sft import RL_SECTIONS, rl_only
 
 PLACEHOLDER_MODEL = "<model.path>"  # any model.path: the defaults of a run given one
+
+# What happens to a key, as --help-config shows it; every key not named here is honoured.
+ENGINE = "vLLM's engine (named unused on hf)"
+KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
+              "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
+              "data.seed": "null: trainer.seed's",
+              **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
+              **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
+              "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",
+              "profiler.torch_memory.stack_depth": "named unused (torch records whole stacks)",
+              **{f"profiler.{r}.{k}": "the loop's process counts as rank 0"
+                 for r in ("actor", "ref", "rollout", "critic") for k in ("ranks", "all_ranks")},
+              **{f"profiler.{r}.tool_config": "<tool>.discrete, <torch|npu>.contents read; the rest named unused"
+                 for r in ("actor", "ref", "rollout", "critic")}}
 
 
 def listed() -> list[str]:

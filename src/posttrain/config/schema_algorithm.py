@@ -123,7 +123,6 @@ class RewardModelConfig:
     trust_remote_code: bool = False
     use_remove_padding: bool = True  # chats of alike length share a scoring pass
     param_offload: bool = False  # its weights wait in CPU memory between scoring calls (verl's fsdp_config.*)
-    input_tokenizer: Optional[str] = None  # verl's: responses are decoded by the policy's tokenizer either way
 
 
 @dataclass
@@ -139,7 +138,6 @@ class SandboxFusionConfig:
 class RewardConfig:
     custom_fn: Optional[str] = None  # FILE.py:FUNCTION (FUNCTION defaults to compute_score)
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    reward_manager: str = "naive"  # verl's naive | prime | dapo | batch: posttrain scores in worker processes
     timeout_s: float = 10.0  # per call; a worker still on it timeout_s + 0.5 s later is killed
     num_workers: Optional[int] = None  # reward processes; null: min(8, CPUs); 0: in the trainer (e.g. to debug)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)

@@ -145,7 +145,6 @@ def validate_reward(cfg: Config) -> None:
     need(not rm.enable or bool(rm.path), "reward.model.enable=true needs reward.model.path (verl's "
           "reward_model.model.path): a Hugging Face sequence-classification model directory")
     in_range(cfg, "> 0", "reward.model.micro_batch_size")
-    choice("reward.reward_manager", rw.reward_manager, ("naive", "prime", "dapo", "batch"))
     need(not sf.url or (sf.url.startswith(("http://", "https://")) and sf.url.isprintable() and " " not in sf.url),
           f"reward.sandbox_fusion.url must be an http:// or https:// URL (a SandboxFusion /run_code endpoint), "
           f"got {printable(sf.url)}")

@@ -1,6 +1,7 @@
 """verl's keys that posttrain takes at one value only, or names unused when set (keys.FIXED): its dataset class,
 its FSDP strategy and hybrid-sharding size, the reference's and critic's own Ulysses sizes, its critic's checkpoint
-count, FSDP1's buffer dtype, its fused kernels' backend. Checked over all the run's layers before the merge
+count, FSDP1's buffer dtype, its fused kernels' backend, its reward managers and the reward model's own
+tokenizer. Checked over all the run's layers before the merge
 (resolve.py), in the words posttrain's validation used while they were its keys; none of them reaches the Config.
 
     unused = check(theirs, value, "train")   # ["actor.mixed_precision.buffer_dtype=bfloat16"], for the warning
@@ -18,6 +19,7 @@ from posttrain.config.schema import DTYPE_SPELLINGS
 from posttrain.text.lines import printable
 
 STRATEGIES = ("fsdp", "fsdp2")  # FSDP2 either way
+REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")  # posttrain scores in worker processes whichever
 
 
 def check(theirs: dict, value, command: str = "train") -> list[str]:
@@ -36,6 +38,8 @@ def check(theirs: dict, value, command: str = "train") -> list[str]:
          "one of: torch, triton")
     buffer = DTYPE_SPELLINGS.get(get("actor.mixed_precision.buffer_dtype"), get("actor.mixed_precision.buffer_dtype"))
     choice("actor.mixed_precision.buffer_dtype", buffer, ("float32", "bfloat16", "float16"))
+    if command != "sft":  # posttrain sft names the reward's keys unused (validate_sft)
+        choice("reward.reward_manager", get("reward.reward_manager"), REWARD_MANAGERS)
     for role in ("actor",) if command == "sft" else ("actor", "ref"):
         choice(f"{role}.strategy", get(f"{role}.strategy"), STRATEGIES)
         whole_sharding(f"{role}.fsdp_size", get(f"{role}.fsdp_size"))

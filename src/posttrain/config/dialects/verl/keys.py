@@ -87,6 +87,11 @@ FIXED = {
     # verl keeps the critic's apart; a posttrain checkpoint holds both, so it may only equal max_ckpt_to_keep
     "trainer.max_critic_ckpt_to_keep": ("Optional[int]", None, "trainer.max_ckpt_to_keep",
                                         "with a critic: only trainer.max_ckpt_to_keep's value"),
+    # verl's reward managers (naive | prime | dapo | batch) and the reward model's own tokenizer for responses
+    "reward.model.input_tokenizer": ("Optional[str]", None, "reward.model.param_offload",
+                                     "the policy's tokenizer decodes responses either way"),
+    "reward.reward_manager": ("str", "naive", "reward.model.input_tokenizer",
+                              "posttrain scores in worker processes whichever"),
 }
 
 # the keys the dialect reads itself, listed in their own block of `posttrain train --help-config` -> (type, default)
