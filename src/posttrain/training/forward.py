@@ -5,6 +5,10 @@ positions that predict each response token, and only there.
 their prompt tokens, so a micro-batch runs each distinct prompt once, gathers its key/value cache for
 each of its samples and runs only the response tokens on top. With gradients, the gather's backward
 sums what the samples send back into the prompt, so the gradient is that of the full pass.
+
+A planned micro-batch (`layout`, microbatch.py) says which rows share a prompt and whether its positions
+hold padding: then nothing is read back from the device to learn it, and the attention mask that
+transformers would build after reading the mask (`fast_all`) is built here without the read.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from posttrain.training.fused import stats_head
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
                       share_prompt: bool = False, targets: torch.Tensor | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, layout=None) -> torch.Tensor:
     """The model's output (`.logits`: vocabulary logits, or a value head's
     outputs) at the positions that predict each response token. -> [N, R, C]
 
@@ -28,16 +32,20 @@ def forward_responses(model, input_ids, attention_mask, position_ids, response_l
     rows is run once and its key/value cache shared by its rows. With
     `targets` [N, R] (model.use_fused_kernels) the output layer is stood in
     for (training/fused.py): -> [N, R, 2], log p(target) / temperature's
-    distribution and its entropy, the logits never whole.
+    distribution and its entropy, the logits never whole. `layout`: the
+    micro-batch's plan (microbatch.Layout), or None (found here).
     """
     if share_prompt:
         out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length, targets,
-                                     temperature)
+                                     temperature, layout)
         if out is not None:
             return out
     # the last token predicts nothing we score, and no earlier position attends to it: it is left out
+    mask = attention_mask[:, :-1]
+    if layout is not None:
+        mask = planned_mask(model, mask, layout.padded, cached=False)
     with _head(model, targets, temperature):
-        out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+        out = model(input_ids=input_ids[:, :-1], attention_mask=mask,
                     position_ids=position_ids[:, :-1], use_cache=False, logits_to_keep=response_length)
     return out.logits[:, -response_length:, :]  # position t predicts token t+1
 
@@ -47,30 +55,31 @@ def _head(model, targets, temperature, rows=None):
 
 
 def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int, targets=None,
-                           temperature: float = 1.0):
+                           temperature: float = 1.0, layout=None):
     """`forward_responses` with each distinct prompt run once; None when no
     two rows share a prompt (the plain pass is as cheap)."""
     prompt_width = input_ids.shape[1] - response_length
     rows = input_ids.shape[0]
-    prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)  # [N, 2P]
-    # inverse [N]: row -> distinct prompt. Groups of adjacent rows, all of one size (how rollouts and
-    # length_order lay them out), are repeated as blocks, whose backward is a cheap sum; else rows are gathered
-    unique, inverse, counts = torch.unique_consecutive(prompt, dim=0, return_inverse=True, return_counts=True)
-    blocks = bool((counts == counts[0]).all())
-    if not blocks:
-        unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
-    if unique.shape[0] == rows or response_length == 0:
-        return None
-    # one row of each distinct prompt (which one does not matter: they hold the same tokens and positions)
-    first = torch.zeros(unique.shape[0], dtype=torch.long, device=input_ids.device)
-    first.scatter_(0, inverse, torch.arange(rows, device=input_ids.device))
+    if layout is not None:  # planned on the host
+        if layout.prompts is None or response_length == 0:
+            return None
+        inverse, first, blocks, count = layout.prompts.inverse, layout.prompts.first, layout.prompts.blocks, \
+            layout.prompts.count
+    else:
+        found = _distinct_prompts(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
+        if found is None or response_length == 0:
+            return None
+        inverse, first, blocks, count = found
     fused = targets is not None
+    head_mask = attention_mask[first, :prompt_width]
+    if layout is not None:
+        head_mask = planned_mask(model, head_mask, layout.padded_prompts, cached=True)
     with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
-        head = model(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
+        head = model(input_ids=input_ids[first, :prompt_width], attention_mask=head_mask,
                      position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
     cache = cache_of(head)  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
     if blocks:
-        cache.batch_repeat_interleave(rows // unique.shape[0])
+        cache.batch_repeat_interleave(rows // count)
     else:
         cache.batch_select_indices(inverse)
     # [N, 1, C]: the last prompt position predicts response token 0 (the fused head took each row's already)
@@ -85,12 +94,70 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     return torch.cat([first_token, tail.logits], dim=1)
 
 
+def _distinct_prompts(ids, mask):
+    """-> (inverse [N]: row -> distinct prompt, a row of each [U], blocks, U) of prompts ids [N, P] with
+    their mask, found on the device (reading back); None when none repeats. Groups of adjacent rows, all of
+    one size (how rollouts and length_order lay them out), are blocks, repeated in the cache with a cheap
+    backward; else rows are gathered."""
+    prompt = torch.cat([ids, mask], dim=1)  # [N, 2P]
+    unique, inverse, counts = torch.unique_consecutive(prompt, dim=0, return_inverse=True, return_counts=True)
+    blocks = bool((counts == counts[0]).all())
+    if not blocks:
+        unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
+    if unique.shape[0] == prompt.shape[0]:
+        return None
+    # one row of each distinct prompt (which one does not matter: they hold the same tokens and positions)
+    first = torch.zeros(unique.shape[0], dtype=torch.long, device=ids.device)
+    first.scatter_(0, inverse, torch.arange(prompt.shape[0], device=ids.device))
+    return inverse, first, blocks, unique.shape[0]
+
+
+def planned_mask(model, mask, padded: bool, cached: bool):
+    """The attention mask to give `model` for 2-D `mask` [B, L] (queries and keys alike, none cached before)
+    when the plan knows whether it holds padding (`padded`): what transformers would build from it, without
+    its read of the mask. Padded: the 4-D mask of its sdpa_mask; else None where the model makes a cache
+    (`cached`: transformers then checks no packed sequences). Any other model, or a transformers without
+    these: `mask` unchanged."""
+    if not _sdpa_masks(model):
+        return mask
+    if not padded:
+        return None if cached else mask
+    from transformers.masking_utils import sdpa_mask
+
+    try:
+        built = sdpa_mask(batch_size=mask.shape[0], q_length=mask.shape[1], kv_length=mask.shape[1],
+                          attention_mask=mask.bool(), allow_is_causal_skip=False, device=mask.device)
+    except TypeError:  # another transformers' signature
+        return mask
+    return built if isinstance(built, torch.Tensor) and built.dim() == 4 else mask
+
+
+def _sdpa_masks(model) -> bool:
+    """Whether `model` (causal, every layer full attention, text only) has transformers' sdpa_mask build its
+    masks: its attention is SDPA's (or posttrain_sdpa, models/attention.py)."""
+    config = getattr(model, "config", None)
+    if config is None or not getattr(config, "is_causal", True) or getattr(config, "text_config", None) is not None:
+        return False
+    types = getattr(config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return False
+    if types is None and getattr(config, "sliding_window", None) is not None:
+        return False
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        return ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation] is sdpa_mask
+    except (ImportError, KeyError, AttributeError):
+        return False
+
+
 def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
-                    share_prompt: bool = False):
+                    share_prompt: bool = False, layout=None):
     """Logits that predict each response token. -> [N, R, V] (float32), divided
     by the sampling temperature so the log-probs are those of the distribution
     the rollout sampled from."""
-    logits = forward_responses(model, input_ids, attention_mask, position_ids, response_length, share_prompt).float()
+    logits = forward_responses(model, input_ids, attention_mask, position_ids, response_length, share_prompt,
+                               layout=layout).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     return logits

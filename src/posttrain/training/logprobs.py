@@ -1,10 +1,8 @@
-"""Per-token log-probabilities (and entropy) of responses under a model, and how a batch is cut into
-the micro-batches that the log-prob, value and training passes run (their shared forward is forward.py).
+"""Per-token log-probabilities (and entropy) of responses under a model, over the micro-batches that
+microbatch.py plans (their shared forward is forward.py).
 
-`remove_padding` (model.use_remove_padding, on by default; off for debugging): rows are ordered by
-length before they are cut into micro-batches, and a micro-batch drops the columns that are padding in
-every row (left of the longest prompt, right of the longest response), so no forward runs on them.
-Its results do not change, nor do `share_prompt`'s (forward.py).
+`trim_padding` and `length_order` are the plan's steps done on one batch's tensors, reading them back:
+what a micro-batch that was not planned gets (the plan's own are microbatch.py's, which read nothing).
 """
 
 from __future__ import annotations
@@ -19,8 +17,9 @@ from torch.utils.checkpoint import checkpoint
 from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.head import sliced_head
 from posttrain.training.forward import can_share_prompt, forward_responses, response_logits
+from posttrain.training.microbatch import FULL_WIDTH, micro_batches, spans
 
-FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R, ...]
+__all__ = ["micro_batches", "spans"]  # here too for their callers: they live in microbatch.py
 
 
 @dataclass(frozen=True)
@@ -79,39 +78,6 @@ def length_order(batch) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.long)
 
 
-def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of rows: `size` rows each, or with a token
-    budget (`max_tokens`, verl's use_dynamic_bsz) as many rows as hold at most
-    that many real tokens together (`tokens[i]` for row i); a row longer than
-    the budget runs alone."""
-    if max_tokens is None:
-        return [(s, min(s + size, len(tokens))) for s in range(0, len(tokens), size)]
-    out, start, used = [], 0, 0
-    for i, t in enumerate(tokens):
-        if i > start and used + t > max_tokens:
-            out.append((start, i))
-            start, used = i, 0
-        used += t
-    if start < len(tokens):
-        out.append((start, len(tokens)))
-    return out
-
-
-def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None = None):
-    """-> [(row indices into batch, micro-batch)]: consecutive chunks of `size`
-    rows (or of at most `max_tokens` real tokens, prompt + response), with
-    remove_padding chunks of length-ordered rows, trimmed."""
-    order = length_order(batch) if remove_padding else torch.arange(len(batch))
-    ordered = batch.select(order) if remove_padding else batch
-    if max_tokens is None:
-        cuts = [(s, min(s + size, len(batch))) for s in range(0, len(batch), size)]
-        chunks = ordered.split(size)
-    else:
-        cuts = spans(ordered.attention_mask.sum(-1).tolist(), size, max_tokens)  # real tokens of each row
-        chunks = [ordered.select(torch.arange(a, b)) for a, b in cuts]
-    return [(order[a:b], trim_padding(mb) if remove_padding else mb) for (a, b), mb in zip(cuts, chunks)]
-
-
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """logits [N, R, V], tokens [N, R] -> log p(token) [N, R]."""
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -161,11 +127,13 @@ def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOp
     if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
         return _sequence_parallel_stats(model, mb, device, temperature, options, with_entropy, entropy_grad)
     share = options.share_prompt and can_share_prompt(model)
+    layout = getattr(mb, "layout", None)  # a planned micro-batch's (microbatch.Micro): nothing read back
     if options.fused:
-        out = forward_responses(model, *args, share, targets=tokens, temperature=temperature)  # [n, R, 2]
+        out = forward_responses(model, *args, share, targets=tokens, temperature=temperature,
+                                layout=layout)  # [n, R, 2]
         entropy = out[..., 1] if entropy_grad else out[..., 1].detach()
         return out[..., 0], entropy if with_entropy else None
-    logits = response_logits(model, *args, temperature, share)  # [n, R, V]
+    logits = response_logits(model, *args, temperature, share, layout=layout)  # [n, R, V]
     return _stats(logits, tokens, options, with_entropy, entropy_grad)
 
 
@@ -248,7 +216,8 @@ def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entrop
 def _response_log_p(model, mb, device, temperature, options: PassOptions) -> torch.Tensor:
     """log-softmax [n, R, V] of the logits that predict `mb`'s response tokens (over the temperature)."""
     args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
-    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model))
+    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model),
+                             layout=getattr(mb, "layout", None))
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -283,21 +252,24 @@ def compute_log_probs(model, batch, micro_batch_size: int, temperature: float = 
     `micro_batch_size` rows, or of at most `max_tokens` tokens), no grad.
 
     -> (log_probs [N, R], entropy [N, R] or None); 0 outside the responses'
-    columns a trimmed micro-batch left out.
+    columns a trimmed micro-batch left out. The micro-batches are planned on
+    the host and their results gathered on the device: the pass reads back
+    once, at its end.
     """
     was_training = model.training
     model.eval()
     device = compute_device(model)
-    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
-    entropies = torch.zeros(batch.responses.shape, dtype=torch.float32) if with_entropy else None
+    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32, device=device)
+    entropies = torch.zeros(batch.responses.shape, dtype=torch.float32, device=device) if with_entropy else None
     try:
         with sliced_head(model):  # the vocabulary's logits a slice at a time (CPU; rollout/head.py)
-            for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+            for _, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+                mb = mb.to(device)
                 log_prob, entropy = log_probs_and_entropy(model, mb, device, temperature, options, with_entropy)
                 width = mb.response_length
-                log_probs[rows, :width] = log_prob.cpu()
+                log_probs[mb.rows, :width] = log_prob.float()
                 if with_entropy:
-                    entropies[rows, :width] = entropy.cpu()
+                    entropies[mb.rows, :width] = entropy.float()
     finally:
         model.train(was_training)
-    return log_probs, entropies
+    return log_probs.cpu(), entropies.cpu() if with_entropy else None

@@ -1,0 +1,215 @@
+"""How a batch is cut into the micro-batches that the log-prob, value and training passes run, planned from
+the batch's CPU tensors before anything moves to the device.
+
+`row_stats` reads what the plan needs of every row in one host read (lengths, groups, where each row's
+padding is, which rows hold the same prompt); `micro_batches` orders and cuts the rows, trims the columns
+that are padding in every row of a micro-batch and works out its shared prompts and whether its positions
+hold padding, all in Python. A `Micro` moves to the device once (`Micro.to`: from pinned memory,
+non-blocking, on CUDA), and the passes read nothing back to learn its shape.
+
+`remove_padding` (model.use_remove_padding, on by default; off for debugging): rows are ordered by
+length before they are cut into micro-batches, and a micro-batch drops the columns that are padding in
+every row (left of the longest prompt, right of the longest response), so no forward runs on them.
+Its results do not change, nor do `share_prompt`'s (forward.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # [N, P+R]; the other 2-D fields are [N, R, ...]
+NONE = 1 << 40  # a row without such a position (above any token id)
+
+
+@dataclass(frozen=True)
+class SharedPrompts:
+    """The distinct prompts of a micro-batch's rows: `inverse` [n] row -> distinct prompt, `first` [U] a row
+    of each; `blocks`: the rows are U runs of one size, in order (forward.py repeats the prompts' cache)."""
+
+    inverse: torch.Tensor
+    first: torch.Tensor
+    blocks: bool
+
+    @property
+    def count(self) -> int:
+        return self.first.shape[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the plan knows of a micro-batch: its distinct prompts when some repeat (None: none repeat);
+    whether the plain forward's positions ([:, :-1]) hold padding, and whether the distinct prompts' do."""
+
+    prompts: SharedPrompts | None
+    padded: bool
+    padded_prompts: bool
+
+
+class Micro:
+    """One planned micro-batch: `data` (the batch's rows `rows`, its kept columns), its `layout`, `picked`
+    (`rows` as a list); its fields read through (mb.input_ids, mb.response_length, len(mb))."""
+
+    __slots__ = ("data", "rows", "layout", "picked")
+
+    def __init__(self, data, rows: torch.Tensor, layout: Layout | None, picked: list[int]):
+        self.data, self.rows, self.layout, self.picked = data, rows, layout, picked
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def to(self, device) -> "Micro":
+        """Every tensor on `device`, each moved once: from pinned memory and non-blocking when it is CUDA
+        (the host queues the copies and goes on), a plain `.to` otherwise (nothing moves on the CPU)."""
+        device = torch.device(device)
+        pin = device.type == "cuda" and torch.cuda.is_available()
+
+        def move(t):
+            if not isinstance(t, torch.Tensor) or t.device == device:
+                return t
+            return (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=pin)
+
+        data = dataclasses.replace(self.data, **{f.name: move(getattr(self.data, f.name))
+                                                 for f in dataclasses.fields(self.data)
+                                                 if isinstance(getattr(self.data, f.name), torch.Tensor)})
+        layout, prompts = self.layout, self.layout.prompts if self.layout is not None else None
+        if prompts is not None:
+            layout = dataclasses.replace(layout, prompts=SharedPrompts(move(prompts.inverse), move(prompts.first),
+                                                                       prompts.blocks))
+        return Micro(data, move(self.rows), layout, self.picked)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What the plan needs of each row of a batch, as Python lists (`row_stats`)."""
+
+    prompt_len: list[int]  # real prompt tokens
+    tokens: list[float]  # response_mask's sum: the loss's tokens
+    real: list[int]  # real tokens, prompt and response
+    group: list[int]
+    first: list[int]  # the first real prompt column (P: none)
+    end: list[int]  # one past the last response column that is real or in the mask (0: none)
+    prompt_run: list[int]  # real prompt positions at the prompt's end, without a gap
+    response_run: list[int]  # real response positions from its start, without a gap
+    key: list[int] | None  # rows of one key hold the same prompt columns (ids and mask); a key's order is theirs
+
+    def units(self, rows, loss_agg_mode: str) -> float:
+        """`actor.loss_units` of rows `rows`: their valid tokens (token-mean), else their rows with one."""
+        if loss_agg_mode == "token-mean":
+            return float(sum(self.tokens[i] for i in rows))
+        return float(sum(1 for i in rows if self.tokens[i] > 0))
+
+
+def row_stats(batch) -> Rows:
+    """`Rows` of `batch`, computed on its tensors (on the CPU, where the driver's batch lives) and read at
+    once: one host read, and one `unique` for the prompts' keys."""
+    width = batch.prompt_width
+    real = batch.attention_mask != 0
+    prompt, response = real[:, :width], real[:, width:]
+    ids = batch.input_ids[:, :width]
+    alive = (batch.response_mask != 0) | response
+    r = batch.response_length
+    columns = [
+        prompt.sum(-1), batch.response_mask.sum(-1), real.sum(-1), batch.group,
+        torch.where(prompt.any(-1), prompt.int().argmax(-1), width),
+        torch.where(alive.any(-1), r - alive.flip(-1).int().argmax(-1), 0),
+        prompt.flip(-1).int().cumprod(-1).sum(-1), response.int().cumprod(-1).sum(-1),
+        torch.where(prompt, NONE, ids).amin(-1), torch.where(prompt, -NONE, ids).amax(-1),  # padding's ids
+    ]
+    # rows of equal prompt columns, ranked as torch.unique orders them (lexicographically)
+    _, key = torch.unique(torch.cat([ids, batch.attention_mask[:, :width].to(ids.dtype)], 1), dim=0,
+                          return_inverse=True)
+    table = torch.stack([c.double() for c in [*columns, key]], 1).tolist() if len(batch) else []
+    cols = list(zip(*table)) if table else [()] * (len(columns) + 1)
+    ints = [[int(v) for v in c] for c in cols]
+    low, high = ints[8], ints[9]
+    # every padding position holds one id: then rows equal on a micro-batch's kept columns are equal whole
+    canonical = max(high, default=-NONE) <= min(low, default=NONE)
+    return Rows(ints[0], list(cols[1]), ints[2], ints[3], ints[4], ints[5], ints[6], ints[7],
+                ints[10] if canonical else None)
+
+
+def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows: `size` rows each, or with a token
+    budget (`max_tokens`, verl's use_dynamic_bsz) as many rows as hold at most
+    that many real tokens together (`tokens[i]` for row i); a row longer than
+    the budget runs alone."""
+    if max_tokens is None:
+        return [(s, min(s + size, len(tokens))) for s in range(0, len(tokens), size)]
+    out, start, used = [], 0, 0
+    for i, t in enumerate(tokens):
+        if i > start and used + t > max_tokens:
+            out.append((start, i))
+            start, used = i, 0
+        used += t
+    if start < len(tokens):
+        out.append((start, len(tokens)))
+    return out
+
+
+def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None = None, rows: Rows | None = None,
+                  subset: range | None = None) -> list[tuple[torch.Tensor, Micro]]:
+    """-> [(row indices into batch, micro-batch)]: consecutive chunks of `size`
+    rows (or of at most `max_tokens` real tokens, prompt + response), with
+    remove_padding chunks of length-ordered rows, trimmed. `rows`: the batch's
+    `row_stats` (read here when not given); `subset`: the batch's rows to cut
+    (a mini-batch's; all by default)."""
+    stats = rows if rows is not None else row_stats(batch)
+    picked = list(subset if subset is not None else range(len(batch)))
+    if remove_padding:  # alike lengths side by side, samples of one prompt together
+        picked.sort(key=lambda i: (-stats.prompt_len[i], stats.group[i], -stats.tokens[i], i))
+    cuts = spans([stats.real[i] for i in picked], size, max_tokens)
+    return [_micro(batch, picked[a:b], stats, remove_padding) for a, b in cuts]
+
+
+def _micro(batch, idx: list[int], stats: Rows, remove_padding: bool) -> tuple[torch.Tensor, Micro]:
+    width, length = batch.prompt_width, batch.response_length
+    left, keep = 0, length
+    if remove_padding:  # a pass needs the last prompt position (it predicts the first token)
+        left = min(min(stats.first[i] for i in idx), width - 1)
+        keep = max(1, max(stats.end[i] for i in idx))
+    index = torch.tensor(idx, dtype=torch.long)
+    cut = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            value = value[index]
+            if value.dim() >= 2 and (left, keep) != (0, length):  # [N, R, k]: the teacher's top-k, cut as [N, R]
+                value = value[:, left:width + keep] if f.name in FULL_WIDTH else value[:, :keep]
+            cut[f.name] = value
+        elif isinstance(value, list):
+            cut[f.name] = [value[i] for i in idx] if value else []
+    data = dataclasses.replace(batch, **cut)
+    if stats.key is None:  # padding of several ids: the passes find the shared prompts themselves
+        return index, Micro(data, index, None, idx)
+    prompt_width = width - left
+    padded_prompts = any(stats.prompt_run[i] < prompt_width for i in idx)
+    padded = padded_prompts or any(stats.response_run[i] < keep - 1 for i in idx)
+    return index, Micro(data, index, Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts), idx)
+
+
+def _shared(keys: list[int]) -> SharedPrompts | None:
+    """The distinct prompts of rows of prompt keys `keys`, as forward.py found them with unique_consecutive
+    (runs of one size: in order) or else unique (sorted); None when none repeats."""
+    starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
+    sizes = [b - a for a, b in zip(starts, starts[1:] + [len(keys)])]
+    blocks = all(s == sizes[0] for s in sizes)
+    if blocks:
+        inverse = [j for j, s in enumerate(sizes) for _ in range(s)]
+        count = len(sizes)
+    else:
+        distinct = sorted(set(keys))
+        rank = {k: j for j, k in enumerate(distinct)}
+        inverse = [rank[k] for k in keys]
+        count = len(distinct)
+    if count == len(keys):
+        return None
+    first = [0] * count
+    for row, j in enumerate(inverse):  # the last row of each, as a scatter of the row numbers leaves it
+        first[j] = row
+    return SharedPrompts(torch.tensor(inverse, dtype=torch.long), torch.tensor(first, dtype=torch.long), blocks)
