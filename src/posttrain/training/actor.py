@@ -14,7 +14,9 @@ from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.losses import agg_loss
 from posttrain.algorithms.registry import get_policy_loss, policy_loss
 from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
-from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, micro_batches, topk_stats
+from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, topk_stats
+from posttrain.training.microbatch import micro_batches, row_stats
+from posttrain.training.tally import Tally, step_values
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,9 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
     return float((mask.sum(-1) > 0).sum())
 
 
-def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro-batch (with grad) and its detached metrics.
+def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict]:
+    """Loss of one micro-batch (with grad) and its detached metrics (0-d tensors, read by the caller once
+    per update: tally.py; rollout correction's are floats).
 
     Without old_log_probs (an update that is exactly on-policy: one epoch, one
     mini-batch, so the weights are still those that sampled) the old log-probs
@@ -189,11 +192,11 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         with torch.no_grad():
             entropy = agg(entropy_tok)
     metrics = {
-        "actor/pg_loss": pol["pg_loss"].item(),
-        "actor/pg_clipfrac": float(pol["pg_clipfrac"]),
-        "actor/ppo_kl": float(pol["ppo_kl"]),
-        "actor/pg_clipfrac_lower": float(pol["pg_clipfrac_lower"]),
-        "actor/entropy": entropy.item(),
+        "actor/pg_loss": pol["pg_loss"].detach(),
+        "actor/pg_clipfrac": pol["pg_clipfrac"].detach(),
+        "actor/ppo_kl": pol["ppo_kl"].detach(),
+        "actor/pg_clipfrac_lower": pol["pg_clipfrac_lower"].detach(),
+        "actor/entropy": entropy.detach(),
         **corr_metrics,
         **distill_metrics,
     }
@@ -201,7 +204,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         kl = kl_penalty(log_prob, mb.ref_log_probs.to(device), s.kl_loss_type)
         kl_loss = agg(kl)
         loss = loss + s.kl_loss_coef * kl_loss
-        metrics["actor/kl_loss"] = kl_loss.item()
+        metrics["actor/kl_loss"] = kl_loss.detach()
         metrics["actor/kl_coef"] = s.kl_loss_coef
     return loss, metrics
 
@@ -217,8 +220,8 @@ def distilled(task_loss, log_prob, old_log_prob, mb, mask, weights, s: UpdateSet
         teacher_topk = mb.teacher_topk_log_probs.to(device)
         distill = agg(topk_divergence(student_topk, teacher_topk, d, neg_entropy))
         with torch.no_grad():  # how much of each model's probability the k hold
-            extra = {"distillation/teacher_mass": agg(teacher_topk.exp().sum(-1)).item(),
-                     "distillation/student_mass": agg(student_topk.exp().sum(-1)).item()}
+            extra = {"distillation/teacher_mass": agg(teacher_topk.exp().sum(-1)),
+                     "distillation/student_mass": agg(student_topk.exp().sum(-1))}
     elif d.use_policy_gradient:  # -divergence as each token's advantage, in the policy loss
         advantages = distillation_advantages(old_log_prob, teacher_lp, mask, d)
         distill = get_policy_loss(s.loss_mode)(
@@ -230,7 +233,7 @@ def distilled(task_loss, log_prob, old_log_prob, mb, mask, weights, s: UpdateSet
     loss = task_loss + d.coef * distill if d.use_task_rewards else distill
     with torch.no_grad():
         reverse_kl = agg(log_prob - teacher_lp)  # k1 on the student's own samples: the reverse KL's estimate
-    return loss, {"distillation/loss": distill.item(), "distillation/reverse_kl": reverse_kl.item(), **extra}
+    return loss, {"distillation/loss": distill.detach(), "distillation/reverse_kl": reverse_kl, **extra}
 
 
 def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,
@@ -313,44 +316,47 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     # One piece on purpose: the epochs / mini-batches / micro-batches nesting and the loss weights that make
     # a cut-up mini-batch sum to its whole loss are easiest to check read together.
     params = [p for p in model.parameters() if p.requires_grad]
+    device = compute_device(model)
     model.train()
-    sums: dict[str, float] = {}
+    tally = Tally()  # the metrics' weighted sums, on the device, read once at the end
     grad_norms, losses, skipped, counted = [], [], 0, 0
     # sequence parallelism (sp_size > 1): the sp_size workers of a group hold the same rows, each computes the
     # whole loss and its own positions' part of the gradient: the parts add up over the group, the metrics
     # (the same on each) are counted once per group
-    minis = batch.split(mini_batch_size * sp_size // world_size)
-    micros = [[mb for _, mb in micro_batches(mini, micro_batch_size, remove_padding, max_tokens)] for mini in minis]
+    # everything cut and weighed from the batch's CPU tensors, read once (microbatch.py)
+    rows, size = row_stats(batch), mini_batch_size * sp_size // world_size
+    minis = [range(a, min(a + size, len(batch))) for a in range(0, len(batch), size)]
+    micros = [micro_batches(batch, micro_batch_size, remove_padding, max_tokens, rows, mini) for mini in minis]
     micro_per_epoch = sum(len(m) for m in micros)
     bar = tqdm(total=epochs * micro_per_epoch, desc=f"update {prefix}", unit="micro", leave=False,
                disable=None if world_size == 1 else True)
     for _ in range(epochs):
         for k, mini in enumerate(minis):
             optimizer.zero_grad(set_to_none=True)
-            total = mini_totals[k] if mini_totals is not None else loss_units(mini.response_mask, loss_agg_mode)
-            mini_loss = 0.0
+            total = mini_totals[k] if mini_totals is not None else rows.units(mini, loss_agg_mode)
+            mini_loss = 0.0  # a float64 tensor on the device once a micro-batch adds to it
             counted += total > 0
-            for mb in micros[k]:
-                w = loss_units(mb.response_mask, loss_agg_mode) / total * world_size if total > 0 else 0.0
-                loss, m = loss_fn(mb)
+            for _, mb in micros[k]:
+                w = rows.units(mb.picked, loss_agg_mode) / total * world_size if total > 0 else 0.0
+                loss, m = loss_fn(mb.to(device))  # each tensor moved once, without waiting (microbatch.Micro)
                 (loss * w).backward()  # a NaN loss makes NaN gradients: the norm below catches both
                 w /= sp_size
-                mini_loss += float(loss.detach()) * w  # x world_size: the group averages over workers
-                for key, v in m.items():
-                    # weighted as the loss is: a mini-batch's weights add up to world_size over the workers,
-                    # so sums / counted, averaged over them, is its own value however it is cut up
-                    sums[key] = sums.get(key, 0.0) + v * w
+                mini_loss = mini_loss + loss.detach().double() * w  # x world_size: the group averages over workers
+                # weighted as the loss is: a mini-batch's weights add up to world_size over the workers,
+                # so sums / counted, averaged over them, is its own value however it is cut up
+                tally.add(m, w)
                 bar.update(1)
-            grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip)))
-            if all_finite(mini_loss, grad_norm, world_size, params[0].device):
+            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+            ok, loss_value, norm = step_values(mini_loss, grad_norm, world_size, params[0].device)  # one read
+            if ok:
                 optimizer.step()
-                grad_norms.append(grad_norm)
+                grad_norms.append(norm)
             else:
                 skipped += 1
-            losses.append(mini_loss)
+            losses.append(loss_value)
             optimizer.zero_grad(set_to_none=True)
     bar.close()
-    metrics = {k: v / counted if counted else 0.0 for k, v in sums.items()}  # 0: no valid token at all
+    metrics = {k: v / counted if counted else 0.0 for k, v in tally.read().items()}  # 0: no valid token at all
     metrics[f"{prefix}/loss"] = sum(losses) / len(losses) if losses else 0.0
     metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{prefix}/nonfinite_updates"] = float(skipped)

@@ -64,8 +64,8 @@ def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = T
     return values
 
 
-def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped value loss of one micro-batch (with grad) and its metrics.
+def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[torch.Tensor, dict]:
+    """Clipped value loss of one micro-batch (with grad) and its metrics (0-d tensors: read once per update).
     mb needs values (the critic's before the update) and returns."""
     mask = mb.response_mask.to(device)
     vpreds = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
@@ -73,9 +73,9 @@ def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[to
     out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
                      loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
     return out["vf_loss"] * s.loss_coef, {
-        "critic/vf_loss": out["vf_loss"].item(),
-        "critic/vf_clipfrac": float(out["vf_clipfrac"]),
-        "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+        "critic/vf_loss": out["vf_loss"].detach(),
+        "critic/vf_clipfrac": out["vf_clipfrac"].detach(),
+        "critic/vpred_mean": masked_mean(vpreds.detach(), mask),
     }
 
 
