@@ -83,6 +83,21 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+LOGSUMEXP_ELEMENTS = 1 << 26  # logits per piece of gathered_log_probs' logsumexp (256 MiB in float32)
+
+
+def gathered_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits [N, R, V], tokens [N, R] -> log p(token) [N, R] as logit(token) - logsumexp(logits), the
+    logsumexp a piece of positions at a time: no [N, R, V] log-softmax is made (a pass without gradient and
+    entropy: the reference's, the old policy's). Equal to `token_log_probs` to float rounding."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    picked = flat.gather(-1, tokens.reshape(-1, 1)).squeeze(-1)
+    rows = max(1, LOGSUMEXP_ELEMENTS // max(1, flat.shape[-1]))
+    log_z = torch.cat([torch.logsumexp(piece, dim=-1) for piece in flat.split(rows)]) if flat.shape[0] else \
+        picked
+    return (picked - log_z).reshape(tokens.shape)
+
+
 ENTROPY_ROWS = 16  # positions per piece of log_prob_and_entropy's entropy: its temporaries stay small
 
 
@@ -141,6 +156,8 @@ def _stats(logits, tokens, options: PassOptions, with_entropy: bool, entropy_gra
     """logits [n, T, V], tokens [n, T] -> (log p(token) [n, T], entropy [n, T] or None)."""
     if with_entropy and not (entropy_grad and torch.is_grad_enabled()) and not options.compile:
         return log_prob_and_entropy(logits, tokens)  # the entropy as a metric: from the same log-softmax
+    if not with_entropy and not options.compile and not (torch.is_grad_enabled() and logits.requires_grad):
+        return gathered_log_probs(logits, tokens), None
     log_prob = (compiled(token_log_probs) if options.compile else token_log_probs)(logits, tokens)
     if not with_entropy:
         return log_prob, None
