@@ -23,17 +23,14 @@ from helpers import one_batch_overrides, read_metrics, write_prompts
 NAN, INF = float("nan"), float("inf")
 
 
-class Rows:
-    """The least a batch needs for run_updates: rows with a response mask."""
-
-    def __init__(self, x, mask):
-        self.x, self.response_mask = x, mask
-
-    def __len__(self):
-        return len(self.x)
-
-    def split(self, size):
-        return [Rows(self.x[i:i + size], self.response_mask[i:i + size]) for i in range(0, len(self.x), size)]
+def rows(x: torch.Tensor) -> RolloutBatch:
+    """The least a batch needs for run_updates (which plans its micro-batches from the rollout batch's
+    tensors): one-token prompts, one-token responses, `x` [N, 2] carried as its advantages (`mb.advantages`)."""
+    n = len(x)
+    ones = torch.ones(n, 1, dtype=torch.long)
+    return RolloutBatch(input_ids=torch.cat([ones, ones], 1), attention_mask=torch.ones(n, 2, dtype=torch.long),
+                        position_ids=torch.tensor([[0, 1]] * n), responses=ones, response_mask=ones,
+                        group=torch.arange(n), advantages=x)
 
 
 def test_a_nonfinite_loss_skips_only_its_mini_batch():
@@ -46,12 +43,12 @@ def test_a_nonfinite_loss_skips_only_its_mini_batch():
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
 
     def loss_fn(mb):
-        loss = w(mb.x).sum()
-        if mb.x[0, 0] == 1.0:  # the first row's mini-batch
+        loss = w(mb.advantages).sum()
+        if mb.advantages[0, 0] == 1.0:  # the first row's mini-batch
             loss = loss + INF
         return loss, {"actor/pg_loss": float(loss.detach())}
 
-    m = run_updates(w, opt, Rows(x, torch.ones(2, 1)), loss_fn, mini_batch_size=1, micro_batch_size=1, epochs=1,
+    m = run_updates(w, opt, rows(x), loss_fn, mini_batch_size=1, micro_batch_size=1, epochs=1,
                     loss_agg_mode="token-mean", grad_clip=1e9)
     assert torch.equal(w.weight.detach(), torch.tensor([[-3.0, -4.0]]))
     assert m["actor/nonfinite_updates"] == 1.0
@@ -65,9 +62,9 @@ def test_a_nan_gradient_leaves_weights_and_optimizer_state_untouched():
     before = w.weight.detach().clone()
 
     def loss_fn(mb):
-        return (w(mb.x) * NAN).sum(), {}
+        return (w(mb.advantages) * NAN).sum(), {}
 
-    m = run_updates(w, opt, Rows(torch.ones(2, 2), torch.ones(2, 1)), loss_fn, 2, 2, 1, "token-mean", 1.0)
+    m = run_updates(w, opt, rows(torch.ones(2, 2)), loss_fn, 2, 2, 1, "token-mean", 1.0)
     assert torch.equal(w.weight.detach(), before)
     assert opt.state == {} or all(not s for s in opt.state.values())  # AdamW never stepped: no moments, no count
     assert m["actor/nonfinite_updates"] == 1.0 and math.isnan(m["actor/grad_norm"])
