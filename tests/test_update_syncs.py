@@ -202,3 +202,19 @@ def test_an_update_and_a_log_prob_pass_wait_at_most_once_per_micro_batch(embedde
         metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=1e-3), b, s)
     assert syncs.count <= 8, dict(syncs.by_op)
     assert metrics["actor/nonfinite_updates"] == 0.0 and metrics["actor/kl_loss"] > 0
+
+
+def test_workers_agree_on_a_step_in_the_same_one_read(tmp_path):
+    import torch.distributed as dist
+
+    from posttrain.training.tally import step_values
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/group", rank=0, world_size=1)
+    try:
+        with HostSyncs() as syncs:
+            ok, loss, norm = step_values(torch.tensor(2.0, dtype=torch.float64), torch.tensor(3.0), world_size=2)
+        assert ok and (loss, norm) == (2.0, 3.0) and syncs.count == 1
+        assert not step_values(torch.tensor(float("inf")), torch.tensor(1.0), world_size=2)[0]
+        assert not step_values(torch.tensor(1.0), torch.tensor(float("nan")), world_size=2)[0]
+    finally:
+        dist.destroy_process_group()
