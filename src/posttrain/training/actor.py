@@ -302,7 +302,7 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     gradients clipped to `grad_clip`. Micro-batches hold `micro_batch_size`
     rows, or with `max_tokens` as many rows as fit in that many tokens: the
     weights make the sum the same either way. With remove_padding a mini-batch's rows
-    are length-ordered and its micro-batches trimmed (`logprobs.micro_batches`):
+    are length-ordered and its micro-batches trimmed (`microbatch.micro_batches`):
     the same sum, no compute on padding.
 
     A mini-batch whose loss or gradient norm is not finite takes no optimizer
@@ -362,21 +362,6 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
     metrics[f"{prefix}/nonfinite_updates"] = float(skipped)
     metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return metrics
-
-
-def all_finite(loss: float, grad_norm: float, world_size: int = 1, device=None) -> bool:
-    """Whether this update may step: loss and gradient norm finite here and,
-    with several workers, on every worker (a worker whose own loss was inf
-    while the summed gradients stayed finite must not step alone)."""
-    ok = math.isfinite(loss) and math.isfinite(grad_norm)
-    if world_size > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            flag = torch.tensor([0.0 if ok else 1.0], device=device)  # NCCL reduces device tensors only
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            ok = flag.item() == 0.0
-    return ok
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ class Micro:
     def __len__(self) -> int:
         return len(self.data)
 
-    def to(self, device) -> "Micro":
+    def to(self, device) -> Micro:
         """Every tensor on `device`, each moved once: from pinned memory and non-blocking when it is CUDA
         (the host queues the copies and goes on), a plain `.to` otherwise (nothing moves on the CPU)."""
         device = torch.device(device)

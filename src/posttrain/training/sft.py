@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.training.actor import all_finite, full_value
+from posttrain.training.actor import full_value
+from posttrain.training.tally import all_finite
 from posttrain.training.fused import stats_head
 from posttrain.training.logprobs import compute_device, spans
 

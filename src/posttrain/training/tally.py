@@ -57,3 +57,19 @@ def step_values(loss, grad_norm, world_size: int = 1, device=None) -> tuple[bool
             return bad == 0.0, loss_v, norm_v
     loss_v, norm_v = host_values([loss, grad_norm])
     return math.isfinite(loss_v) and math.isfinite(norm_v), loss_v, norm_v
+
+
+def all_finite(loss: float, grad_norm: float, world_size: int = 1, device=None) -> bool:
+    """Whether an update whose values were read already (the SFT update's) may
+    step: loss and gradient norm finite here and, with several workers, on
+    every worker (a worker whose own loss was inf while the summed gradients
+    stayed finite must not step alone)."""
+    ok = math.isfinite(loss) and math.isfinite(grad_norm)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            flag = torch.tensor([0.0 if ok else 1.0], device=device)  # NCCL reduces device tensors only
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            ok = flag.item() == 0.0
+    return ok
