@@ -11,6 +11,19 @@ changing what is sampled (each can be switched off for debugging):
   chunks are formed of prompts of alike length;
 - early_stop: decoding stops once every sequence of a chunk has ended.
 
+The last two are decisions the host takes on the device's numbers: each
+reads them back, which on a GPU waits for every queued kernel (decoding a
+token is many small kernels, launched faster than a GPU runs them only while
+nothing waits). `stop_check_every` = k takes them every k tokens, with one
+read; in between, a sequence that has ended goes on in the batch, its tokens
+masked to padding as after any ending. The samples are those of k = 1 (with
+remove_padding a row's logits then come from batches of other sizes, which on
+the CPU can round the last bits of its log-probs differently, as switching
+remove_padding itself does). The decoding forward reads nothing back either:
+its attention mask goes in the 4-D form that transformers' mask builder takes
+as it is (`prebuilt_mask`), or as None while no running row is padded, where
+a 2-D mask is inspected on the host at every token.
+
 Sampling inverts each step's CDF with a uniform number drawn for that
 sequence and step before decoding starts, so a seed fixes the samples
 whatever the chunking, the order of the chunks, and whether any of the three
@@ -83,12 +96,34 @@ def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Ten
     return ids, mask
 
 
+def prebuilt_mask(model) -> bool:
+    """Whether a decoding step may pass its attention mask as [rows, 1, 1, keys] booleans (True: attend).
+
+    Given a 2-D mask, transformers' builder for SDPA asks on the host whether it is all ones (then it passes no
+    mask at all); a 4-D one it passes to the attention as it is. For one query (the newest token, which sees
+    every key but the padding) that is the very mask it builds, so the attention computes the same. Taken only
+    where it means that: transformers' own model classes (whose masks come from its masking_utils) on SDPA or
+    posttrain_sdpa (models/attention.py), every layer attending to all keys (no sliding window, chunks or
+    bidirectional layers). Other models (eager's additive masks, flash attention's 2-D one, remote code) keep
+    the 2-D mask."""
+    config = getattr(model, "config", None)
+    if config is None or not type(config).__module__.startswith("transformers.models."):
+        return False
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    return (getattr(config, "_attn_implementation", None) in ("sdpa", "posttrain_sdpa")
+            and getattr(config, "is_causal", True) and all(t == "full_attention" for t in types)
+            and getattr(config, "sliding_window", None) is None
+            and getattr(config, "attention_chunk_size", None) is None)
+
+
 class HFRolloutEngine:
     """`RolloutEngine` over a transformers causal LM.
 
     eos_token_ids: tokens that end a response (the tokenizer's EOS and the
     generation config's, e.g. Qwen's `<|im_end|>` and `<|endoftext|>`).
     micro_batch_size: sequences per forward pass; None = all at once.
+    stop_check_every: the tokens decoded between two checks for ended
+    sequences (early_stop, remove_padding); 1: after every token.
     """
 
     def __init__(
@@ -102,13 +137,17 @@ class HFRolloutEngine:
         shared_prefill: bool = True,
         remove_padding: bool = True,
         early_stop: bool = True,
+        stop_check_every: int = 1,
     ):
+        if not (isinstance(stop_check_every, int) and stop_check_every >= 1):
+            raise ValueError(f"stop_check_every must be an integer >= 1, got {stop_check_every!r}")
         self.model = model  # the trainer's module, or a copy kept up to date with load_weights
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.pad_token_id = pad_token_id
         self.micro_batch_size = micro_batch_size
         self.progress = progress
         self.shared_prefill, self.remove_padding, self.early_stop = shared_prefill, remove_padding, early_stop
+        self.stop_check_every = stop_check_every
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # in-flight weight updates (asynchronous training): called before every forward, it may load newer
@@ -161,7 +200,8 @@ class HFRolloutEngine:
                     ids, mask = left_pad(group, self.pad_token_id, max(len(p) for p in group))
                     rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
                     u = uniforms[rows.to(self.device)] if uniforms is not None else None
-                    r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u)
+                    r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u,
+                                                              padded=len({len(p) for p in group}) > 1)
                     parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(),
                                   ver.cpu() if ver is not None else None))
                     bar.update(len(chunk) * n)
@@ -186,8 +226,9 @@ class HFRolloutEngine:
                              weight_versions=versions)
 
     def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, n: int, params: SamplingParams,
-                        uniforms: torch.Tensor | None):
-        """ids, mask: [p, P] distinct prompts, left-padded; uniforms [p*n,
+                        uniforms: torch.Tensor | None, padded: bool = True):
+        """ids, mask: [p, P] distinct prompts, left-padded (padded: whether any
+        row is, as the host knows from the prompts' lengths); uniforms [p*n,
         max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
         None): [p*n, R], the n samples of a prompt adjacent; truncated [p*n]:
         the rows that never sampled an EOS (with ignore_eos, every row); the weights
@@ -210,6 +251,9 @@ class HFRolloutEngine:
         width = mask.shape[1]
         full_mask = torch.ones((rows, width + params.max_new_tokens), dtype=mask.dtype, device=device)
         full_mask[:, :width] = mask
+        four_d = prebuilt_mask(self.model)
+        if four_d:  # [rows, 1, 1, columns]: one query's mask, taken as it is; None while no row running is padded
+            full_mask, row_padded = full_mask.bool()[:, None, None], (mask == 0).any(-1)  # as transformers does
         eos = torch.tensor(self.eos_token_ids, device=device)
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
@@ -220,6 +264,8 @@ class HFRolloutEngine:
         logits_version = self.weights_version  # the weights that computed `logits`
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         running = torch.arange(rows, device=device)  # the rows the model still runs (logits, cache) for
+        # whether the host ever looks at `finished` (with ignore_eos no row ends before the limit)
+        checks = (self.early_stop or self.remove_padding) and not params.ignore_eos
         length = 0
         for step in range(params.max_new_tokens):
             length = step + 1
@@ -230,24 +276,39 @@ class HFRolloutEngine:
                                   log_probs is not None)
             tok = torch.where(live, tok, torch.full_like(tok, self.pad_token_id))
             tokens[running, step], alive[running, step] = tok, live.long()
-            if versions is not None:
-                versions[running, step] = logits_version
+            if versions is not None:  # -1 on padding
+                versions[running, step] = torch.where(live, logits_version, -1)
             if log_probs is not None:
                 log_probs[running, step] = lp * live
             if not params.ignore_eos:
                 finished[running] |= live & torch.isin(tok, eos)
-            if step == params.max_new_tokens - 1 or (self.early_stop and bool(finished.all())):
+            if step == params.max_new_tokens - 1:
                 break
-            if self.remove_padding and bool(finished[running].any()):  # ended rows leave the batch
-                keep = torch.nonzero(~finished[running]).squeeze(-1)
-                running, tok, full_mask, next_pos = running[keep], tok[keep], full_mask[keep], next_pos[keep]
-                cache.batch_select_indices(keep)
-                if len(running) == 0:
-                    continue
+            if checks and (step + 1) % self.stop_check_every == 0:
+                # the check's one host read: the rows that go on (rows that left the batch have all ended), the
+                # columns holding a live token (where a check after each token would have stopped), and whether
+                # a row that goes on is padded
+                ended = finished[running]
+                reads = [(~ended).sum(), alive[:, :length].any(0).sum()]
+                if four_d:
+                    reads.append((~ended & row_padded).any().long())
+                still, used, *kept_padded = torch.stack(reads).tolist()
+                if self.early_stop and still == 0:
+                    length = used
+                    break
+                if self.remove_padding and still < len(running):  # ended rows leave the batch
+                    keep = torch.argsort(ended.to(torch.uint8), stable=True)[:still]  # the others, in order
+                    running, tok, full_mask, next_pos = running[keep], tok[keep], full_mask[keep], next_pos[keep]
+                    cache.batch_select_indices(keep)
+                    if four_d:
+                        row_padded, padded = row_padded[keep], bool(kept_padded[0])
+                    if len(running) == 0:
+                        continue
             width += 1
             self._new_weights()  # the sequences in flight go on with them (their KV cache kept as it is)
             logits_version = self.weights_version
-            out = self.model(input_ids=tok[:, None], attention_mask=full_mask[:, :width], position_ids=next_pos,
+            step_mask = None if four_d and not padded else full_mask[..., :width]
+            out = self.model(input_ids=tok[:, None], attention_mask=step_mask, position_ids=next_pos,
                              use_cache=True, **{CACHE: cache})
             cache, logits = cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
