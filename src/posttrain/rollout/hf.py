@@ -139,7 +139,7 @@ class HFRolloutEngine:
         early_stop: bool = True,
         stop_check_every: int = 1,
     ):
-        if not (isinstance(stop_check_every, int) and stop_check_every >= 1):
+        if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every must be an integer >= 1, got {stop_check_every!r}")
         self.model = model  # the trainer's module, or a copy kept up to date with load_weights
         self.eos_token_ids = sorted(set(eos_token_ids))
