@@ -64,6 +64,9 @@ class RolloutConfig:
     shared_prefill: bool = True  # hf: a prompt is prefilled once, its KV cache shared by its n samples
     remove_padding: bool = True  # hf: ended sequences leave the decoding batch; chunks of alike prompt lengths
     early_stop: bool = True  # hf: stop decoding once every sequence has ended
+    # hf: tokens decoded between two checks for ended sequences (early_stop, remove_padding: one host read each);
+    # null: 1 on the CPU (fastest there), 8 on a GPU (not measured on one yet); the samples are the same for any
+    stop_check_every: Optional[int] = None
     log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
     # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
     log_prob_use_dynamic_bsz: Optional[bool] = None

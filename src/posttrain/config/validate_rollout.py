@@ -28,6 +28,9 @@ def validate_rollout(cfg: Config) -> None:
     choice("rollout.mode", r.mode, ("sync", "async"))
     need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
           "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
+    need(r.stop_check_every is None or whole(r.stop_check_every, 1),
+         "rollout.stop_check_every must be an integer >= 1 (tokens decoded between two checks for ended sequences) "
+         f"or null (1 on the CPU, 8 on a GPU), got {printable(r.stop_check_every)}")
     for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         need(getattr(r, key) is None or getattr(r, key) > 0, f"rollout.{key} must be > 0, got {getattr(r, key)}")
     validate_rollout_lag(cfg)
@@ -98,6 +101,8 @@ def unused_engine_settings(r: RolloutConfig) -> list[str]:
     if r.name != "vllm":  # vLLM's engine settings
         out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None]
         out += ["rollout.free_cache_engine=false"] if not r.free_cache_engine else []
+    elif r.stop_check_every is not None:  # the hf engine's
+        out.append("rollout.stop_check_every")
     if r.mode == "async":  # verl's server mode: posttrain's rollout generates a step's batch in one call either way
         out.append("rollout.mode=async")
     return out

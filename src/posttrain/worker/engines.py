@@ -58,7 +58,20 @@ def make_engine(spec: WorkerSpec, rollout_model, eos: list[int], pad_token_id: i
 
     return HFRolloutEngine(rollout_model, eos, pad_token_id, micro_batch_size=r.micro_batch_size, seed=spec.seed + rank,
                            progress=progress, shared_prefill=r.shared_prefill, remove_padding=r.remove_padding,
-                           early_stop=r.early_stop)
+                           early_stop=r.early_stop, stop_check_every=stop_check_every_of(r, rollout_model))
+
+
+# rollout.stop_check_every=null: on the CPU a check costs nothing to wait for, and every token's check lets ended
+# rows leave the batch at once (fastest: bench/README.md); on a GPU each check drains the kernel queue. 8 there is
+# a first guess, not measured on a GPU yet.
+STOP_CHECK_EVERY = {"cpu": 1, "cuda": 8}
+
+
+def stop_check_every_of(r, model) -> int:
+    """The hf engine's stop_check_every: rollout.stop_check_every, or its default for the model's device."""
+    if r.stop_check_every is not None:
+        return r.stop_check_every
+    return STOP_CHECK_EVERY.get(next(model.parameters()).device.type, 1)
 
 
 class InAutocast:

@@ -64,6 +64,7 @@ class RolloutSpec:
     shared_prefill: bool = True  # the hf engine's fast paths (rollout/hf.py)
     remove_padding: bool = True
     early_stop: bool = True
+    stop_check_every: int | None = None  # None: 1 on the CPU, 8 on a GPU (stop_check_every_of)
     tensor_parallel_size: int = 1  # vLLM's engine from here on
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
