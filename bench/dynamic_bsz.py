@@ -103,7 +103,8 @@ def main() -> None:
           f"{int(batch.attention_mask[:, :batch.prompt_width].sum(-1).min())}.."
           f"{int(batch.attention_mask[:, :batch.prompt_width].sum(-1).max())} tokens; log-prob pass + one update; "
           f"median of {args.repeats}; {common.versions()}")
-    from posttrain.training.logprobs import length_order, spans
+    from posttrain.training.logprobs import length_order
+    from posttrain.training.microbatch import spans
 
     ordered = batch.select(length_order(batch)).attention_mask.sum(-1).tolist()
     base = statistics.median(times[settings[0][0]])

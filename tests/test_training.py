@@ -292,7 +292,7 @@ def test_cosine_scheduler_sets_the_lr_and_resumes_from_its_state_dict():
 # ---------------------------------------------------------------- token-budget micro-batches (use_dynamic_bsz)
 
 def test_spans_fill_a_token_budget_and_a_longer_row_runs_alone():
-    from posttrain.training.logprobs import spans
+    from posttrain.training.microbatch import spans
 
     # budget 8: 5+3 fit; 4 then 9 would not; 9 alone is over budget and runs alone; 2 is left
     assert spans([5, 3, 4, 9, 2], size=2, max_tokens=8) == [(0, 2), (2, 3), (3, 4), (4, 5)]
@@ -302,7 +302,7 @@ def test_spans_fill_a_token_budget_and_a_longer_row_runs_alone():
 
 @pytest.mark.parametrize("remove_padding", [True, False])
 def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(remove_padding):
-    from posttrain.training.logprobs import micro_batches
+    from posttrain.training.microbatch import micro_batches
 
     b = make_batch()  # real tokens (prompt + response) per row: 5, 4, 6, 4
     parts = micro_batches(b, 1, remove_padding, max_tokens=9)

@@ -9,7 +9,8 @@ import torch
 from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
 from posttrain.training.actor import pinned_loss_scale, run_updates
-from posttrain.training.logprobs import compute_device, micro_batches
+from posttrain.training.logprobs import compute_device
+from posttrain.training.microbatch import micro_batches
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ from torch.utils.checkpoint import checkpoint
 from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.head import sliced_head
 from posttrain.training.forward import can_share_prompt, forward_responses, response_logits
-from posttrain.training.microbatch import FULL_WIDTH, micro_batches, spans
+from posttrain.training.microbatch import FULL_WIDTH, micro_batches
 
-__all__ = ["micro_batches", "spans"]  # here too for their callers: they live in microbatch.py
 
 
 @dataclass(frozen=True)

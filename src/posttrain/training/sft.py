@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from posttrain.training.actor import full_value
 from posttrain.training.tally import all_finite
 from posttrain.training.fused import stats_head
-from posttrain.training.logprobs import compute_device, spans
+from posttrain.training.logprobs import compute_device
+from posttrain.training.microbatch import spans
 
 IGNORE = -100
 
