@@ -15,7 +15,8 @@ import torch
 
 from posttrain.driver.batch import RolloutBatch
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.hf import HFRolloutEngine, sample_next
+from posttrain.rollout.hf import HFRolloutEngine
+from posttrain.rollout.sampling import sample_next
 from posttrain.training.actor import UpdateSettings, update_policy
 from posttrain.training.logprobs import PassOptions, compute_log_probs, length_order, trim_padding
 

@@ -1,7 +1,8 @@
 import torch
 
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.hf import HFRolloutEngine, filter_logits
+from posttrain.rollout.hf import HFRolloutEngine
+from posttrain.rollout.sampling import filter_logits
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 

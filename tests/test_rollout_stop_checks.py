@@ -15,6 +15,7 @@ import torch
 from posttrain.rollout import hf
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine
+from posttrain.rollout.masks import takes_sdpa_masks
 from posttrain.runtime.syncs import HostSyncs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
@@ -87,16 +88,16 @@ def test_the_prebuilt_decoding_mask_is_taken_only_by_sdpa_models_attending_to_ev
 
     from posttrain.models.attention import use_grouped_attention
 
-    assert hf.prebuilt_mask(random_qwen2)  # sdpa
+    assert takes_sdpa_masks(random_qwen2)  # sdpa
     grouped = copy.deepcopy(random_qwen2)
-    assert use_grouped_attention(grouped) and hf.prebuilt_mask(grouped)
+    assert use_grouped_attention(grouped) and takes_sdpa_masks(grouped)
     eager = copy.deepcopy(random_qwen2)
     eager.set_attn_implementation("eager")  # additive float masks: its own builder
-    assert not hf.prebuilt_mask(eager)
+    assert not takes_sdpa_masks(eager)
     sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                            num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
                                            sliding_window=4, max_window_layers=1))
-    assert not hf.prebuilt_mask(sliding)
+    assert not takes_sdpa_masks(sliding)
 
 
 def tiny_llama():
@@ -127,7 +128,7 @@ def test_the_prebuilt_decoding_mask_gives_the_2d_masks_samples_bit_for_bit(rando
     params = SamplingParams(max_new_tokens=10, n=3, temperature=1.0, logprobs=True)
     outs = []
     for four_d in (True, False):
-        monkeypatch.setattr(hf, "prebuilt_mask", lambda m, four_d=four_d: four_d)
+        monkeypatch.setattr(hf, "takes_sdpa_masks", lambda m, four_d=four_d: four_d)
         for mb in (None, 6):
             outs.append(HFRolloutEngine(model, eos, 0, seed=5, micro_batch_size=mb, progress=False).generate(
                 prompts, params))

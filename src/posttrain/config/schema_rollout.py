@@ -67,6 +67,10 @@ class RolloutConfig:
     # hf: tokens decoded between two checks for ended sequences (early_stop, remove_padding: one host read each);
     # null: 1 on the CPU (fastest there), 8 on a GPU (not measured on one yet); the samples are the same for any
     stop_check_every: Optional[int] = None
+    # hf: decode with a static-shape step (buffers allocated once, positions held on the device: rollout/static.py),
+    # recorded as CUDA graphs on CUDA (rollout.enforce_eager=true: not recorded); the same samples as the eager
+    # loop. null: on with CUDA where the model takes prebuilt SDPA masks (transformers' own classes), off on the CPU
+    static_decoding: Optional[bool] = None
     log_prob_micro_batch_size: int = 64  # sequences per pass, per worker
     # the policy's log-prob pass in token-budget micro-batches; null: actor.use_dynamic_bsz / its budget
     log_prob_use_dynamic_bsz: Optional[bool] = None
@@ -78,7 +82,7 @@ class RolloutConfig:
     max_num_batched_tokens: Optional[int] = None
     max_num_seqs: Optional[int] = None
     max_model_len: Optional[int] = None  # null: data.max_prompt_length + data.max_response_length
-    enforce_eager: Optional[bool] = None
+    enforce_eager: Optional[bool] = None  # vLLM: no CUDA graphs; hf: static decoding's step not recorded as one
     load_format: Optional[str] = None  # verl's dummy_dtensor/dummy_hf: vLLM's dummy, the policy's weights pushed in
     # how a LoRA policy reaches the engine: adapter (the engine applies the adapters: hf samples from the policy
     # itself, vLLM gets a LoRA request) | merged (the engine holds the base with the adapters merged in: a second

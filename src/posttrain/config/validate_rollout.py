@@ -28,6 +28,8 @@ def validate_rollout(cfg: Config) -> None:
     choice("rollout.mode", r.mode, ("sync", "async"))
     need(isinstance(r.engine_kwargs, dict) and all(isinstance(v, dict) for v in r.engine_kwargs.values()),
           "rollout.engine_kwargs maps an engine's name to its arguments (rollout.engine_kwargs.vllm.swap_space=4)")
+    need(r.static_decoding in (None, True, False),
+         f"rollout.static_decoding must be true, false or null (on with CUDA), got {printable(r.static_decoding)}")
     need(r.stop_check_every is None or whole(r.stop_check_every, 1),
          "rollout.stop_check_every must be an integer >= 1 (tokens decoded between two checks for ended sequences) "
          f"or null (1 on the CPU, 8 on a GPU), got {printable(r.stop_check_every)}")
@@ -99,10 +101,10 @@ def unused_engine_settings(r: RolloutConfig) -> list[str]:
     """The rollout settings given that the chosen engine does not use (one warning line names them)."""
     out = [f"rollout.engine_kwargs.{name}" for name, kw in r.engine_kwargs.items() if kw and name != r.name]
     if r.name != "vllm":  # vLLM's engine settings
-        out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None]
+        out += [f"rollout.{k}" for k in VLLM_SETTINGS if getattr(r, k) is not None and k != "enforce_eager"]
         out += ["rollout.free_cache_engine=false"] if not r.free_cache_engine else []
-    elif r.stop_check_every is not None:  # the hf engine's
-        out.append("rollout.stop_check_every")
+    else:  # the hf engine's
+        out += [f"rollout.{k}" for k in ("stop_check_every", "static_decoding") if getattr(r, k) is not None]
     if r.mode == "async":  # verl's server mode: posttrain's rollout generates a step's batch in one call either way
         out.append("rollout.mode=async")
     return out

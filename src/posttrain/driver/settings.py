@@ -66,6 +66,7 @@ def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:
     return RolloutSpec(
         name=r.name, micro_batch_size=r.micro_batch_size, shared_prefill=r.shared_prefill,
         remove_padding=r.remove_padding, early_stop=r.early_stop, stop_check_every=r.stop_check_every,
+        static_decoding=r.static_decoding, enforce_eager=r.enforce_eager,
         tensor_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,

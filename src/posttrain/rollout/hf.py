@@ -21,8 +21,12 @@ remove_padding a row's logits then come from batches of other sizes, which on
 the CPU can round the last bits of its log-probs differently, as switching
 remove_padding itself does). The decoding forward reads nothing back either:
 its attention mask goes in the 4-D form that transformers' mask builder takes
-as it is (`prebuilt_mask`), or as None while no running row is padded, where
+as it is (rollout/masks.py), or as None while no running row is padded, where
 a 2-D mask is inspected on the host at every token.
+
+On CUDA (rollout.static_decoding) the decoding step runs with fixed shapes
+over buffers allocated once, recorded as CUDA graphs (rollout/static.py):
+the same samples.
 
 Sampling inverts each step's CDF with a uniform number drawn for that
 sequence and step before decoding starts, so a seed fixes the samples
@@ -38,51 +42,9 @@ from tqdm.auto import tqdm
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.head import sliced_head
 from posttrain.rollout.kv import CACHE, cache_of, reserve
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask out (set to -inf) tokens outside top-k and outside the top-p
-    nucleus. logits: [N, V]. The most likely token always survives."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # [N, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass before it already exceeds top_p.
-        drop_sorted = (probs.cumsum(dim=-1) - probs) > top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_next(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None) -> torch.Tensor:
-    """logits [N, V], uniform [N] in [0, 1) -> next token ids [N]: the token
-    whose CDF interval holds the uniform number (exact sampling; None: greedy)."""
-    return next_tokens(logits, params, uniform, log_probs=False)[0]
-
-
-def next_tokens(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None, log_probs: bool
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """sample_next, and with `log_probs` each chosen token's log-probability [N] under the distribution at the
-    sampling temperature (before top-k/top-p: the one the trainer's passes compute). Without top-k/top-p the
-    sampling distribution is the exp of that same log-softmax: one pass over the vocabulary serves both."""
-    if params.greedy:
-        token = logits.argmax(dim=-1)
-        if not log_probs:
-            return token, None
-        return token, torch.log_softmax(logits.float(), -1).gather(-1, token[:, None]).squeeze(-1)
-    scaled = logits.float() / params.temperature
-    log_p = torch.log_softmax(scaled, dim=-1) if log_probs else None  # [N, V]
-    kept = filter_logits(scaled, params.top_k, params.top_p)
-    probs = log_p.exp() if log_p is not None and kept is scaled else torch.softmax(kept, dim=-1)  # [N, V]
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    # the point u * total, kept below the total where rounding would put it on it: then it falls in the
-    # interval of the last token with mass (past it the CDF is flat), never past the vocabulary
-    point = torch.minimum(uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    token = torch.searchsorted(cdf, point.contiguous(), right=True).squeeze(-1)
-    return token, (log_p.gather(-1, token[:, None]).squeeze(-1) if log_p is not None else None)
+from posttrain.rollout.masks import takes_sdpa_masks
+from posttrain.rollout.sampling import next_tokens
+from posttrain.rollout.static import StaticDecoder, compute_dtype
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,26 +58,6 @@ def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Ten
     return ids, mask
 
 
-def prebuilt_mask(model) -> bool:
-    """Whether a decoding step may pass its attention mask as [rows, 1, 1, keys] booleans (True: attend).
-
-    Given a 2-D mask, transformers' builder for SDPA asks on the host whether it is all ones (then it passes no
-    mask at all); a 4-D one it passes to the attention as it is. For one query (the newest token, which sees
-    every key but the padding) that is the very mask it builds, so the attention computes the same. Taken only
-    where it means that: transformers' own model classes (whose masks come from its masking_utils) on SDPA or
-    posttrain_sdpa (models/attention.py), every layer attending to all keys (no sliding window, chunks or
-    bidirectional layers). Other models (eager's additive masks, flash attention's 2-D one, remote code) keep
-    the 2-D mask."""
-    config = getattr(model, "config", None)
-    if config is None or not type(config).__module__.startswith("transformers.models."):
-        return False
-    types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (getattr(config, "_attn_implementation", None) in ("sdpa", "posttrain_sdpa")
-            and getattr(config, "is_causal", True) and all(t == "full_attention" for t in types)
-            and getattr(config, "sliding_window", None) is None
-            and getattr(config, "attention_chunk_size", None) is None)
-
-
 class HFRolloutEngine:
     """`RolloutEngine` over a transformers causal LM.
 
@@ -124,6 +66,8 @@ class HFRolloutEngine:
     micro_batch_size: sequences per forward pass; None = all at once.
     stop_check_every: the tokens decoded between two checks for ended
     sequences (early_stop, remove_padding); 1: after every token.
+    static_decoding: decode with the static-shape step (rollout/static.py),
+    recorded as CUDA graphs on CUDA unless `cuda_graphs` is False.
     """
 
     def __init__(
@@ -138,6 +82,8 @@ class HFRolloutEngine:
         remove_padding: bool = True,
         early_stop: bool = True,
         stop_check_every: int = 1,
+        static_decoding: bool = False,
+        cuda_graphs: bool = True,
     ):
         if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every must be an integer >= 1, got {stop_check_every!r}")
@@ -148,6 +94,11 @@ class HFRolloutEngine:
         self.progress = progress
         self.shared_prefill, self.remove_padding, self.early_stop = shared_prefill, remove_padding, early_stop
         self.stop_check_every = stop_check_every
+        if static_decoding and not takes_sdpa_masks(model):
+            raise ValueError("rollout.static_decoding needs a transformers model class on SDPA attention whose layers "
+                             "all attend to every earlier key (no sliding window); this model is not: set "
+                             "rollout.static_decoding=false")
+        self.static = StaticDecoder(cuda_graphs) if static_decoding else None
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # in-flight weight updates (asynchronous training): called before every forward, it may load newer
@@ -158,6 +109,11 @@ class HFRolloutEngine:
     def update_weights(self, model: torch.nn.Module) -> None:
         # Colocated: the engine samples from the trainer's own module.
         self.model = model
+
+    def release(self) -> None:
+        """Free static decoding's buffers and graphs (made anew at the next generation)."""
+        if self.static is not None:
+            self.static.release()
 
     @torch.no_grad()
     def load_weights(self, weights) -> None:
@@ -188,6 +144,9 @@ class HFRolloutEngine:
         # [N, max_new_tokens]: sequence i's step-t draw, whichever chunk runs it and when
         uniforms = None if params.greedy else torch.rand((len(expanded), params.max_new_tokens),
                                                          generator=self.generator, device=self.device)
+        # static decoding's buffers: the largest chunk's rows, the longest prompt and the new tokens
+        self._static_rows = min(per_chunk, len(prompts)) * n
+        self._static_columns = max(len(p) for p in prompts) + params.max_new_tokens
         was_training = self.model.training
         self.model.eval()
         parts = []  # (rows of the chunk in the output, responses, masks, log-probs, truncated, versions)
@@ -242,19 +201,26 @@ class HFRolloutEngine:
                          logits_to_keep=1)
         logits = out.logits[:, -1, :]
         repeats = n if self.shared_prefill else 1  # [p, ...] -> [p*n, ...]: the prompt ran once for its n samples
-        cache = reserve(cache_of(out), params.max_new_tokens, repeats)  # decoding writes in place
+        if self.static is not None:
+            self.static.prepare(self.model, self._static_rows, self._static_columns, params.max_new_tokens,
+                                cache_of(out).layers, compute_dtype(self.model, device), device, self.eos_token_ids)
+        else:
+            cache = reserve(cache_of(out), params.max_new_tokens, repeats)  # decoding writes in place
         if repeats > 1:
             logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
         next_pos = position_ids[:, -1:] + 1  # [rows, 1]
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        if self.static is not None:
+            return self.static.decode(self, logits, cache_of(out).layers, repeats, mask, next_pos, uniforms, params,
+                                      padded)
         # the attention mask of every decoding step, allocated once: a step passes a view of its first `width`
         # columns (the prompt's mask, then ones), as the reserved cache holds the keys (no per-token cat)
         width = mask.shape[1]
         full_mask = torch.ones((rows, width + params.max_new_tokens), dtype=mask.dtype, device=device)
         full_mask[:, :width] = mask
-        four_d = prebuilt_mask(self.model)
+        four_d = takes_sdpa_masks(self.model)
         if four_d:  # [rows, 1, 1, columns]: one query's mask, taken as it is; None while no row running is padded
             full_mask, row_padded = full_mask.bool()[:, None, None], (mask == 0).any(-1)  # as transformers does
-        eos = torch.tensor(self.eos_token_ids, device=device)
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
         log_probs = torch.zeros((rows, params.max_new_tokens), device=device) if params.logprobs else None

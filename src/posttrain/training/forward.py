@@ -18,6 +18,7 @@ import contextlib
 import torch
 
 from posttrain.rollout.kv import CACHE, cache_of
+from posttrain.rollout.masks import takes_sdpa_masks
 from posttrain.training.fused import stats_head
 
 
@@ -118,7 +119,7 @@ def planned_mask(model, mask, padded: bool, cached: bool):
     its read of the mask. Padded: the 4-D mask of its sdpa_mask; else None where the model makes a cache
     (`cached`: transformers then checks no packed sequences). Any other model, or a transformers without
     these: `mask` unchanged."""
-    if not _sdpa_masks(model):
+    if not takes_sdpa_masks(model):
         return mask
     if not padded:
         return None if cached else mask
@@ -130,25 +131,6 @@ def planned_mask(model, mask, padded: bool, cached: bool):
     except TypeError:  # another transformers' signature
         return mask
     return built if isinstance(built, torch.Tensor) and built.dim() == 4 else mask
-
-
-def _sdpa_masks(model) -> bool:
-    """Whether `model` (causal, every layer full attention, text only) has transformers' sdpa_mask build its
-    masks: its attention is SDPA's (or posttrain_sdpa, models/attention.py)."""
-    config = getattr(model, "config", None)
-    if config is None or not getattr(config, "is_causal", True) or getattr(config, "text_config", None) is not None:
-        return False
-    types = getattr(config, "layer_types", None)
-    if types is not None and any(t != "full_attention" for t in types):
-        return False
-    if types is None and getattr(config, "sliding_window", None) is not None:
-        return False
-    try:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-        return ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation] is sdpa_mask
-    except (ImportError, KeyError, AttributeError):
-        return False
 
 
 def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,

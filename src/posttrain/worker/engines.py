@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from posttrain.rollout.masks import takes_sdpa_masks
 from posttrain.worker.spec import WorkerSpec
 
 
@@ -58,7 +59,8 @@ def make_engine(spec: WorkerSpec, rollout_model, eos: list[int], pad_token_id: i
 
     return HFRolloutEngine(rollout_model, eos, pad_token_id, micro_batch_size=r.micro_batch_size, seed=spec.seed + rank,
                            progress=progress, shared_prefill=r.shared_prefill, remove_padding=r.remove_padding,
-                           early_stop=r.early_stop, stop_check_every=stop_check_every_of(r, rollout_model))
+                           early_stop=r.early_stop, stop_check_every=stop_check_every_of(r, rollout_model),
+                           static_decoding=static_decoding_of(r, rollout_model), cuda_graphs=not r.enforce_eager)
 
 
 # rollout.stop_check_every=null: on the CPU a check costs nothing to wait for, and every token's check lets ended
@@ -72,6 +74,18 @@ def stop_check_every_of(r, model) -> int:
     if r.stop_check_every is not None:
         return r.stop_check_every
     return STOP_CHECK_EVERY.get(next(model.parameters()).device.type, 1)
+
+
+def static_decoding_of(r, model) -> bool:
+    """The hf engine's static decoding: rollout.static_decoding, or (null) on with CUDA where the model takes
+    prebuilt SDPA masks. On the CPU the eager loop is as fast (no launches to save), and it reads only the
+    columns written so far."""
+    if r.static_decoding is not None:
+        return r.static_decoding
+    weights = list(model.parameters())
+    # not over sharded weights (FSDP2's DTensors): their forward gathers them, a collective in every step
+    return (weights[0].device.type == "cuda" and takes_sdpa_masks(model)
+            and not any(type(p).__name__ == "DTensor" for p in weights))
 
 
 class InAutocast:

@@ -65,6 +65,8 @@ class RolloutSpec:
     remove_padding: bool = True
     early_stop: bool = True
     stop_check_every: int | None = None  # None: 1 on the CPU, 8 on a GPU (stop_check_every_of)
+    static_decoding: bool | None = None  # None: on with CUDA where the model allows (static_decoding_of)
+    enforce_eager: bool | None = None  # vLLM's (in engine_kwargs too); hf: static decoding without CUDA graphs
     tensor_parallel_size: int = 1  # vLLM's engine from here on
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
