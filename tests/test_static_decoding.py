@@ -196,3 +196,26 @@ def test_rollout_static_decoding_is_validated_and_reaches_the_engine(random_qwen
     cfg.rollout.static_decoding = "yes"
     with pytest.raises(ConfigError, match="rollout.static_decoding must be true, false or null"):
         validate_rollout(cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampling_in_place_gives_the_plain_formulas_tokens_and_log_probs(dtype):
+    """next_tokens scales and sums in place (fewer [rows, vocabulary] copies): the same bits as written plainly."""
+    from posttrain.rollout.sampling import filter_logits, next_tokens
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(64, 1000, generator=g)).to(dtype)
+    u = torch.rand(64, generator=g)
+    for top_k, top_p in ((-1, 1.0), (50, 1.0), (-1, 0.9)):
+        params = SamplingParams(max_new_tokens=1, temperature=0.7, top_k=top_k, top_p=top_p)
+        before = logits.clone()
+        tok, lp = next_tokens(logits, params, u, True)
+        assert torch.equal(logits, before)  # the caller's logits untouched
+        scaled = logits.float() / 0.7
+        log_p = torch.log_softmax(scaled, -1)
+        kept = filter_logits(scaled, top_k, top_p)
+        cdf = (log_p.exp() if kept is scaled else torch.softmax(kept, -1)).cumsum(-1)
+        total = cdf[:, -1:]
+        point = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        want = torch.searchsorted(cdf, point, right=True).squeeze(-1)
+        assert torch.equal(tok, want) and torch.equal(lp, log_p.gather(-1, want[:, None]).squeeze(-1))

@@ -40,11 +40,13 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams, uniform: torch.Ten
         if not log_probs:
             return token, None
         return token, torch.log_softmax(logits.float(), -1).gather(-1, token[:, None]).squeeze(-1)
-    scaled = logits.float() / params.temperature
+    # [N, V] float32 passes over the vocabulary, each as many bytes as the step's weights at a real model's shape:
+    # the scaling and the running sum are done in place where the tensor is already a copy
+    scaled = logits.float().div_(params.temperature) if logits.dtype != torch.float32 else logits / params.temperature
     log_p = torch.log_softmax(scaled, dim=-1) if log_probs else None  # [N, V]
     kept = filter_logits(scaled, params.top_k, params.top_p)
     probs = log_p.exp() if log_p is not None and kept is scaled else torch.softmax(kept, dim=-1)  # [N, V]
-    cdf = probs.cumsum(dim=-1)
+    cdf = probs.cumsum_(dim=-1)
     total = cdf[:, -1:]
     # the point u * total, kept below the total where rounding would put it on it: then it falls in the
     # interval of the last token with mass (past it the CDF is flat), never past the vocabulary
