@@ -2,7 +2,7 @@
 
 Eager (the CPU's way), the static step reads only the key columns written so far: the eager loop's arithmetic,
 so samples, log-probs and weight versions are compared bit for bit. Recorded (CUDA graphs), a step attends over
-every column of its buffers (unwritten ones masked) and runs in a bucket of fixed size beside ended rows: the
+the columns written rounded up to a window (unwritten ones masked) and runs in a bucket of fixed size beside ended rows: the
 CPU runs that arithmetic eagerly through a stand-in for torch.cuda.CUDAGraph that records the step as a function
 (`Recorder`), in float64, where a sum over more (masked, zero) terms or a batch of another size rounds a
 log-prob's last bits at most: the tokens are compared exactly, log-probs to 1e-12.
@@ -16,7 +16,8 @@ import torch
 
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine
-from posttrain.rollout.static import buckets, bucket_for
+from posttrain.rollout import static
+from posttrain.rollout.static import bucket_for, buckets
 from posttrain.runtime.syncs import HostSyncs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
@@ -75,8 +76,10 @@ def test_buckets_halve_down_to_eight_and_take_the_smallest_that_holds():
 
 @pytest.mark.parametrize("remove_padding,shared_prefill,micro", [(True, True, None), (False, True, None),
                                                                  (True, False, 6), (True, True, 9)])
-def test_the_static_step_gives_the_eager_loops_samples(model64, remove_padding, shared_prefill, micro):
-    """Eager: bit for bit. Recorded: the same tokens and versions, log-probs to float64 rounding."""
+def test_the_static_step_gives_the_eager_loops_samples(model64, remove_padding, shared_prefill, micro, monkeypatch):
+    """Eager: bit for bit. Recorded (windows of 8 columns: several per call): the same tokens and versions,
+    log-probs to float64 rounding."""
+    monkeypatch.setattr(static, "COLUMNS", 8)
     other = {k: v + 0.05 * torch.randn_like(v) for k, v in model64.state_dict().items()}
     stopped_early = 0
     for greedy, ignore_eos, eos, k in itertools.product((True, False), (False, True), (EOS, HALF), (1, 3)):
@@ -85,11 +88,11 @@ def test_the_static_step_gives_the_eager_loops_samples(model64, remove_padding, 
         flags = dict(remove_padding=remove_padding, shared_prefill=shared_prefill, micro_batch_size=micro, eos=eos,
                      k=k)
         want = run(model64, params, None, other, **flags)
-        for static in ("eager", "recorded"):
-            got = run(model64, params, static, other, **flags)
+        for mode in ("eager", "recorded"):
+            got = run(model64, params, mode, other, **flags)
             for name in ("response_ids", "response_mask", "truncated", "weight_versions", "prompt_ids"):
-                assert torch.equal(getattr(got, name), getattr(want, name)), (name, static, greedy, ignore_eos, k)
-            if static == "eager":
+                assert torch.equal(getattr(got, name), getattr(want, name)), (name, mode, greedy, ignore_eos, k)
+            if mode == "eager":
                 assert torch.equal(got.log_probs, want.log_probs)
             else:
                 torch.testing.assert_close(got.log_probs, want.log_probs, rtol=0, atol=1e-12)
@@ -106,7 +109,7 @@ def test_a_recorded_step_is_recorded_once_per_bucket_and_sampling_and_replayed_a
     engine.static.graph_type = Recorder
     params = SamplingParams(max_new_tokens=24, n=8, temperature=1.0, logprobs=True)
     first = engine.generate(PROMPTS[:4], params)
-    assert [b for (_, b) in engine.static.recorded] == [32, 16, 8]
+    assert [b for (_, b, _) in engine.static.recorded] == [32, 16, 8]
     assert all(r.replays >= 1 for r in Recorder.made) and len(Recorder.made) == 3
     replays = sum(r.replays for r in Recorder.made)
     assert replays + 3 == 23  # every step after the prefill's token: replayed, or one warm-up per bucket

@@ -15,8 +15,9 @@ token to the next is held on the device:
   on move to the front and the batch shrinks to the smallest bucket that holds them (the ended rows beyond them
   run on, their tokens masked to padding, as between two checks).
 
-Captured, a step attends over all the buffer's columns (unwritten ones masked); eager (on the CPU, or with
-rollout.enforce_eager) it reads only the columns written so far, and with the mask left out while no running row
+Captured, a step attends over the columns written so far rounded up to a multiple of COLUMNS (unwritten ones
+masked: a graph per bucket and window); eager (on the CPU, or with rollout.enforce_eager) it reads only the
+columns written so far, and with the mask left out while no running row
 is padded, as the eager loop does: the same arithmetic as that loop, so the same tokens. Under autocast the graph
 is recorded with autocast's weight cache off (its casts then read the weights where they are, as the trainer
 updates them in place); a step's weights hook (in-flight updates) runs between steps, outside the graph.
@@ -34,7 +35,10 @@ from posttrain.rollout.kv import CACHE
 from posttrain.rollout.sampling import next_tokens
 
 MIN_BUCKET = 8  # the smallest batch a graph is recorded for: fewer rows run in it beside ended ones
-COLUMNS = 64  # captured: the buffer's columns rounded up to this, so that one shape's graphs serve later calls
+# captured: the buffer's columns are rounded up to a multiple of this (one shape's graphs then serve later calls),
+# and a step reads the written columns rounded up to one (a graph per bucket and window): attention over all the
+# columns would read twice the keys and values that decoding writes, on average
+COLUMNS = 128
 
 
 def buckets(rows: int) -> list[int]:
@@ -97,8 +101,8 @@ class StaticDecoder:
     def __init__(self, graphs: bool, graph_type=None):
         self.graphs, self.graph_type = graphs, graph_type
         self.shape = None  # what the buffers were made for
-        self.recorded: dict = {}  # (sampling, bucket) -> graph
-        self.seen: dict = {}  # (sampling, bucket) -> eager steps run (the first is the warm-up)
+        self.recorded: dict = {}  # (sampling, bucket, window) -> graph
+        self.seen: dict = {}  # (sampling, bucket, window) -> eager steps run (the first is the warm-up)
         self.pool = None
         self.failed = None  # why recording failed, once: the steps then run eagerly
 
@@ -111,7 +115,7 @@ class StaticDecoder:
         key/value heads as in `prefill_layers`; made anew only when one of these, or the model's weights'
         addresses, changed (the graphs read the weights where they were recorded)."""
         if self.captured(device):
-            columns = -(-columns // COLUMNS) * COLUMNS
+            columns = _round_up(columns)
         heads = tuple((layer.keys.shape[1], layer.keys.shape[3], layer.values.shape[1], layer.values.shape[3])
                       for layer in prefill_layers)
         weights = tuple(p.data_ptr() for p in model.parameters())
@@ -199,6 +203,7 @@ class StaticDecoder:
                 self.version.fill_(engine.weights_version)
             self.frame.rows = b
             if captured:
+                self.frame.window = min(_round_up(width + step), self.mask.shape[-1])
                 self._replay(model, b, sampling, step_args)
             else:
                 self.frame.window = width + step
@@ -249,10 +254,9 @@ class StaticDecoder:
         self.step.add_(1)
 
     def _replay(self, model, b: int, sampling, step_args) -> None:
-        """The step as a graph: a bucket's first step runs eagerly (the warm-up a recording needs), its second is
-        recorded, and every step from then replays the recording. Attention reads all columns."""
-        self.frame.window = self.mask.shape[-1]
-        key = (sampling, b)
+        """The step as a graph: a bucket and window's first step runs eagerly (the warm-up a recording needs), its
+        second is recorded, and every step from then replays the recording."""
+        key = (sampling, b, self.frame.window)
         graph = self.recorded.get(key)
         if graph is None and self.failed is None and self.seen.get(key, 0) > 0:
             try:
@@ -281,6 +285,10 @@ class StaticDecoder:
                                                                     capture_error_mode="thread_local"):
             step()
         return graph
+
+
+def _round_up(columns: int) -> int:
+    return -(-columns // COLUMNS) * COLUMNS
 
 
 @contextlib.contextmanager
