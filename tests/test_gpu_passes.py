@@ -23,7 +23,8 @@ from posttrain.models.cast import cast_linear_weights
 from posttrain.runtime.syncs import HostSyncs
 from posttrain.training import logprobs
 from posttrain.training.logprobs import PassOptions, compute_log_probs, entropy_rows, log_prob_and_entropy
-from posttrain.worker import models, passes
+from posttrain.worker import models
+from posttrain.worker.verbs import Worker
 
 BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
 
@@ -53,13 +54,10 @@ def spec_of(model_dir, *more: str):
     return worker_spec(cfg, str(model_dir), None, "cpu", 10)
 
 
-def frozen_ref(spec):
-    ref, _ = models.load_frozen(spec, models.model_kwargs(spec, torch.device("cpu")), sharded=False)
-    return ref
-
-
-def ref_log_probs(spec, ref, batch):
-    return passes.log_probs(spec, batch, "ref", None, None, ref, {}, None)
+def worker_of(spec) -> Worker:
+    w = Worker(spec)
+    w.setup()
+    return w
 
 
 class WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
@@ -78,7 +76,8 @@ class WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
 def test_the_cast_reference_gives_the_same_log_probs_bit_for_bit_without_casting_weights(trained_tiny_model_dir):
     on, off = spec_of(trained_tiny_model_dir), spec_of(trained_tiny_model_dir, "ref.cast_weights=false")
     assert on.ref.cast_weights is None and off.ref.cast_weights is False
-    cast, plain = frozen_ref(on), frozen_ref(off)
+    w_on, w_off = worker_of(on), worker_of(off)
+    cast, plain = w_on.ref, w_off.ref
     inner = cast.model
     # the Linear weights (q/k/v with their biases) in bf16; the embedding and the norms float32, as autocast
     # computes them; the tied output layer a bf16 copy of its own, the embedding left float32
@@ -91,9 +90,9 @@ def test_the_cast_reference_gives_the_same_log_probs_bit_for_bit_without_casting
     assert all(not p.requires_grad for p in cast.parameters())
     batch = batch_of(cast.config.vocab_size)
     with WeightCasts(cast.parameters()) as casts_on, HostSyncs() as syncs_on:
-        lp_on = ref_log_probs(on, cast, batch)
+        lp_on = w_on.compute_log_probs(batch, "ref")
     with WeightCasts(plain.parameters()) as casts_off, HostSyncs() as syncs_off:
-        lp_off = ref_log_probs(off, plain, batch)
+        lp_off = w_off.compute_log_probs(batch, "ref")
     assert torch.equal(lp_on, lp_off)
     assert lp_on.abs().sum() > 0 and lp_on.dtype == torch.float32
     assert casts_on.count == 0 and casts_off.count > 0  # off: every Linear weight and bias cast at every forward
