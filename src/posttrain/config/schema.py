@@ -166,6 +166,12 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: Optional[int] = None  # null: actor.ppo_max_token_len_per_gpu
     param_offload: bool = False
     forward_prefetch: bool = False  # as actor.forward_prefetch, for the reference's FSDP2 shards
+    # the reference's nn.Linear weights stored once in autocast's lower dtype (bf16 on a GPU) instead of cast from
+    # float32 at every forward; its log-probs are the same bit for bit (embeddings and norms stay float32; a tied
+    # output layer gets a bf16 copy of its own). null: on where the reference runs in one process under autocast
+    # in a lower dtype, not with LoRA (the reference is the policy's base) or sharded workers (FSDP2 casts);
+    # true: the same, and a warning where it cannot apply; false: off (float32 weights, cast at every forward)
+    cast_weights: Optional[bool] = None
 
 
 @dataclass

@@ -58,7 +58,8 @@ def ref_spec(cfg) -> RefSpec:
     return RefSpec(needed=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward, param_offload=ref.param_offload,
                    log_prob_micro_batch_size=ref.log_prob_micro_batch_size,
                    log_prob_max_tokens=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None,
-                   torch_compile=ref.use_torch_compile, forward_prefetch=ref.forward_prefetch)
+                   torch_compile=ref.use_torch_compile, forward_prefetch=ref.forward_prefetch,
+                   cast_weights=ref.cast_weights)
 
 
 def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:

@@ -16,9 +16,12 @@ from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.head import sliced_head
-from posttrain.training.forward import can_share_prompt, forward_responses, response_logits
+from posttrain.training.forward import (
+    can_share_prompt,
+    forward_responses,
+    response_logits,
+)
 from posttrain.training.microbatch import FULL_WIDTH, micro_batches
-
 
 
 @dataclass(frozen=True)
@@ -97,20 +100,32 @@ def gathered_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tens
     return (picked - log_z).reshape(tokens.shape)
 
 
-ENTROPY_ROWS = 16  # positions per piece of log_prob_and_entropy's entropy: its temporaries stay small
+ENTROPY_ROWS = 16  # positions per piece of log_prob_and_entropy's entropy on the CPU: its temporaries stay small
+# On a GPU the pieces are sized by memory instead: 16 rows of a 150k vocabulary is a few MiB per kernel, ~1,000
+# launches per micro-batch. A piece's two [rows, V] temporaries (p and p log p) stay under this many bytes.
+ENTROPY_BYTES_GPU = 1 << 30
+
+
+def entropy_rows(device: torch.device, vocab: int, itemsize: int = 4) -> int:
+    """Positions per piece of log_prob_and_entropy's entropy: ENTROPY_ROWS on the CPU; elsewhere as many as keep
+    the piece's two [rows, vocab] temporaries of `itemsize` bytes under ENTROPY_BYTES_GPU (at least 1)."""
+    if device.type == "cpu":
+        return ENTROPY_ROWS
+    return max(1, ENTROPY_BYTES_GPU // (2 * itemsize * max(1, vocab)))
 
 
 def log_prob_and_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, R, V], tokens [N, R] -> (log p(token) [N, R], entropy [N, R],
     without a gradient), both from one log-softmax: the entropy -sum p log p is
-    summed from it ENTROPY_ROWS positions at a time, instead of a softmax and
-    a logsumexp of its own over the whole logits (entropy_from_logits; equal to
-    float rounding). Logits must be finite, as there."""
+    summed from it a piece of positions at a time (entropy_rows), instead of a
+    softmax and a logsumexp of its own over the whole logits (entropy_from_logits;
+    equal to float rounding). Logits must be finite, as there."""
     log_p = torch.log_softmax(logits, dim=-1)
     log_prob = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         flat = log_p.detach().reshape(-1, log_p.shape[-1])
-        entropy = torch.cat([-(piece.exp() * piece).sum(-1) for piece in flat.split(ENTROPY_ROWS)])
+        rows = entropy_rows(flat.device, flat.shape[-1], flat.element_size())
+        entropy = torch.cat([-(piece.exp() * piece).sum(-1) for piece in flat.split(rows)])
     return log_prob, entropy.reshape(log_prob.shape)
 
 

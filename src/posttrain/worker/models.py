@@ -59,9 +59,42 @@ def place_policy(spec: WorkerSpec, policy: torch.nn.Module, sharded: bool) -> No
         policy.gradient_checkpointing_enable()
 
 
-def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool) -> tuple[torch.nn.Module | None, dict]:
+def ref_cast_dtype(spec: WorkerSpec, sharded: bool) -> tuple[torch.dtype | None, str]:
+    """-> (the dtype the reference's Linear weights are stored in by ref.cast_weights, or None; why not): autocast's
+    lower dtype where the reference runs under it in one process, a model of its own (not LoRA's base)."""
+    if spec.ref.cast_weights is False:
+        return None, "ref.cast_weights=false"
+    if spec.lora is not None:
+        return None, "with LoRA the reference is the policy's base (adapters off), whose weights are the policy's"
+    if sharded:
+        return None, "sharded workers' FSDP2 casts the gathered weights to actor.mixed_precision.param_dtype"
+    if not spec.mixed_precision or spec.mixed_precision == spec.dtype:  # autocast_of: no autocast
+        return None, "the reference runs without autocast (no actor.mixed_precision.param_dtype below model.dtype)"
+    low, high = getattr(torch, spec.mixed_precision), getattr(torch, spec.dtype)
+    if torch.finfo(low).bits >= torch.finfo(high).bits:
+        return None, f"autocast's {spec.mixed_precision} is not below model.dtype={spec.dtype}"
+    return low, ""
+
+
+def cast_ref(spec: WorkerSpec, ref: torch.nn.Module | None, sharded: bool, rank: int = 0) -> dict | None:
+    """ref.cast_weights: the reference's Linear weights in autocast's dtype, cast once (models/cast.py); a tied
+    output layer's copy only where the device has room for it. -> cast_linear_weights' counts, None: not cast."""
+    from posttrain.models.cast import cast_linear_weights
+
+    dtype, why_not = ref_cast_dtype(spec, sharded)
+    if dtype is None:
+        if spec.ref.cast_weights and rank == 0:
+            warnings.warn(f"ref.cast_weights=true does not apply: {why_not}", stacklevel=3)
+        return None
+    device = next(ref.parameters()).device
+    room = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    return cast_linear_weights(ref, dtype, room)
+
+
+def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0) -> tuple[torch.nn.Module | None, dict]:
     """-> (the reference, None where unneeded or with LoRA: the policy with its adapters off; the teachers of
-    on-policy distillation by routing key, None with one), frozen, placed as the policy is."""
+    on-policy distillation by routing key, None with one), frozen, placed as the policy is; the reference's
+    Linear weights in autocast's dtype where ref.cast_weights applies (cast_ref)."""
     from posttrain.models import load_model
     from posttrain.training.parallelize import parallelize
 
@@ -71,6 +104,8 @@ def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool) -> tuple[torch.nn
         if sharded:
             parallelize(ref, param_dtype=spec.mixed_precision, offload_params=spec.ref.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
+    if spec.ref.needed:
+        cast_ref(spec, ref, sharded, rank)
     for t in spec.teachers:
         teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
         if sharded:

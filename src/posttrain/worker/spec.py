@@ -42,6 +42,8 @@ class RefSpec:
     log_prob_max_tokens: int | None = None  # ref.log_prob_use_dynamic_bsz: a token budget per micro-batch
     torch_compile: bool = False  # ref.use_torch_compile: its log-prob function compiled
     forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
+    # ref.cast_weights: its Linear weights stored in autocast's lower dtype (models/cast.py); None: where it applies
+    cast_weights: bool | None = None
 
 
 @dataclass

@@ -74,7 +74,7 @@ class Worker:
         # the hf engine's own model is made before sharding: it is whole
         copy = make_rollout_copy(s, self.policy, kwargs) if has_rollout_copy(s, self.sharded) else None
         models.place_policy(s, self.policy, self.sharded)
-        self.ref, self.teachers = models.load_frozen(s, kwargs, self.sharded)
+        self.ref, self.teachers = models.load_frozen(s, kwargs, self.sharded, self.rank)
         self.optimizer, self.scheduler = models.optimizer_of(self.policy, s)
         if s.critic is not None:
             self.critic, self.critic_optimizer, self.critic_scheduler = models.load_critic(
