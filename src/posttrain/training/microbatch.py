@@ -41,11 +41,13 @@ class SharedPrompts:
 @dataclass(frozen=True)
 class Layout:
     """What the plan knows of a micro-batch: its distinct prompts when some repeat (None: none repeat);
-    whether the plain forward's positions ([:, :-1]) hold padding, and whether the distinct prompts' do."""
+    whether the plain forward's positions ([:, :-1]) hold padding, whether the distinct prompts' do, and
+    whether all its positions do (the last one too: the critic's forward runs them all)."""
 
     prompts: SharedPrompts | None
     padded: bool
     padded_prompts: bool
+    padded_all: bool = True
 
 
 class Micro:
@@ -190,7 +192,9 @@ def _micro(batch, idx: list[int], stats: Rows, remove_padding: bool) -> tuple[to
     prompt_width = width - left
     padded_prompts = any(stats.prompt_run[i] < prompt_width for i in idx)
     padded = padded_prompts or any(stats.response_run[i] < keep - 1 for i in idx)
-    return index, Micro(data, index, Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts), idx)
+    padded_all = padded_prompts or any(stats.response_run[i] < keep for i in idx)
+    layout = Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts, padded_all)
+    return index, Micro(data, index, layout, idx)
 
 
 def _shared(keys: list[int]) -> SharedPrompts | None:
