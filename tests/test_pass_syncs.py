@@ -89,3 +89,39 @@ def test_the_value_pass_and_the_critic_update_read_nothing_per_micro_batch(monke
     assert (n_new, n_old) == (7, 7 + 2 * 8)
     assert any(not torch.equal(p, q) for p, q in zip(new.parameters(), model.parameters()))
     assert all(torch.equal(p, q) for p, q in zip(new.parameters(), old.parameters())) and m_new == m_old
+
+
+class CopiesBack(torch.overrides.TorchFunctionMode):
+    """Counts `.cpu()` calls: copies to host memory, which HostSyncs leaves out (no operation on the CPU),
+    each a wait for the device on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.Tensor.cpu
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_teachers_top_k_pass_copies_back_once_with_the_same_results():
+    from test_update_syncs import synthetic_batch
+
+    from posttrain.training.logprobs import PassOptions, _response_log_p, compute_topk_log_probs
+    from posttrain.training.microbatch import micro_batches
+
+    model, k = tiny_qwen2("lm"), 5
+    b = synthetic_batch(n_prompts=8, n=4)
+    old = (torch.zeros(b.responses.shape), torch.zeros((*b.responses.shape, k)),
+           torch.zeros((*b.responses.shape, k), dtype=torch.int32))
+    with torch.no_grad():  # as it was: three copies back per micro-batch
+        for rows, mb in micro_batches(b, 8, True):
+            log_p = _response_log_p(model, mb, "cpu", 0.7, PassOptions())
+            w = mb.response_length
+            old[0][rows, :w] = log_p.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1).cpu()
+            values, ids = log_p.topk(k, dim=-1)
+            old[1][rows, :w], old[2][rows, :w] = values.cpu(), ids.to(torch.int32).cpu()
+    with HostSyncs() as syncs, CopiesBack() as copies:
+        new = compute_topk_log_probs(model, b, k, 8, temperature=0.7)
+    assert syncs.count == 2 and copies.count == 3  # the plan's two reads; each output copied back once
+    assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(new, old))
