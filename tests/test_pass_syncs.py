@@ -2,6 +2,9 @@
 the device at most once per micro-batch (HostSyncs counts on the CPU what would stall a GPU), with their
 results checked against the code they replace, reimplemented here."""
 
+import math
+
+import pytest
 import torch
 
 from posttrain.algorithms.critic import explained_variance
@@ -125,3 +128,148 @@ def test_the_teachers_top_k_pass_copies_back_once_with_the_same_results():
         new = compute_topk_log_probs(model, b, k, 8, temperature=0.7)
     assert syncs.count == 2 and copies.count == 3  # the plan's two reads; each output copied back once
     assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(new, old))
+
+
+def old_ratio_stats(prefix, ratio, per_sequence, valid, has, lower, upper):
+    """rollout_corr._ratio_stats as it was: boolean selections, each value read."""
+    log = lambda x: math.log(x) if x > 0 else -math.inf  # noqa: E731
+    w = ratio[valid]
+    out = {f"{prefix}_mean": float(w.mean())}
+    if per_sequence is None:
+        high, low = (w > upper).float().mean(), (w < lower).float().mean()
+        out[f"{prefix}_max"], out[f"{prefix}_min"] = float(w.max()), float(w.min())
+    else:
+        s = per_sequence[has]
+        high, low = (s > log(upper)).float().mean(), (s < log(lower)).float().mean()
+        out[f"{prefix}_max"], out[f"{prefix}_min"] = math.exp(min(float(s.max()), 20.0)), math.exp(float(s.min()))
+    out[f"{prefix}_ratio_fraction_high"], out[f"{prefix}_ratio_fraction_low"] = float(high), float(low)
+    clamped = w.clamp(min=lower, max=upper)
+    mean = clamped.mean()
+    out[f"{prefix}_std"] = float((clamped.square().mean() - mean.square()).clamp(min=0).sqrt()) \
+        if w.numel() > 1 else 0.0
+    out[f"{prefix}_eff_sample_size"] = float(1.0 / (clamped / (mean + 1e-8)).square().mean())
+    return out
+
+
+def old_metrics(target, behaviour, mask, c):
+    """correct's and mismatch_metrics' metrics as they were computed, for `c`'s settings used below (sequence
+    IS weights batch-normalized, token rejection, one token and one sequence rule, a veto)."""
+    from posttrain.algorithms.rollout_corr import _ratios
+
+    valid, has = mask.bool(), mask.bool().any(-1)
+    log_ratio = torch.where(valid, target - behaviour, 0.0)
+    m = {}
+    ratio, per_sequence = _ratios(log_ratio, valid, c.is_level)
+    m.update(old_ratio_stats("rollout_is", ratio, per_sequence, valid, has, *c.is_bounds()))
+    weights = torch.where(valid, ratio.clamp(max=c.is_threshold), 0.0)
+    m["rollout_is_batch_norm_factor"] = float((weights.sum(-1)[has] / valid.sum(-1)[has]).mean())
+    ratio, _ = _ratios(log_ratio, valid, c.rs_level)
+    lower, upper = c.rs_bounds()
+    m.update(old_ratio_stats("rollout_rs", ratio, None, valid, has, lower, upper))
+    by_band = valid & ~((ratio >= lower) & (ratio <= upper))
+    rejected = by_band.clone()
+    x = log_ratio.clamp(-20, 20)
+    shares = lambda prefix, r: {f"{prefix}_masked_fraction": float(r[valid].float().mean()),  # noqa: E731
+                                f"{prefix}_seq_masked_fraction": float(r.any(-1)[has].float().mean())}
+    m.update(shares("rollout_rs_token", by_band))
+    token_k2, seq_mean_k3 = 0.5 * x.square(), (x.exp() - 1 - x).sum(-1) / valid.sum(-1).clamp(min=1)
+    r = valid & ~(token_k2 <= c.rs_rules[0].upper)
+    m.update(shares("rollout_rs_token_k2", r))
+    m["rollout_rs_token_k2_mean"], m["rollout_rs_token_k2_max"] = float(token_k2[valid].mean()), \
+        float(token_k2[valid].max())
+    rejected |= r
+    stat = seq_mean_k3.unsqueeze(-1).expand_as(x)
+    r = valid & ~(stat <= c.rs_rules[1].upper)
+    m.update(shares("rollout_rs_seq_mean_k3", r))
+    m["rollout_rs_seq_mean_k3_mean"] = float(stat[valid].mean())
+    m["rollout_rs_seq_mean_k3_max"], m["rollout_rs_seq_mean_k3_seq_mean"] = float(stat[:, 0][has].max()), \
+        float(stat[:, 0][has].mean())
+    rejected |= r
+    m.update(shares("rollout_rs", rejected))
+    catastrophic = valid & (log_ratio < math.log(c.token_veto_threshold))
+    m["rollout_is_veto_fraction"] = float(catastrophic.any(-1)[has].float().mean())
+    m["rollout_is_catastrophic_token_fraction"] = float(catastrophic[valid].float().mean())
+    m = {f"rollout_corr/{k}": v for k, v in m.items()}
+    d, p_diff = (behaviour - target)[valid], (behaviour.exp() - target.exp()).abs()[valid]
+    lengths = mask.sum(-1).clamp(min=1)
+    train_ppl, roll_ppl = -(target * mask).sum(-1)[has] / lengths[has], -(behaviour * mask).sum(-1)[has] / lengths[has]
+    m.update({"training/rollout_probs_diff_mean": float(p_diff.mean()),
+              "training/rollout_probs_diff_max": float(p_diff.max()),
+              "training/rollout_probs_diff_std": float(p_diff.std()),
+              "rollout_corr/logp_abs_diff_mean": float(d.abs().mean()),
+              "rollout_corr/logp_abs_diff_max": float(d.abs().max()), "rollout_corr/kl": float(d.mean()),
+              "rollout_corr/k3_kl": float(((-d).exp() - 1 + d).mean()),
+              "rollout_corr/rollout_ppl": float(roll_ppl.exp().mean()),
+              "rollout_corr/training_ppl": float(train_ppl.exp().mean()),
+              "rollout_corr/log_ppl_diff": float((roll_ppl - train_ppl).mean())})
+    return m
+
+
+def test_rollout_corrections_metrics_stay_on_the_device_with_the_old_values():
+    from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismatch_metrics
+    from posttrain.algorithms.rollout_rules import RejectRule
+
+    g = torch.Generator().manual_seed(0)
+    target = -torch.rand(6, 10, generator=g) * 3
+    behaviour = target + torch.randn(6, 10, generator=g) * 0.4
+    mask = (torch.rand(6, 10, generator=g) < 0.7).long()
+    mask[2] = 0  # a row without a valid token counts nowhere
+    c = RolloutCorrection(is_level="sequence", is_threshold=3.0, is_batch_normalize=True, rs_level="token",
+                          rs_threshold=2.0, token_veto_threshold=0.5,
+                          rs_rules=(RejectRule("token_k2", None, 0.1), RejectRule("seq_mean_k3", None, 0.05)))
+    counts = (int(mask.sum()), int((mask.sum(-1) > 0).sum()))  # what the micro-batch's plan knows
+    with HostSyncs() as syncs:
+        w, kept, m = correct(target, behaviour, mask, c, counts, on_device=True)
+        m.update(mismatch_metrics(target, behaviour, mask, counts, on_device=True))
+    assert syncs.count == 0, dict(syncs.by_op)
+    assert all(isinstance(v, torch.Tensor) or v == 0.0 for v in m.values())
+    with HostSyncs() as syncs:  # the driver's way: floats, the counts and the metrics read once each
+        _, kept_read, read = correct(target, behaviour, mask, c)
+    assert syncs.count == 2 and torch.equal(kept_read, kept)
+    old = old_metrics(target, behaviour, mask, c)
+    values = {k: float(v) for k, v in m.items()}
+    assert values.keys() == old.keys() and 0 < old["rollout_corr/rollout_rs_masked_fraction"] < 1
+    assert 0 < old["rollout_corr/rollout_is_veto_fraction"] < 1
+    for key in old:
+        if key.endswith(("rollout_is_max", "rollout_is_min")):  # exp on the device, was math.exp: 1 ulp at most
+            assert values[key] == pytest.approx(old[key], rel=2 * 2 ** -52, abs=0), key
+        else:  # the same elements in the same order: bitwise
+            assert values[key] == old[key], key
+    assert all(read[k] == values[k] for k in read)
+    factor = old["rollout_corr/rollout_is_batch_norm_factor"]
+    plain = torch.where(mask.bool(), torch.exp((torch.where(mask.bool(), target - behaviour, 0.0)).sum(-1,
+                        keepdim=True).clamp(-20, 20)).clamp(max=3.0), 0.0)
+    assert torch.equal(w, plain / torch.tensor(factor, dtype=torch.float32))
+
+
+def test_a_bypass_mode_update_reads_nothing_per_micro_batch(monkeypatch):
+    import copy
+
+    from test_update_syncs import synthetic_batch
+
+    from posttrain.algorithms.rollout_corr import RolloutCorrection
+    from posttrain.training import actor
+    from posttrain.training.logprobs import compute_log_probs
+
+    model = tiny_qwen2("lm")
+    b = synthetic_batch(n_prompts=8, n=4)  # 32 rows: 2 mini-batches of 2 micro-batches, 2 epochs
+    lp, _ = compute_log_probs(model, b, 8)
+    b.old_log_probs = b.rollout_log_probs = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1)) \
+        * b.response_mask  # the engine's, somewhat off
+    c = RolloutCorrection(is_level="token", is_threshold=1.5, rs_level="token", rs_threshold=1.6)
+    s = actor.UpdateSettings(mini_batch_size=16, micro_batch_size=8, ppo_epochs=2, loss_mode="gpg",
+                             bypass_correction=c)
+    runs = []
+    for planned in (True, False):
+        if not planned:  # as it was: no counts, each micro-batch's metrics read as floats
+            for name, n in (("correct", 4), ("mismatch_metrics", 3)):
+                monkeypatch.setattr(actor, name, lambda *a, f=getattr(actor, name), n=n, **k: f(*a[:n]))
+        m = copy.deepcopy(model)
+        with HostSyncs() as syncs:
+            metrics = actor.update_policy(m, torch.optim.SGD(m.parameters(), lr=1e-2), b, s)
+        runs.append((m, metrics, syncs.count))
+    (new, m_new, n_new), (old, m_old, n_old) = runs
+    assert n_new == 7 and n_old > 7 + 8 * 2, (n_new, n_old)  # the plan's 2, 4 steps, the metrics' 1
+    assert 0 < m_new["rollout_corr/rollout_rs_masked_fraction"] < 1
+    assert any(not torch.equal(p, q) for p, q in zip(new.parameters(), model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(new.parameters(), old.parameters())) and m_new == m_old

@@ -52,12 +52,14 @@ class Layout:
 
 class Micro:
     """One planned micro-batch: `data` (the batch's rows `rows`, its kept columns), its `layout`, `picked`
-    (`rows` as a list); its fields read through (mb.input_ids, mb.response_length, len(mb))."""
+    (`rows` as a list), `counts` (its response mask's valid tokens and rows with one: what statistics over
+    them need without a read, algorithms/picks.py); its fields read through (mb.input_ids, len(mb), ...)."""
 
-    __slots__ = ("data", "rows", "layout", "picked")
+    __slots__ = ("data", "rows", "layout", "picked", "counts")
 
-    def __init__(self, data, rows: torch.Tensor, layout: Layout | None, picked: list[int]):
-        self.data, self.rows, self.layout, self.picked = data, rows, layout, picked
+    def __init__(self, data, rows: torch.Tensor, layout: Layout | None, picked: list[int],
+                 counts: tuple[int, int] | None = None):
+        self.data, self.rows, self.layout, self.picked, self.counts = data, rows, layout, picked, counts
 
     def __getattr__(self, name):
         return getattr(self.data, name)
@@ -83,7 +85,7 @@ class Micro:
         if prompts is not None:
             layout = dataclasses.replace(layout, prompts=SharedPrompts(move(prompts.inverse), move(prompts.first),
                                                                        prompts.blocks))
-        return Micro(data, move(self.rows), layout, self.picked)
+        return Micro(data, move(self.rows), layout, self.picked, self.counts)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,11 @@ class Rows:
     prompt_run: list[int]  # real prompt positions at the prompt's end, without a gap
     response_run: list[int]  # real response positions from its start, without a gap
     key: list[int] | None  # rows of one key hold the same prompt columns (ids and mask); a key's order is theirs
+    valid: list[int]  # response_mask's nonzero entries
+
+    def counts(self, rows) -> tuple[int, int]:
+        """The valid tokens of rows `rows` and how many of them have one."""
+        return sum(self.valid[i] for i in rows), sum(1 for i in rows if self.valid[i] > 0)
 
     def units(self, rows, loss_agg_mode: str) -> float:
         """`actor.loss_units` of rows `rows`: their valid tokens (token-mean), else their rows with one."""
@@ -122,6 +129,7 @@ def row_stats(batch) -> Rows:
         torch.where(alive.any(-1), r - alive.flip(-1).int().argmax(-1), 0),
         prompt.flip(-1).int().cumprod(-1).sum(-1), response.int().cumprod(-1).sum(-1),
         torch.where(prompt, NONE, ids).amin(-1), torch.where(prompt, -NONE, ids).amax(-1),  # padding's ids
+        (batch.response_mask != 0).sum(-1),
     ]
     # rows of equal prompt columns, ranked as torch.unique orders them (lexicographically)
     _, key = torch.unique(torch.cat([ids, batch.attention_mask[:, :width].to(ids.dtype)], 1), dim=0,
@@ -133,7 +141,7 @@ def row_stats(batch) -> Rows:
     # every padding position holds one id: then rows equal on a micro-batch's kept columns are equal whole
     canonical = max(high, default=-NONE) <= min(low, default=NONE)
     return Rows(ints[0], list(cols[1]), ints[2], ints[3], ints[4], ints[5], ints[6], ints[7],
-                ints[10] if canonical else None)
+                ints[11] if canonical else None, ints[10])
 
 
 def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
@@ -188,13 +196,13 @@ def _micro(batch, idx: list[int], stats: Rows, remove_padding: bool) -> tuple[to
             cut[f.name] = [value[i] for i in idx] if value else []
     data = dataclasses.replace(batch, **cut)
     if stats.key is None:  # padding of several ids: the passes find the shared prompts themselves
-        return index, Micro(data, index, None, idx)
+        return index, Micro(data, index, None, idx, stats.counts(idx))
     prompt_width = width - left
     padded_prompts = any(stats.prompt_run[i] < prompt_width for i in idx)
     padded = padded_prompts or any(stats.response_run[i] < keep - 1 for i in idx)
     padded_all = padded_prompts or any(stats.response_run[i] < keep for i in idx)
     layout = Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts, padded_all)
-    return index, Micro(data, index, layout, idx)
+    return index, Micro(data, index, layout, idx, stats.counts(idx))
 
 
 def _shared(keys: list[int]) -> SharedPrompts | None:
