@@ -31,6 +31,7 @@ PLACEHOLDER_MODEL = "<model.path>"  # any model.path: the defaults of a run give
 ENGINE = "vLLM's engine (named unused on hf)"
 KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_engine", "engine_kwargs")},
               "rollout.stop_check_every": "hf engine's (named unused on vllm); null: 1 on the CPU, 8 on CUDA",
+              "model.log_prob_budget_from_memory": "null: on CUDA yes, on the CPU no; a set token budget wins",
               "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
               "data.seed": "null: trainer.seed's",
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},

@@ -162,6 +162,29 @@ def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[t
     return out
 
 
+def memory_token_budget(free_bytes: int, vocab: int, hidden: int, intermediate: int, layers: int, kv_width: int,
+                        compute_bytes: int, fraction: float = 0.5) -> int:
+    """The tokens (prompt and response, as `spans` counts them) a no-gradient log-prob micro-batch may hold in
+    `free_bytes` of device memory:
+
+        per_token = (4 + c) V + c (4 H + 3 I) + 2 c L K,   budget = max(1, floor(fraction x free_bytes / per_token))
+
+    c = compute_bytes (2 for bf16), V the vocabulary, H the hidden size, I the MLP's, L the layers, K the
+    key/value width (key/value heads x head size). The terms: the logits in the compute dtype and their float32
+    copy, which the log-probs read whole; one layer's activations (no gradient: a layer's are freed as the next
+    runs): the residual stream, its norm, the attention's input and output, the MLP's gate, up and product; a
+    shared prompt's key/value cache over every layer. Every token is counted as a response token (only those
+    get logits: an overestimate); `fraction` leaves room for what is not counted (attention workspaces, the
+    4-D mask, the allocator's fragmentation).
+
+    Example: Qwen2.5-7B in bf16 (V 152064, H 3584, I 18944, L 28, K 512): 1,112,064 bytes a token; 60 GiB
+    free, half of it used -> 28,966 tokens.
+    """
+    c = compute_bytes
+    per_token = (4 + c) * vocab + c * (4 * hidden + 3 * intermediate) + 2 * c * layers * kv_width
+    return max(1, int(fraction * free_bytes) // per_token)
+
+
 def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None = None, rows: Rows | None = None,
                   subset: range | None = None) -> list[tuple[torch.Tensor, Micro]]:
     """-> [(row indices into batch, micro-batch)]: consecutive chunks of `size`
