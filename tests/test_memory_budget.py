@@ -2,7 +2,6 @@
 the arithmetic by hand, the memory read (mocked), the switch's default, and the pass's log-probs against the
 fixed-count path's."""
 
-import pytest
 import torch
 
 from posttrain.training.actor import UpdateSettings

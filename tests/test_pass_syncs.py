@@ -132,7 +132,9 @@ def test_the_teachers_top_k_pass_copies_back_once_with_the_same_results():
 
 def old_ratio_stats(prefix, ratio, per_sequence, valid, has, lower, upper):
     """rollout_corr._ratio_stats as it was: boolean selections, each value read."""
-    log = lambda x: math.log(x) if x > 0 else -math.inf  # noqa: E731
+    def log(x):
+        return math.log(x) if x > 0 else -math.inf
+
     w = ratio[valid]
     out = {f"{prefix}_mean": float(w.mean())}
     if per_sequence is None:
@@ -169,8 +171,11 @@ def old_metrics(target, behaviour, mask, c):
     by_band = valid & ~((ratio >= lower) & (ratio <= upper))
     rejected = by_band.clone()
     x = log_ratio.clamp(-20, 20)
-    shares = lambda prefix, r: {f"{prefix}_masked_fraction": float(r[valid].float().mean()),  # noqa: E731
-                                f"{prefix}_seq_masked_fraction": float(r.any(-1)[has].float().mean())}
+
+    def shares(prefix, r):
+        return {f"{prefix}_masked_fraction": float(r[valid].float().mean()),
+                f"{prefix}_seq_masked_fraction": float(r.any(-1)[has].float().mean())}
+
     m.update(shares("rollout_rs_token", by_band))
     token_k2, seq_mean_k3 = 0.5 * x.square(), (x.exp() - 1 - x).sum(-1) / valid.sum(-1).clamp(min=1)
     r = valid & ~(token_k2 <= c.rs_rules[0].upper)
@@ -254,16 +259,19 @@ def test_a_bypass_mode_update_reads_nothing_per_micro_batch(monkeypatch):
     model = tiny_qwen2("lm")
     b = synthetic_batch(n_prompts=8, n=4)  # 32 rows: 2 mini-batches of 2 micro-batches, 2 epochs
     lp, _ = compute_log_probs(model, b, 8)
-    b.old_log_probs = b.rollout_log_probs = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1)) \
-        * b.response_mask  # the engine's, somewhat off
+    noise = torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    b.old_log_probs = b.rollout_log_probs = lp + 0.3 * noise * b.response_mask  # the engine's, somewhat off
     c = RolloutCorrection(is_level="token", is_threshold=1.5, rs_level="token", rs_threshold=1.6)
     s = actor.UpdateSettings(mini_batch_size=16, micro_batch_size=8, ppo_epochs=2, loss_mode="gpg",
                              bypass_correction=c)
     runs = []
     for planned in (True, False):
         if not planned:  # as it was: no counts, each micro-batch's metrics read as floats
-            for name, n in (("correct", 4), ("mismatch_metrics", 3)):
-                monkeypatch.setattr(actor, name, lambda *a, f=getattr(actor, name), n=n, **k: f(*a[:n]))
+            def positional(f, n):  # the first n arguments: no counts, metrics read as floats
+                return lambda *args, **kwargs: f(*args[:n])
+
+            monkeypatch.setattr(actor, "correct", positional(actor.correct, 4))
+            monkeypatch.setattr(actor, "mismatch_metrics", positional(actor.mismatch_metrics, 3))
         m = copy.deepcopy(model)
         with HostSyncs() as syncs:
             metrics = actor.update_policy(m, torch.optim.SGD(m.parameters(), lr=1e-2), b, s)
