@@ -281,3 +281,31 @@ def test_a_bypass_mode_update_reads_nothing_per_micro_batch(monkeypatch):
     assert 0 < m_new["rollout_corr/rollout_rs_masked_fraction"] < 1
     assert any(not torch.equal(p, q) for p, q in zip(new.parameters(), model.parameters()))
     assert all(torch.equal(p, q) for p, q in zip(new.parameters(), old.parameters())) and m_new == m_old
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's own count of synchronizing operations")
+def test_on_a_gpu_the_passes_wait_at_most_once_per_micro_batch():
+    """torch.cuda's sync debug mode warns at each operation that waits for the device: the value and top-k
+    passes over 4 micro-batches wait once, to copy their results back (not yet run on a GPU)."""
+    import warnings
+
+    from test_update_syncs import synthetic_batch
+
+    from posttrain.training.critic import compute_values
+    from posttrain.training.logprobs import compute_topk_log_probs
+
+    b = synthetic_batch(n_prompts=8, n=4)
+    critic, lm = tiny_qwen2("value").cuda(), tiny_qwen2("lm").cuda()
+    compute_values(critic, b, 8), compute_topk_log_probs(lm, b, 5, 8)  # warm-up: lazy initialisations
+    counts = []
+    for run in (lambda: compute_values(critic, b, 8), lambda: compute_topk_log_probs(lm, b, 5, 8)):
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchronizing CUDA operation" in str(w.message) for w in seen))
+    assert counts[0] <= 1 and counts[1] <= 3, counts  # each output's copy back
