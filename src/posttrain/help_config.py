@@ -34,6 +34,7 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "rollout.static_decoding": "hf engine's (named unused on vllm); null: on with CUDA, off on the CPU",
               "rollout.enforce_eager": "vLLM's engine; hf: static decoding not recorded as CUDA graphs",
               "ref.cast_weights": "null: on under autocast to a lower dtype (bf16 on CUDA), in one process, without LoRA",
+              "model.log_prob_budget_from_memory": "null: on CUDA yes, on the CPU no; a set token budget wins",
               "rollout.mode": "async: named unused", "data.image_key": "rows with images refused",
               "data.seed": "null: trainer.seed's",
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},

@@ -56,7 +56,14 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     """
     m = mask.bool()
     dtype = torch.promote_types(returns.dtype, torch.float32)
-    if int(m.sum()) < 2:
-        return torch.zeros((), dtype=dtype, device=returns.device)
-    r, v = returns.detach()[m].to(dtype), values.detach()[m].to(dtype)
-    return 1.0 - (r - v).var() / (r.var() + 1e-5)
+    r, v = returns.detach().to(dtype), values.detach().to(dtype)
+    n = m.sum().to(dtype)
+    # masked sums instead of r[m] and a count read: no host sync (the sums' rounding differs from torch.var's
+    # over the selected elements by a few ulps)
+
+    def var(x):  # unbiased, over the valid tokens
+        x = torch.where(m, x, 0)
+        return torch.where(m, x - x.sum() / n.clamp(min=1), 0).square().sum() / (n - 1).clamp(min=1)
+
+    ev = 1.0 - var(r - v) / (var(r) + 1e-5)
+    return torch.where(n >= 2, ev, torch.zeros((), dtype=dtype, device=returns.device))

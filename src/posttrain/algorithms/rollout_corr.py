@@ -86,6 +86,7 @@ from dataclasses import dataclass
 
 import torch
 
+from posttrain.algorithms.picks import Picks, picks, read
 from posttrain.algorithms.rollout_rules import RejectRule, rule_rejects, shares
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp: weights within [2e-9, 4.9e8]
@@ -94,30 +95,34 @@ RS_LEVELS = ("token", "sequence", "geometric")
 
 
 def mismatch_metrics(train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                     response_mask: torch.Tensor) -> dict[str, float]:
-    """train_log_probs, rollout_log_probs, response_mask: [N, R] (1 on the tokens the policy sampled)."""
+                     response_mask: torch.Tensor, counts: tuple[int, int] | None = None,
+                     on_device: bool = False) -> dict:
+    """train_log_probs, rollout_log_probs, response_mask: [N, R] (1 on the tokens the policy sampled).
+    `counts`: the mask's valid tokens and rows with one, when the caller knows them (else read once);
+    `on_device`: the metrics as 0-d tensors, for the caller to read with its others (else floats, one read)."""
     mask = response_mask.bool()
-    if not bool(mask.any()):
+    p = picks(mask, counts)
+    if p.n_tokens == 0:
         return {}
     train, roll = train_log_probs.float(), rollout_log_probs.float()
-    d = (roll - train)[mask]
-    p_diff = (roll.exp() - train.exp()).abs()[mask]
-    lengths = mask.sum(-1).clamp(min=1)
-    has = mask.any(-1)
-    train_log_ppl = -(train * mask).sum(-1)[has] / lengths[has]
-    roll_log_ppl = -(roll * mask).sum(-1)[has] / lengths[has]
-    return {
-        "training/rollout_probs_diff_mean": float(p_diff.mean()),
-        "training/rollout_probs_diff_max": float(p_diff.max()),
-        "training/rollout_probs_diff_std": float(p_diff.std()) if p_diff.numel() > 1 else 0.0,
-        "rollout_corr/logp_abs_diff_mean": float(d.abs().mean()),
-        "rollout_corr/logp_abs_diff_max": float(d.abs().max()),
-        "rollout_corr/kl": float(d.mean()),
-        "rollout_corr/k3_kl": float(((-d).exp() - 1 + d).mean()),  # exp(r) - 1 - r, r = log p_train - log p_rollout
-        "rollout_corr/rollout_ppl": float(roll_log_ppl.exp().mean()),
-        "rollout_corr/training_ppl": float(train_log_ppl.exp().mean()),
-        "rollout_corr/log_ppl_diff": float((roll_log_ppl - train_log_ppl).mean()),
+    d = p.token(roll - train)
+    p_diff = p.token((roll.exp() - train.exp()).abs())
+    lengths = p.sequence(mask.sum(-1).clamp(min=1))
+    train_log_ppl = -p.sequence((train * mask).sum(-1)) / lengths
+    roll_log_ppl = -p.sequence((roll * mask).sum(-1)) / lengths
+    metrics = {
+        "training/rollout_probs_diff_mean": p_diff.mean(),
+        "training/rollout_probs_diff_max": p_diff.max(),
+        "training/rollout_probs_diff_std": p_diff.std() if p.n_tokens > 1 else 0.0,
+        "rollout_corr/logp_abs_diff_mean": d.abs().mean(),
+        "rollout_corr/logp_abs_diff_max": d.abs().max(),
+        "rollout_corr/kl": d.mean(),
+        "rollout_corr/k3_kl": ((-d).exp() - 1 + d).mean(),  # exp(r) - 1 - r, r = log p_train - log p_rollout
+        "rollout_corr/rollout_ppl": roll_log_ppl.exp().mean(),
+        "rollout_corr/training_ppl": train_log_ppl.exp().mean(),
+        "rollout_corr/log_ppl_diff": (roll_log_ppl - train_log_ppl).mean(),
     }
+    return metrics if on_device else read(metrics)
 
 
 @dataclass(frozen=True)
@@ -207,39 +212,42 @@ def _log(x: float) -> float:
     return math.log(x) if x > 0 else -math.inf
 
 
-def _ratio_stats(prefix: str, ratio: torch.Tensor, per_sequence: torch.Tensor | None, valid: torch.Tensor,
-                 has: torch.Tensor, lower: float, upper: float) -> dict[str, float]:
-    """verl's statistics of a ratio before truncation or rejection: mean over the valid tokens;
+def _ratio_stats(prefix: str, ratio: torch.Tensor, per_sequence: torch.Tensor | None, p: Picks,
+                 lower: float, upper: float) -> dict:
+    """verl's statistics of a ratio before truncation or rejection (0-d tensors): mean over the valid tokens;
     max, min and the shares above `upper` / below `lower` over the valid tokens at token level,
     over the sequences (unbounded, in log space; max capped at e^20) at a sequence level; std and
     effective sample size (1 / mean((w / mean w)^2), a fraction of the tokens) of the ratios
     clamped to [lower, upper], over the valid tokens."""
-    w = ratio[valid]
-    stats = {f"{prefix}_mean": float(w.mean())}
+    w = p.token(ratio)
+    stats = {f"{prefix}_mean": w.mean()}
     if per_sequence is None:
         high, low = (w > upper).float().mean(), (w < lower).float().mean()
-        stats[f"{prefix}_max"], stats[f"{prefix}_min"] = float(w.max()), float(w.min())
+        stats[f"{prefix}_max"], stats[f"{prefix}_min"] = w.max(), w.min()
     else:
-        s = per_sequence[has]
+        s = p.sequence(per_sequence)
         high, low = (s > _log(upper)).float().mean(), (s < _log(lower)).float().mean()
-        stats[f"{prefix}_max"] = math.exp(min(float(s.max()), SAFETY_BOUND))
-        stats[f"{prefix}_min"] = math.exp(float(s.min()))
-    stats[f"{prefix}_ratio_fraction_high"], stats[f"{prefix}_ratio_fraction_low"] = float(high), float(low)
+        # exp in float64 on the device (was math.exp of the read value: an ulp apart at times)
+        stats[f"{prefix}_max"] = s.max().double().clamp(max=SAFETY_BOUND).exp()
+        stats[f"{prefix}_min"] = s.min().double().exp()
+    stats[f"{prefix}_ratio_fraction_high"], stats[f"{prefix}_ratio_fraction_low"] = high, low
     clamped = w.clamp(min=lower, max=upper)
     mean = clamped.mean()
-    stats[f"{prefix}_std"] = float((clamped.square().mean() - mean.square()).clamp(min=0).sqrt()) \
-        if w.numel() > 1 else 0.0
-    stats[f"{prefix}_eff_sample_size"] = float(1.0 / (clamped / (mean + 1e-8)).square().mean())
+    stats[f"{prefix}_std"] = (clamped.square().mean() - mean.square()).clamp(min=0).sqrt() \
+        if p.n_tokens > 1 else 0.0
+    stats[f"{prefix}_eff_sample_size"] = 1.0 / (clamped / (mean + 1e-8)).square().mean()
     return stats
 
 
 def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, response_mask: torch.Tensor,
-            c: RolloutCorrection) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+            c: RolloutCorrection, counts: tuple[int, int] | None = None,
+            on_device: bool = False) -> tuple[torch.Tensor | None, torch.Tensor, dict]:
     """target_log_probs (pi_old, or pi_theta in bypass mode), behaviour_log_probs (the rollout
     engine's), response_mask: [N, R] -> (IS weights [N, R] float32, or None without is_level;
     the response mask less the rejected tokens and sequences, same dtype; `rollout_corr/*`
     metrics, none when no token is valid). Sequence shares count the sequences with at least
-    one valid token (verl divides by every row: the same when none is empty).
+    one valid token (verl divides by every row: the same when none is empty). `counts` and
+    `on_device` as `mismatch_metrics`'s: with both, nothing is read back.
 
     Example: target probs [[0.5, 0.25]], behaviour [[0.25, 0.5]], mask [[1, 1]], is_level
     "token", is_threshold 1.5 -> weights [[1.5, 0.5]] (ratios 2 and 0.5), mask unchanged.
@@ -253,52 +261,50 @@ def correct(target_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, r
     diff = target_log_probs.detach().float() - behaviour_log_probs.detach().float()
     log_ratio = torch.where(valid, diff, torch.zeros_like(diff))  # padding's values never count
     weights = None if c.is_level is None else torch.zeros_like(log_ratio)
-    if not bool(valid.any()):
+    p = picks(valid, counts)
+    if p.n_tokens == 0:
         return weights, response_mask.clone(), {}
-    has = valid.any(-1)
-    metrics: dict[str, float] = {}
+    metrics: dict = {}
     keep = torch.ones_like(valid)
 
     if c.is_level is not None:
         lower, upper = c.is_bounds()
         ratio, per_sequence = _ratios(log_ratio, valid, c.is_level)
-        metrics.update(_ratio_stats("rollout_is", ratio, per_sequence, valid, has, lower, upper))
+        metrics.update(_ratio_stats("rollout_is", ratio, per_sequence, p, lower, upper))
         weights = torch.where(valid, ratio.clamp(min=c.is_threshold_lower, max=upper), weights)
         if c.is_batch_normalize:
             if c.is_level == "token":
-                mean = weights[valid].mean()
+                mean = p.token(weights).mean()
             else:  # one weight a sequence
-                mean = (weights.sum(-1)[has] / valid.sum(-1)[has]).mean()
-            factor = float(mean)
-            if factor > 1e-8:
-                weights = weights / mean
-            else:
-                factor = 1.0
-            metrics["rollout_is_batch_norm_factor"] = factor
+                mean = (p.sequence(weights.sum(-1)) / p.sequence(valid.sum(-1))).mean()
+            usable = mean.double() > 1e-8  # else the weights stay as they are (factor 1): decided on the device
+            weights = torch.where(usable, weights / mean, weights)
+            metrics["rollout_is_batch_norm_factor"] = torch.where(usable, mean.double(), 1.0)
 
     rejected = torch.zeros_like(valid)  # by rs_level or any of rs_rules
     if c.rs_level is not None:
         lower, upper = c.rs_bounds()
         ratio, per_sequence = _ratios(log_ratio, valid, c.rs_level)
-        metrics.update(_ratio_stats("rollout_rs", ratio, per_sequence, valid, has, lower, upper))
+        metrics.update(_ratio_stats("rollout_rs", ratio, per_sequence, p, lower, upper))
         by_band = valid & ~((ratio >= lower) & (ratio <= upper))
-        metrics.update(shares(f"rollout_rs_{c.rs_level}", by_band, valid, has))
+        metrics.update(shares(f"rollout_rs_{c.rs_level}", by_band, p))
         rejected |= by_band
     bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)  # per token, as verl's rules
     for rule in c.rs_rules:
-        by_rule, rule_metrics = rule_rejects(rule, bounded, valid, has)
+        by_rule, rule_metrics = rule_rejects(rule, bounded, valid, p)
         metrics.update(rule_metrics)
         rejected |= by_rule
     if c.rs_level is not None or c.rs_rules:
-        metrics.update(shares("rollout_rs", rejected, valid, has))
+        metrics.update(shares("rollout_rs", rejected, p))
         keep &= ~rejected
 
     if c.token_veto_threshold is not None:
         catastrophic = valid & (log_ratio < math.log(c.token_veto_threshold))  # the unbounded ratio
         vetoed = catastrophic.any(-1)
-        metrics["rollout_is_veto_fraction"] = float(vetoed[has].float().mean())
-        metrics["rollout_is_catastrophic_token_fraction"] = float(catastrophic[valid].float().mean())
+        metrics["rollout_is_veto_fraction"] = p.sequence(vetoed).float().mean()
+        metrics["rollout_is_catastrophic_token_fraction"] = p.token(catastrophic).float().mean()
         keep &= ~vetoed.unsqueeze(-1)
 
     new_mask = torch.where(keep, response_mask, torch.zeros_like(response_mask))
-    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+    metrics = {f"rollout_corr/{k}": v for k, v in metrics.items()}
+    return weights, new_mask, metrics if on_device else read(metrics)

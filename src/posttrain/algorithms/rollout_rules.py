@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from posttrain.algorithms.picks import Picks
+
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
               "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
@@ -68,17 +70,18 @@ class RejectRule:
         return None
 
 
-def shares(prefix: str, rejected: torch.Tensor, valid: torch.Tensor, has: torch.Tensor) -> dict[str, float]:
+def shares(prefix: str, rejected: torch.Tensor, p: Picks) -> dict[str, torch.Tensor]:
     """`{prefix}_masked_fraction` over the valid tokens and `{prefix}_seq_masked_fraction` over the
-    sequences with a valid token (those with any token rejected)."""
-    return {f"{prefix}_masked_fraction": float(rejected[valid].float().mean()),
-            f"{prefix}_seq_masked_fraction": float(rejected.any(-1)[has].float().mean())}
+    sequences with a valid token (those with any token rejected); 0-d tensors, read by the caller."""
+    return {f"{prefix}_masked_fraction": p.token(rejected).float().mean(),
+            f"{prefix}_seq_masked_fraction": p.sequence(rejected.any(-1)).float().mean()}
 
 
 def rule_rejects(rule: RejectRule, bounded_log_ratio: torch.Tensor, valid: torch.Tensor,
-                 has: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """bounded_log_ratio [N, R] (0 at padding, clamped to the safety bound), valid [N, R] bool, has [N]
-    (rows with a valid token) -> (the valid tokens the rule rejects [N, R] bool, its metrics, named
+                 p: Picks) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """bounded_log_ratio [N, R] (0 at padding, clamped to the safety bound), valid [N, R] bool, `p` its
+    valid tokens and rows with one (picks.py) -> (the valid tokens the rule rejects [N, R] bool, its metrics
+    (0-d tensors), named
     `rollout_rs_{option}_*`: the masked shares; the statistic's mean over the valid tokens (a sequence's
     counting once a token, as verl) and max (over the valid tokens, or over the sequences); and at
     sequence level `_seq_mean`, the mean over the sequences)."""
@@ -101,12 +104,12 @@ def rule_rejects(rule: RejectRule, bounded_log_ratio: torch.Tensor, valid: torch
         kept, stat = kept.unsqueeze(-1).expand_as(valid), stat.unsqueeze(-1).expand_as(x)
     rejected = valid & ~kept
     prefix = f"rollout_rs_{rule.option}"
-    metrics = shares(prefix, rejected, valid, has)
-    metrics[f"{prefix}_mean"] = float(stat[valid].mean())
+    metrics = shares(prefix, rejected, p)
+    metrics[f"{prefix}_mean"] = p.token(stat).mean()
     if rule.level == "token":
-        metrics[f"{prefix}_max"] = float(stat[valid].max())
+        metrics[f"{prefix}_max"] = p.token(stat).max()
     else:
-        per_sequence = stat[:, 0][has]
-        metrics[f"{prefix}_max"] = float(per_sequence.max())
-        metrics[f"{prefix}_seq_mean"] = float(per_sequence.mean())
+        per_sequence = p.sequence(stat[:, 0])
+        metrics[f"{prefix}_max"] = per_sequence.max()
+        metrics[f"{prefix}_seq_mean"] = per_sequence.mean()
     return rejected, metrics

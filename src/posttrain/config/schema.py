@@ -78,6 +78,10 @@ class ModelConfig:
     # log-probs and entropy from the last hidden states a chunk of tokens at a time, the [N, R, V] logits never
     # whole (training/fused.py): verl's fused kernels' memory saving, in torch
     use_fused_kernels: bool = False
+    # the policy's and the reference's log-prob passes, when they have no token budget (rollout. / ref.
+    # log_prob_use_dynamic_bsz off): micro-batches of as many tokens as half the device's free memory holds,
+    # from the model's shape (training/microbatch.py memory_token_budget); null: on CUDA yes, on the CPU no
+    log_prob_budget_from_memory: Optional[bool] = None
     # LoRA (models/lora.py, peft): with lora_rank > 0 (or an adapter to start from) only low-rank adapters on
     # target_modules train, the base is frozen and is the reference model; the checkpoint holds the adapters
     lora_rank: int = 0

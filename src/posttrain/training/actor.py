@@ -151,7 +151,7 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
 
 def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict]:
     """Loss of one micro-batch (with grad) and its detached metrics (0-d tensors, read by the caller once
-    per update: tally.py; rollout correction's are floats).
+    per update: tally.py).
 
     Without old_log_probs (an update that is exactly on-policy: one epoch, one
     mini-batch, so the weights are still those that sampled) the old log-probs
@@ -237,8 +237,8 @@ def distilled(task_loss, log_prob, old_log_prob, mb, mask, weights, s: UpdateSet
 
 
 def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCorrection | None,
-               device, weigh: bool = True) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """The policy loss's per-token weights [n, R] (None: none) and their metrics.
+               device, weigh: bool = True) -> tuple[torch.Tensor | None, dict]:
+    """The policy loss's per-token weights [n, R] (None: none) and their metrics (0-d tensors).
 
     Decoupled mode: the batch's rollout_is_weights (pi_old / pi_rollout, computed once per step by the loop,
     whose rejections already left the response mask). Bypass mode (`bypass` set): the correction of this
@@ -252,8 +252,11 @@ def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCo
     if bypass is None:
         return (mb.rollout_is_weights.to(device) if mb.rollout_is_weights is not None else None), {}
     behaviour = mb.rollout_log_probs.to(device)
-    w, kept, metrics = correct(log_prob.detach(), behaviour, mask, bypass)
-    metrics.update(mismatch_metrics(log_prob.detach(), behaviour, mask))  # the gap, against pi_theta here
+    # metrics as tensors, read with the update's others (tally.py); a planned micro-batch knows its mask's
+    # counts (microbatch.Micro), so nothing is read back here
+    counts = getattr(mb, "counts", None)
+    w, kept, metrics = correct(log_prob.detach(), behaviour, mask, bypass, counts, on_device=True)
+    metrics.update(mismatch_metrics(log_prob.detach(), behaviour, mask, counts, on_device=True))  # vs pi_theta
     kept = kept.to(log_prob.dtype)
     return (kept if w is None or not weigh else w.to(log_prob.dtype) * kept), metrics
 

@@ -9,6 +9,7 @@ import torch
 from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
 from posttrain.training.actor import pinned_loss_scale, run_updates
+from posttrain.training.forward import planned_mask
 from posttrain.training.logprobs import compute_device
 from posttrain.training.microbatch import micro_batches
 
@@ -31,17 +32,21 @@ class CriticSettings:
     forward_max_tokens: int | None = None  # ... and value passes' micro-batches
 
 
-def response_values(model, input_ids, attention_mask, position_ids, response_length: int, sp=None) -> torch.Tensor:
+def response_values(model, input_ids, attention_mask, position_ids, response_length: int, sp=None,
+                    layout=None) -> torch.Tensor:
     """-> values [N, R] (float32): V at the position that predicts each
     response token, i.e. of the state before the token is chosen (the same
     positions as `forward.response_logits`). sp: this worker's
-    sequence-parallel group (training/ulysses.py), its positions gathered."""
+    sequence-parallel group (training/ulysses.py), its positions gathered. `layout`: the micro-batch's plan
+    (microbatch.Layout): the attention mask built without transformers' read of it."""
     length = input_ids.shape[1]
     if sp is not None:
         from posttrain.training import ulysses
 
         local, _ = ulysses.sharded_forward(model, input_ids, attention_mask, position_ids, sp)  # [N, L'/P, 1]
         return ulysses.gather(local[..., 0].float(), sp)[:, length - response_length - 1:length - 1]
+    if layout is not None:
+        attention_mask = planned_mask(model, attention_mask, layout.padded_all, cached=False)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     return out.logits[:, -response_length - 1:-1, 0].float()  # [N, R]
 
@@ -50,19 +55,21 @@ def response_values(model, input_ids, attention_mask, position_ids, response_len
 def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = True,
                    max_tokens: int | None = None, sp=None) -> torch.Tensor:
     """Values [N, R] of `batch` in micro-batches (of `micro_batch_size` rows or
-    `max_tokens` tokens), no grad, zero outside the response mask."""
+    `max_tokens` tokens), no grad, zero outside the response mask. Planned on the host, each micro-batch moved
+    once and its values gathered on the device: one copy back, at the end."""
     was_training = model.training
     model.eval()
     device = compute_device(model)
-    values = torch.zeros(batch.responses.shape, dtype=torch.float32)
+    values = torch.zeros(batch.responses.shape, dtype=torch.float32, device=device)
     try:
-        for rows, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
-            v = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                mb.position_ids.to(device), mb.response_length, sp)
-            values[rows, :mb.response_length] = v.cpu() * mb.response_mask
+        for _, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
+            mb = mb.to(device)
+            v = response_values(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_length, sp,
+                                layout=mb.layout)
+            values[mb.rows, :mb.response_length] = v * mb.response_mask
     finally:
         model.train(was_training)
-    return values
+    return values.cpu()
 
 
 def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[torch.Tensor, dict]:
@@ -70,7 +77,8 @@ def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[to
     mb needs values (the critic's before the update) and returns."""
     mask = mb.response_mask.to(device)
     vpreds = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                             mb.position_ids.to(device), mb.response_length, sp)  # [n, R]
+                             mb.position_ids.to(device), mb.response_length, sp,
+                             layout=getattr(mb, "layout", None))  # [n, R]; a planned micro-batch's: nothing read
     out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
                      loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
     return out["vf_loss"] * s.loss_coef, {

@@ -257,23 +257,26 @@ def compute_topk_log_probs(model, batch, k: int, micro_batch_size: int, temperat
                            options: PassOptions = PassOptions(), max_tokens: int | None = None):
     """The teacher's pass of the top-k distillation modes, in micro-batches, no grad: -> (log p(token) [N, R],
     the log-probs of the k most likely tokens at each response position [N, R, k], most likely first, and their
-    ids [N, R, k] (int32)); 0 (and id 0) on the columns a trimmed micro-batch left out."""
+    ids [N, R, k] (int32)); 0 (and id 0) on the columns a trimmed micro-batch left out. Each micro-batch moves
+    once and its results are gathered on the device (N x R x k x 8 bytes there), copied back once at the end:
+    the host never waits for a micro-batch."""
     was_training = model.training
     model.eval()
     device = compute_device(model)
-    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32)
-    top_lp = torch.zeros((*batch.responses.shape, k), dtype=torch.float32)
-    top_ids = torch.zeros((*batch.responses.shape, k), dtype=torch.int32)
+    log_probs = torch.zeros(batch.responses.shape, dtype=torch.float32, device=device)
+    top_lp = torch.zeros((*batch.responses.shape, k), dtype=torch.float32, device=device)
+    top_ids = torch.zeros((*batch.responses.shape, k), dtype=torch.int32, device=device)
     try:
-        for rows, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+        for _, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
+            mb = mb.to(device)
             log_p = _response_log_p(model, mb, device, temperature, options)
             width = mb.response_length
-            log_probs[rows, :width] = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1).cpu()
+            log_probs[mb.rows, :width] = log_p.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
             values, ids = log_p.topk(k, dim=-1)
-            top_lp[rows, :width], top_ids[rows, :width] = values.cpu(), ids.to(torch.int32).cpu()
+            top_lp[mb.rows, :width], top_ids[mb.rows, :width] = values, ids.to(torch.int32)
     finally:
         model.train(was_training)
-    return log_probs, top_lp, top_ids
+    return log_probs.cpu(), top_lp.cpu(), top_ids.cpu()
 
 
 @torch.no_grad()

@@ -41,21 +41,25 @@ class SharedPrompts:
 @dataclass(frozen=True)
 class Layout:
     """What the plan knows of a micro-batch: its distinct prompts when some repeat (None: none repeat);
-    whether the plain forward's positions ([:, :-1]) hold padding, and whether the distinct prompts' do."""
+    whether the plain forward's positions ([:, :-1]) hold padding, whether the distinct prompts' do, and
+    whether all its positions do (the last one too: the critic's forward runs them all)."""
 
     prompts: SharedPrompts | None
     padded: bool
     padded_prompts: bool
+    padded_all: bool = True
 
 
 class Micro:
     """One planned micro-batch: `data` (the batch's rows `rows`, its kept columns), its `layout`, `picked`
-    (`rows` as a list); its fields read through (mb.input_ids, mb.response_length, len(mb))."""
+    (`rows` as a list), `counts` (its response mask's valid tokens and rows with one: what statistics over
+    them need without a read, algorithms/picks.py); its fields read through (mb.input_ids, len(mb), ...)."""
 
-    __slots__ = ("data", "rows", "layout", "picked")
+    __slots__ = ("data", "rows", "layout", "picked", "counts")
 
-    def __init__(self, data, rows: torch.Tensor, layout: Layout | None, picked: list[int]):
-        self.data, self.rows, self.layout, self.picked = data, rows, layout, picked
+    def __init__(self, data, rows: torch.Tensor, layout: Layout | None, picked: list[int],
+                 counts: tuple[int, int] | None = None):
+        self.data, self.rows, self.layout, self.picked, self.counts = data, rows, layout, picked, counts
 
     def __getattr__(self, name):
         return getattr(self.data, name)
@@ -81,7 +85,7 @@ class Micro:
         if prompts is not None:
             layout = dataclasses.replace(layout, prompts=SharedPrompts(move(prompts.inverse), move(prompts.first),
                                                                        prompts.blocks))
-        return Micro(data, move(self.rows), layout, self.picked)
+        return Micro(data, move(self.rows), layout, self.picked, self.counts)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,11 @@ class Rows:
     prompt_run: list[int]  # real prompt positions at the prompt's end, without a gap
     response_run: list[int]  # real response positions from its start, without a gap
     key: list[int] | None  # rows of one key hold the same prompt columns (ids and mask); a key's order is theirs
+    valid: list[int]  # response_mask's nonzero entries
+
+    def counts(self, rows) -> tuple[int, int]:
+        """The valid tokens of rows `rows` and how many of them have one."""
+        return sum(self.valid[i] for i in rows), sum(1 for i in rows if self.valid[i] > 0)
 
     def units(self, rows, loss_agg_mode: str) -> float:
         """`actor.loss_units` of rows `rows`: their valid tokens (token-mean), else their rows with one."""
@@ -120,6 +129,7 @@ def row_stats(batch) -> Rows:
         torch.where(alive.any(-1), r - alive.flip(-1).int().argmax(-1), 0),
         prompt.flip(-1).int().cumprod(-1).sum(-1), response.int().cumprod(-1).sum(-1),
         torch.where(prompt, NONE, ids).amin(-1), torch.where(prompt, -NONE, ids).amax(-1),  # padding's ids
+        (batch.response_mask != 0).sum(-1),
     ]
     # rows of equal prompt columns, ranked as torch.unique orders them (lexicographically)
     _, key = torch.unique(torch.cat([ids, batch.attention_mask[:, :width].to(ids.dtype)], 1), dim=0,
@@ -131,7 +141,7 @@ def row_stats(batch) -> Rows:
     # every padding position holds one id: then rows equal on a micro-batch's kept columns are equal whole
     canonical = max(high, default=-NONE) <= min(low, default=NONE)
     return Rows(ints[0], list(cols[1]), ints[2], ints[3], ints[4], ints[5], ints[6], ints[7],
-                ints[10] if canonical else None)
+                ints[11] if canonical else None, ints[10])
 
 
 def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
@@ -150,6 +160,29 @@ def spans(tokens: list[int], size: int, max_tokens: int | None = None) -> list[t
     if start < len(tokens):
         out.append((start, len(tokens)))
     return out
+
+
+def memory_token_budget(free_bytes: int, vocab: int, hidden: int, intermediate: int, layers: int, kv_width: int,
+                        compute_bytes: int, fraction: float = 0.5) -> int:
+    """The tokens (prompt and response, as `spans` counts them) a no-gradient log-prob micro-batch may hold in
+    `free_bytes` of device memory:
+
+        per_token = (4 + c) V + c (4 H + 3 I) + 2 c L K,   budget = max(1, floor(fraction x free_bytes / per_token))
+
+    c = compute_bytes (2 for bf16), V the vocabulary, H the hidden size, I the MLP's, L the layers, K the
+    key/value width (key/value heads x head size). The terms: the logits in the compute dtype and their float32
+    copy, which the log-probs read whole; one layer's activations (no gradient: a layer's are freed as the next
+    runs): the residual stream, its norm, the attention's input and output, the MLP's gate, up and product; a
+    shared prompt's key/value cache over every layer. Every token is counted as a response token (only those
+    get logits: an overestimate); `fraction` leaves room for what is not counted (attention workspaces, the
+    4-D mask, the allocator's fragmentation).
+
+    Example: Qwen2.5-7B in bf16 (V 152064, H 3584, I 18944, L 28, K 512): 1,112,064 bytes a token; 60 GiB
+    free, half of it used -> 28,966 tokens.
+    """
+    c = compute_bytes
+    per_token = (4 + c) * vocab + c * (4 * hidden + 3 * intermediate) + 2 * c * layers * kv_width
+    return max(1, int(fraction * free_bytes) // per_token)
 
 
 def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None = None, rows: Rows | None = None,
@@ -186,11 +219,13 @@ def _micro(batch, idx: list[int], stats: Rows, remove_padding: bool) -> tuple[to
             cut[f.name] = [value[i] for i in idx] if value else []
     data = dataclasses.replace(batch, **cut)
     if stats.key is None:  # padding of several ids: the passes find the shared prompts themselves
-        return index, Micro(data, index, None, idx)
+        return index, Micro(data, index, None, idx, stats.counts(idx))
     prompt_width = width - left
     padded_prompts = any(stats.prompt_run[i] < prompt_width for i in idx)
     padded = padded_prompts or any(stats.response_run[i] < keep - 1 for i in idx)
-    return index, Micro(data, index, Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts), idx)
+    padded_all = padded_prompts or any(stats.response_run[i] < keep for i in idx)
+    layout = Layout(_shared([stats.key[i] for i in idx]), padded, padded_prompts, padded_all)
+    return index, Micro(data, index, layout, idx, stats.counts(idx))
 
 
 def _shared(keys: list[int]) -> SharedPrompts | None:

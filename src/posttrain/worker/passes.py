@@ -1,15 +1,19 @@
 """The worker's forward passes without gradients: log-probs under the policy, the reference or a teacher,
 a teacher's top-k for distillation, the critic's values. Each runs under the policy's autocast
-(engines.autocast_of) with the micro-batches and token budget of the model it runs.
+(engines.autocast_of) with the micro-batches and token budget of the model it runs; the policy's and the
+reference's log-prob passes without a budget take one from the device's free memory on CUDA
+(model.log_prob_budget_from_memory, `memory_budget`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
-from posttrain.training.logprobs import compute_log_probs, compute_topk_log_probs
+from posttrain.training.logprobs import compute_device, compute_log_probs, compute_topk_log_probs
+from posttrain.training.microbatch import memory_token_budget
 from posttrain.worker.engines import autocast_of
 from posttrain.worker.spec import TeacherSpec, WorkerSpec
 
@@ -34,8 +38,41 @@ def log_probs(spec: WorkerSpec, batch, which: str, teacher: str | None, policy, 
         size, budget = {"policy": (spec.log_prob_micro_batch_size, spec.log_prob_max_tokens),
                         "ref": (spec.ref.log_prob_micro_batch_size, spec.ref.log_prob_max_tokens)}[which]
     options = spec.update.pass_options(compile=None if which == "policy" else spec.ref.torch_compile, sp=sp)
+    # the token counts stand for the memory only on trimmed, length-ordered micro-batches (remove_padding)
+    if budget is None and which != "teacher" and sp is None and options.remove_padding \
+            and budget_from_memory(spec, model):
+        budget = memory_budget(model, spec.mixed_precision)
     with autocast_of(spec), base_only(model) if lora_ref else contextlib.nullcontext():
         return compute_log_probs(model, batch, size, spec.temperature, options=options, max_tokens=budget)[0]
+
+
+def budget_from_memory(spec: WorkerSpec, model) -> bool:
+    """model.log_prob_budget_from_memory, or its default: on where the model computes on CUDA."""
+    on = spec.log_prob_budget_from_memory
+    return compute_device(model).type == "cuda" if on is None else on
+
+
+def free_bytes(device: torch.device) -> int:
+    """The memory a pass on `device` may take: on CUDA the driver's free bytes plus what torch's allocator
+    holds unused (cached blocks are free to it); on the CPU the free physical memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_budget(model, compute_dtype: str | None = None, fraction: float = 0.5) -> int:
+    """A token budget per micro-batch for `model`'s no-gradient log-prob pass, from the free memory of its
+    device now and its shape (microbatch.memory_token_budget; `compute_dtype`: the autocast's, else the
+    weights')."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_width = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    dtype = getattr(torch, compute_dtype) if compute_dtype else next(model.parameters()).dtype
+    return memory_token_budget(free_bytes(compute_device(model)), config.vocab_size, hidden, intermediate,
+                               config.num_hidden_layers, kv_width, dtype.itemsize, fraction)
 
 
 def teacher_topk(spec: WorkerSpec, batch, k: int, teacher: str | None, teachers: dict, sp):

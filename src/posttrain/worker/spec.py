@@ -117,6 +117,9 @@ class WorkerSpec:
     total_steps: int = 0  # the run's RL steps: the cosine reaches min_lr_ratio at the last one
     log_prob_micro_batch_size: int = 64  # the policy's log-prob pass (rollout.log_prob_micro_batch_size)
     log_prob_max_tokens: int | None = None  # rollout.log_prob_use_dynamic_bsz: a token budget per micro-batch
+    # model.log_prob_budget_from_memory: the policy's and the reference's log-prob passes without a budget take
+    # one from the device's free memory (passes.memory_budget); None: on when the model is on CUDA
+    log_prob_budget_from_memory: bool | None = None
     forward_prefetch: bool = False  # FSDP2: each layer prefetches the next one's parameters (parallelize)
     freeze_vision_tower: bool = False  # a vision-language model's image encoder does not train
     sequence_parallel: int = 1  # Ulysses: workers per group that split each sequence's positions
