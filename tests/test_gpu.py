@@ -96,6 +96,42 @@ def test_the_hf_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(trained_tiny_
     assert torch.allclose(a.log_probs, b.log_probs.cpu(), atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_static_decoding_recorded_as_cuda_graphs_gives_the_same_bits_as_its_steps_run_eagerly(random_qwen2, autocast):
+    """CUDA graphs replay the kernels they recorded: an engine recording its steps and one running the same steps
+    (the same buckets and windows) eagerly through a stand-in sample the same bits, and keep doing so after the
+    weights change in place (a graph reads them where they are). Under bf16 autocast too (recorded with autocast's
+    weight cache off)."""
+    from posttrain.rollout.hf import HFRolloutEngine
+
+    class Eager:  # runs the step when replayed: what a graph records, without recording
+        def __init__(self, step):
+            self.step = step
+
+        def replay(self):
+            self.step()
+
+    model = random_qwen2.cuda()
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26]]
+    params = SamplingParams(max_new_tokens=40, n=8, temperature=1.0, logprobs=True)
+    engines = [HFRolloutEngine(model, [3, 7, 9], 0, seed=5, progress=False, stop_check_every=4,
+                               static_decoding=True) for _ in range(2)]
+    engines[1].static.graph_type = Eager
+    for round_ in range(2):
+        outs = []
+        for engine in engines:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                outs.append(engine.generate(prompts, params))
+        assert engines[0].static.failed is None and len(engines[0].static.recorded) >= 2
+        assert torch.equal(outs[0].response_ids, outs[1].response_ids)
+        assert torch.equal(outs[0].log_probs, outs[1].log_probs)
+        with torch.no_grad():  # new weights, in place
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+
+
 # ------------------------------------------------------------------ FSDP2 over NCCL (gloo on the CPU)
 
 def _update_process(rank: int, world: int, init: str | None, model_dir: str, device: str, batch_file: str, out: str,
