@@ -10,10 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# the speed part's variants the dry run runs: levers_no_graph is levers with one more override, left out for time
+DRY_VARIANTS = ("levers", "levers_off", "trl_generate", "trl_continuous_batching")
+
+
 def test_the_gpu_suite_runs_dry_on_the_cpu_and_prints_its_table_last(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"))
-    done = subprocess.run(["bash", "bench/gpu/run.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+    env.pop("TRL_PYTHON", None)
+    done = subprocess.run(["bash", "bench/gpu/run.sh", "--dry-run", "--variants", ",".join(DRY_VARIANTS)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["environment"]["dry_run"] and res["environment"]["device"] == "cpu"
@@ -29,6 +34,34 @@ def test_the_gpu_suite_runs_dry_on_the_cpu_and_prints_its_table_last(tmp_path):
         assert tp["prompt_length"] == 32 and tp["response_length"] == 8  # exact lengths: EOS off
         assert tp["phases_s"]["timing_s/gen"] > 0 and tp["phases_s"]["timing_s/update_actor"] > 0
         assert tp["parameters"] > 151_936 * 64  # the real vocabulary's embedding is there
-    last = done.stdout.strip().splitlines()
-    assert last[-1].startswith("| qwen2.5-1.5b |") and last[-2].startswith("| qwen2.5-0.5b |")
-    assert (tmp_path / "out" / "summary.md").read_text().strip().splitlines()[-1] == last[-1]
+    lines = done.stdout.strip().splitlines()
+    assert any(x.startswith("| qwen2.5-1.5b |") for x in lines) and any(x.startswith("| qwen2.5-0.5b |") for x in lines)
+    assert (tmp_path / "out" / "summary.md").read_text().strip().splitlines()[-1] == lines[-1]
+    check_speed(res, lines)
+
+
+def check_speed(res: dict, lines: list[str]) -> None:
+    """The speed part: every variant asked for, keyed by name; posttrain's with phases, a profiled step's busy
+    fraction and % of the floor; TRL's skipped here (this interpreter has no trl) or run; its table last."""
+    speed = res["speed"]["qwen2.5-0.5b"]
+    assert list(speed["variants"]) == list(DRY_VARIANTS)
+    assert speed["peaks"]["matmul_flops"] > 0 and speed["peaks"]["copy_bytes_per_s"] > 0
+    assert all(speed["floor"][k]["floor_s"] > 0 for k in ("gen", "ref", "update", "step"))
+    for name in ("levers", "levers_off"):
+        v = speed["variants"][name]
+        assert v["exit_code"] == 0 and v["steps"] == 2 and v["measured_steps"] == [2]
+        assert v["prompt_length"] == 32 and v["response_length"] == 8
+        assert v["phases_s"]["gen"] > 0 and v["phases_s"]["ref"] > 0 and v["phases_s"]["update"] > 0
+        assert v["busy"]["step"] == 2 and 0 < v["busy"]["busy_fraction"] <= 1 and v["busy"]["intervals"] > 0
+        assert 0 < v["percent_of_floor"]["step"]
+        # only the keys this posttrain's config has are passed: the others are named
+        passed = {o.split("=")[0] for o in v["overrides"]} | set(v["dropped_overrides"])
+        assert passed == ({"rollout.static_decoding", "rollout.stop_check_every"} if name == "levers_off" else set())
+        assert ("rollout.static_decoding" in v["dropped_overrides"]) == (
+            name == "levers_off" and not speed["static_decoding_in_config"])
+    for name in ("trl_generate", "trl_continuous_batching"):
+        v = speed["variants"][name]
+        assert v.get("skipped", "").startswith("trl is not importable") if res["environment"]["trl"] is None else \
+            v["exit_code"] == 0 and ("unavailable" in v or v["phases_s"]["gen"] > 0)
+    table_rows = [x for x in lines if x.startswith("| ") and x.split(" | ")[0][2:] in DRY_VARIANTS]
+    assert [x.split(" | ")[0][2:] for x in table_rows] == list(DRY_VARIANTS) and lines[-1] == table_rows[-1]
