@@ -5,7 +5,7 @@ On CUDA the profiler records CUDA activity only (no CPU ops: a decoding loop
 launches hundreds of thousands of kernels a step, and recording each CPU op
 beside them would slow the step it measures); the busy time is the union of
 the kernel, memcpy and memset intervals (kernels replayed from a CUDA graph
-count as they run), user annotations left out. On the CPU (the dry run) the
+count as they run: CUPTI records each), user annotations left out. On the CPU (the dry run) the
 same over the CPU ops' intervals: how much of the step is spent inside torch
 ops rather than in Python between them.
 
@@ -21,6 +21,9 @@ import time
 from contextlib import contextmanager
 
 import torch
+
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+CPU_KINDS = ("cpu_op",)
 
 
 def union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -52,6 +55,7 @@ class StepBusy:
         self._prof = None
         self._t0 = 0.0
         self.error: str | None = None
+        self.kinds: dict[str, int] = {}
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -83,20 +87,21 @@ class StepBusy:
         finally:
             self._prof = None
         busy = union_ns(intervals) / 1e9
-        out.update(busy_s=round(busy, 4), intervals=len(intervals),
+        out.update(busy_s=round(busy, 4), intervals=len(intervals), kinds=self.kinds,
                    busy_fraction=round(min(1.0, busy / wall), 4) if wall > 0 else None)
         return out
 
     def _intervals(self) -> list[tuple[int, int]]:
-        from torch.autograd import DeviceType
-
-        want = DeviceType.CUDA if self.cuda else DeviceType.CPU
-        out = []
+        """The kept events' [start, end) in ns: on CUDA kineto's "kernel", "gpu_memcpy" and "gpu_memset"
+        activities (not "gpu_user_annotation", the CPU's ranges mirrored onto the device's timeline), on the
+        CPU its "cpu_op"s; self.kinds counts the kept ones by kind."""
+        want = DEVICE_KINDS if self.cuda else CPU_KINDS
+        out, self.kinds = [], {}
         for e in self._prof.profiler.kineto_results.events():
-            if e.device_type() != want or e.is_user_annotation() or e.duration_ns() <= 0:
+            kind = str(e.activity_type())
+            if kind not in want or e.duration_ns() <= 0:
                 continue
-            if self.cuda and "annotation" in str(e.activity_type()).lower():
-                continue
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
             out.append((e.start_ns(), e.start_ns() + e.duration_ns()))
         return out
 

@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
-import busy  # noqa: E402
+import busy
 
 # the timing_s/* metrics of posttrain's loop compared with TRL's phases
 POSTTRAIN_PHASES = {"gen": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "ref": "timing_s/ref",
@@ -46,6 +46,18 @@ BF16 = 2  # bytes
 
 def measure_peaks(device: str) -> dict:
     """-> matmul FLOP/s and copy bytes/s (read + write) measured on `device`, best of the timed repeats."""
+    import torch
+
+    out = _measure(device)
+    if device == "cuda":
+        from posttrain.metrics.flops import gpu_peak_flops
+
+        out["datasheet_flops"] = gpu_peak_flops(torch.cuda.get_device_name(0))
+        torch.cuda.empty_cache()  # the operands are gone: their memory goes back to the device
+    return out
+
+
+def _measure(device: str) -> dict:
     import torch
 
     cuda = device == "cuda"
@@ -77,16 +89,8 @@ def measure_peaks(device: str) -> dict:
 
     matmul_s = best(lambda: torch.matmul(a, b))
     copy_s = best(lambda: dst.copy_(src))
-    out = {"matmul_flops": 2.0 * n ** 3 / matmul_s, "matmul": f"{n}x{n}x{n} {str(dtype).removeprefix('torch.')}",
-           "copy_bytes_per_s": 2.0 * copy_bytes / copy_s, "copy": f"{copy_bytes // 2 ** 20} MiB, read + write"}
-    if cuda:
-        from posttrain.metrics.flops import gpu_peak_flops
-
-        out["datasheet_flops"] = gpu_peak_flops(torch.cuda.get_device_name(0))
-    del a, b, src, dst
-    if cuda:
-        torch.cuda.empty_cache()
-    return out
+    return {"matmul_flops": 2.0 * n ** 3 / matmul_s, "matmul": f"{n}x{n}x{n} {str(dtype).removeprefix('torch.')}",
+            "copy_bytes_per_s": 2.0 * copy_bytes / copy_s, "copy": f"{copy_bytes // 2 ** 20} MiB, read + write"}
 
 
 # ------------------------------------------------------------------ the floor
@@ -209,6 +213,11 @@ def _f(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _step_s(v: dict | None) -> float | None:
+    v = v or {}
+    return None if v.get("skipped") or v.get("unavailable") or v.get("exit_code") else v.get("median_step_s")
+
+
 def speed_table(speed: dict, dry_run: bool) -> str:
     import common
 
@@ -216,19 +225,16 @@ def speed_table(speed: dict, dry_run: bool) -> str:
     for shape, s in speed.items():
         variants, fl, peaks = s.get("variants", {}), s.get("floor"), s.get("peaks") or {}
 
-        def step_of(name):
-            v = variants.get(name) or {}
-            return v.get("median_step_s") if not (v.get("skipped") or v.get("unavailable")) else None
-
-        trl_gen, trl_cb = step_of("trl_generate"), step_of("trl_continuous_batching")
+        trl_gen, trl_cb = (_step_s(variants.get(name)) for name in ("trl_generate", "trl_continuous_batching"))
         w = s.get("work", {})
-        lines += ["", f"speed at {shape}: {w.get('prompts')} prompts x {w.get('n')} samples, "
-                      f"{w.get('prompt_length')}-token prompts, {w.get('response_length')}-token responses (EOS off), "
-                      f"{'float32 on the CPU (DRY RUN)' if dry_run else 'bf16 autocast over float32 weights'}; "
-                      f"median of the steps between the warm-up and the profiled last step; measured peaks "
-                      f"{_f(peaks.get('matmul_flops', 0) / 1e12, '.1f')} TFLOP/s ({peaks.get('matmul', '-')}), "
-                      f"{_f(peaks.get('copy_bytes_per_s', 0) / 1e9, '.0f')} GB/s; step floor "
-                      f"{_f((fl or {}).get('step', {}).get('floor_s'), '.3f')} s", ""]
+        header = (f"speed at {shape}: {w.get('prompts')} prompts x {w.get('n')} samples, "
+                  f"{w.get('prompt_length')}-token prompts, {w.get('response_length')}-token responses (EOS off), "
+                  f"{'float32 on the CPU (DRY RUN)' if dry_run else 'bf16 autocast over float32 weights'}; "
+                  f"median of the steps between the warm-up and the profiled last step; measured peaks "
+                  f"{_f(peaks.get('matmul_flops', 0) / 1e12, '.3g')} TFLOP/s ({peaks.get('matmul', '-')}), "
+                  f"{_f(peaks.get('copy_bytes_per_s', 0) / 1e9, '.0f')} GB/s; step floor "
+                  f"{_f((fl or {}).get('step', {}).get('floor_s'), '.3f')} s")
+        lines += ["", header, ""]
         head = ["variant", "s/step", "gen s", "ref s", "old logp s", "update s", "vs TRL generate()",
                 "vs TRL CB", "% of floor (gen/ref/update/step)", "busy"]
         body = []
@@ -245,9 +251,12 @@ def speed_table(speed: dict, dry_run: bool) -> str:
                          _f(trl_cb / step if trl_cb and step else None) + ("x" if trl_cb and step else ""),
                          "/".join(_f(pct.get(k) and 100 * pct[k], ".1f") for k in ("gen", "ref", "update", "step")),
                          _f((v.get("busy") or {}).get("busy_fraction"), ".0%")])
+        notes = [f"{name}: not passed, not in this posttrain's config: {', '.join(v['dropped_overrides'])}"
+                 for name, v in variants.items() if v.get("dropped_overrides")]
+        notes += [f"{name}: the policy was {v['policy_dtype_after']} after training (TRL casts it in place to generate)"
+                  for name, v in variants.items() if v.get("policy_dtype_after") not in (None, "float32")]
+        lines += [f"- {n}" for n in notes] + ([""] if notes else [])
         lines.append(common.markdown_table(head, body))
-        if s.get("notes"):
-            lines += [""] + [f"- {n}" for n in s["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,11 @@
-"""posttrain on a GPU: the GPU tests, the embedded default, and throughput at
-real shapes against TRL's GRPOTrainer, in one command. Run through
+"""posttrain on a GPU: the GPU tests, the embedded default, throughput at
+real shapes against TRL's GRPOTrainer, and the step against its floor with
+posttrain's levers on and off, in one command. Run through
 `bench/gpu/run.sh`, which installs what the machine lacks first.
 
-    python bench/gpu/suite.py --out DIR [--dry-run] [--parts tests,default,throughput,trl]
+    python bench/gpu/suite.py --out DIR [--dry-run] [--parts tests,default,throughput,trl,speed]
                               [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--steps 3]
+                              [--variants levers,trl_generate,levers_off,trl_continuous_batching,levers_no_graph]
 
 Parts (each writes DIR/results.json as it finishes, so a run cut short
 keeps what was done; a later call with other parts adds to it):
