@@ -215,6 +215,11 @@ def main() -> None:
         generation_kwargs=generation_kwargs,
         **extra,
     )
+    if cfg.get("profile_step") and cuda:  # continuous batching captures CUDA graphs: the profiler first
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+        from busy import prepare_for_cuda_graphs
+
+        prepare_for_cuda_graphs()
     try:
         trainer = GRPOTrainer(model=cfg["model_dir"], reward_funcs=arith_reward, args=config, train_dataset=dataset)
     except ImportError as e:  # continuous batching asks a newer transformers than this one

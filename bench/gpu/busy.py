@@ -17,6 +17,7 @@ within it. Used by bench/gpu/speed.py (posttrain's step) and bench/trl_side.py
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 
@@ -24,6 +25,21 @@ import torch
 
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_KINDS = ("cpu_op",)
+
+
+def prepare_for_cuda_graphs() -> None:
+    """Call before a CUDA graph is captured in a process that profiles a step later: a graph captured before
+    the profiler's first start and replayed under it has crashed CUPTI (pytorch/pytorch#75504; the workaround
+    torch.profiler._utils._init_for_cuda_graphs, pytorch/pytorch#100441). Nothing without CUDA."""
+    if not torch.cuda.is_available():
+        return
+    try:
+        from torch.profiler._utils import _init_for_cuda_graphs
+
+        _init_for_cuda_graphs()
+    except Exception as e:  # noqa: BLE001 (a private helper that may go: the profile is then taken without it)
+        print(f"busy.py: torch.profiler._utils._init_for_cuda_graphs failed ({e}); profiling without it",
+              file=sys.stderr)
 
 
 def union_ns(intervals: list[tuple[int, int]]) -> int:

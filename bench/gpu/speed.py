@@ -179,6 +179,8 @@ def run_posttrain(argv: list[str]) -> int:
     from posttrain.driver.build import build_run
     from posttrain.driver.loop import train
 
+    if args.profile_step:
+        busy.prepare_for_cuda_graphs()  # before the engine captures its decoding step's graph
     run = build_run(load_config(None, args.overrides))
     if args.profile_step:
         run.profiler = OneStepBusy(run.profiler, args.profile_step, Path(args.busy))
