@@ -65,3 +65,33 @@ def check_speed(res: dict, lines: list[str]) -> None:
             v["exit_code"] == 0 and ("unavailable" in v or v["phases_s"]["gen"] > 0)
     table_rows = [x for x in lines if x.startswith("| ") and x.split(" | ")[0][2:] in DRY_VARIANTS]
     assert [x.split(" | ")[0][2:] for x in table_rows] == list(DRY_VARIANTS) and lines[-1] == table_rows[-1]
+
+
+def load_bench_gpu(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_gpu_{name}", ROOT / "bench" / "gpu" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_busy_time_is_the_union_of_the_intervals():
+    busy = load_bench_gpu("busy")
+    assert busy.union_ns([]) == 0
+    assert busy.union_ns([(10, 12), (0, 5), (3, 8), (11, 11), (8, 9)]) == 9 + 2  # [0, 9) and [10, 12)
+
+
+def test_the_floor_of_a_qwen2_5_0_5b_step_at_h200_like_peaks(tmp_path):
+    """Decoding 512 sequences token by token is bound by memory (the weights and the KV cache read per token),
+    the reference pass and the update by compute; the step's floor is the phases' sum, a few seconds."""
+    speed = load_bench_gpu("speed")
+    work = {"prompts": 64, "n": 8, "prompt_length": 256, "response_length": 512}
+    (tmp_path / "config.json").write_text((ROOT / "bench" / "gpu" / "configs" / "qwen2.5-0.5b.json").read_text())
+    fl = speed.floor(tmp_path, 494_032_768, work, {"matmul_flops": 800e12, "copy_bytes_per_s": 4e12})
+    assert fl["gen"]["bound"] == "memory" and fl["ref"]["bound"] == "compute" and fl["update"]["bound"] == "compute"
+    assert abs(fl["update"]["flops"] - 3 * fl["ref"]["flops"]) < 1e-6 * fl["update"]["flops"]  # backward = 2 forwards
+    assert 1.0 < fl["step"]["floor_s"] < 5.0
+    assert fl["step"]["floor_s"] == sum(fl[k]["floor_s"] for k in ("gen", "ref", "update"))
+    pct = speed.percent_of_floor(fl, {"gen": 10.0, "ref": None, "update": 10.0}, 23.0)
+    assert pct["ref"] is None and abs(pct["step"] - fl["step"]["floor_s"] / 23.0) < 1e-12
