@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# posttrain on a GPU machine, from the repository root (about 14 minutes on an H200; where one call
+# posttrain on a GPU machine, from the repository root (about 22 minutes on an H200; where one call
 # is limited to 10, split it: --parts tests,default, then --parts throughput,trl --shapes qwen2.5-0.5b,
-# then --parts throughput,trl --shapes qwen2.5-1.5b):
+# then --parts throughput,trl --shapes qwen2.5-1.5b, then --parts speed alone: about 8 minutes on one
+# H100/H200, its variants cut short at 470 s; rerun some with --variants, the others' results are kept):
 #
-#   bash bench/gpu/run.sh [--parts tests,default,throughput,trl] [--shapes ...] [--steps N]
+#   bash bench/gpu/run.sh [--parts tests,default,throughput,trl,speed] [--shapes ...] [--steps N]
+#                         [--variants levers,trl_generate,levers_off,trl_continuous_batching,levers_no_graph]
 #   bash bench/gpu/run.sh --dry-run          # the same on the CPU at tiny sizes
 #
 # On the GPU machine (no network): the wheels that bench/gpu/carry.py put in .whl/

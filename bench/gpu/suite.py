@@ -1,9 +1,11 @@
-"""posttrain on a GPU: the GPU tests, the embedded default, and throughput at
-real shapes against TRL's GRPOTrainer, in one command. Run through
+"""posttrain on a GPU: the GPU tests, the embedded default, throughput at
+real shapes against TRL's GRPOTrainer, and the step against its floor with
+posttrain's levers on and off, in one command. Run through
 `bench/gpu/run.sh`, which installs what the machine lacks first.
 
-    python bench/gpu/suite.py --out DIR [--dry-run] [--parts tests,default,throughput,trl]
+    python bench/gpu/suite.py --out DIR [--dry-run] [--parts tests,default,throughput,trl,speed]
                               [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--steps 3]
+                              [--variants levers,trl_generate,levers_off,trl_continuous_batching,levers_no_graph]
 
 Parts (each writes DIR/results.json as it finishes, so a run cut short
 keeps what was done; a later call with other parts adds to it):
@@ -12,12 +14,26 @@ keeps what was done; a later call with other parts adds to it):
   throughput  GRPO steps at each shape: bf16 autocast over float32 weights, 64 prompts x 8 samples,
               256-token prompts, 512-token responses (EOS off), a KL loss to the reference, one update
   trl         the same work with TRL's GRPOTrainer (bf16, float32 weights), for the ratio
+  speed       at Qwen2.5-0.5B's shape only (the throughput part's work): posttrain with every lever (its
+              defaults on CUDA), with its levers off (LEVERS_OFF below: today's path) and with every lever but
+              the CUDA graph (levers_no_graph); TRL's GRPOTrainer with generate() and with transformers'
+              continuous batching (SPEED_VARIANTS); per variant s/step and the seconds of generation, the
+              reference pass, the old log-prob pass and the update (posttrain's timing_s/*, TRL's methods
+              wrapped in CUDA-synchronised timers: bench/trl_side.py), the GPU's busy fraction over one
+              profiled step (bench/gpu/busy.py), and % of the floor (bench/gpu/speed.py: bench/step_floor.py's
+              model at this device's measured bf16 matmul FLOP/s and copy bandwidth). --variants picks some;
+              results["speed"][shape]["variants"][name], so a rerun of one keeps the others. About 8 minutes
+              on an H100/H200: alone in one call (--parts speed; --shapes does not apply). Steps: --steps
+              (default 3; dry 2): the first a warm-up, the last profiled, the median over those between
+              (the profiled one when none is between)
 The Markdown table (DIR/summary.md) is printed last.
 
 --dry-run runs the same code on the CPU at tiny sizes (the shapes shrunk to 2
 layers of 64, 4 prompts x 2 samples, 32-token prompts, 8-token responses,
-2 steps; the default run cut to 2 steps): what the default test suite runs so
-that this script keeps working.
+2 steps; the default run cut to 2 steps): what the default test suite
+runs so that this script keeps working. The TRL variants run with the
+interpreter $TRL_PYTHON names (default this one), and are recorded as skipped
+where it cannot import trl.
 """
 
 from __future__ import annotations
@@ -40,7 +56,32 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import shapes  # noqa: E402
 
-PARTS = ("tests", "default", "throughput", "trl")
+PARTS = ("tests", "default", "throughput", "trl", "speed")
+
+# ------------------------------------------------------------------ the speed part's variants
+# posttrain's levers switched off, as config overrides (posttrain's own keys): today's path. A key that this
+# posttrain's config schema lacks is left out of the run and named in the results (the variant's
+# "dropped_overrides"), so the dry run never passes an unknown key.
+LEVERS_OFF = {
+    # the hf engine's decoding: false = today's loop; true (the default on CUDA) = the static-shape step,
+    # CUDA-graph captured on CUDA (rollout.enforce_eager=true: the static step without the graph)
+    "rollout.static_decoding": False,
+    "rollout.stop_check_every": 1,  # a host check for ended sequences after every token (null: 8 on a GPU)
+    # TODO(lever: the reference's weights cast once to the compute dtype): its key and off value go here
+    # TODO(lever: no-grad micro-batches sized from free GPU memory): its key and off value go here
+}
+# name -> ("posttrain", overrides) or ("trl", trainer settings), in the order they run (the most wanted first,
+# so that a call cut short keeps them)
+SPEED_VARIANTS = {
+    "levers": ("posttrain", {}),  # posttrain's defaults on CUDA: every lever on
+    "trl_generate": ("trl", {"continuous_batching": False}),  # GRPOTrainer with its default generate()
+    "levers_off": ("posttrain", LEVERS_OFF),
+    "trl_continuous_batching": ("trl", {"continuous_batching": True}),  # use_transformers_continuous_batching
+    "levers_no_graph": ("posttrain", {"rollout.enforce_eager": True}),  # every lever, no CUDA graph
+}
+SPEED_BUDGET_S = 470  # the speed part's variants on a GPU, so that it ends within ~8 minutes
+SPEED_VARIANT_TIMEOUT_S = 180
+
 REAL = dict(prompts=64, n=8, prompt_length=256, response_length=512, micro=8, log_prob_micro=16, trl_split="16x32")
 DRY = dict(prompts=4, n=2, prompt_length=32, response_length=8, micro=4, log_prob_micro=8, trl_split="4x2")
 
@@ -170,17 +211,22 @@ def work(dry_run: bool) -> dict:
     return DRY if dry_run else REAL
 
 
-def part_throughput(shape: str, model_dir: Path, data_file: Path, w: dict, steps: int, device: str,
-                    logfile: Path, tmp: Path) -> dict:
+def throughput_overrides(model_dir: Path, data_file: Path, run_dir: Path, w: dict, steps: int, device: str
+                         ) -> list[str]:
+    """The throughput part's work (and the speed part's) in posttrain's config overrides."""
     import common
 
-    run_dir = tmp / f"tp-{shape}"
-    overrides = common.posttrain_overrides(model_dir, data_file, run_dir, w["prompts"], w["n"],
-                                           w["response_length"], steps) + [
+    return common.posttrain_overrides(model_dir, data_file, run_dir, w["prompts"], w["n"], w["response_length"],
+                                      steps) + [
         f"trainer.device={device}", f"data.max_prompt_length={w['prompt_length']}",
         f"actor.ppo_micro_batch_size={w['micro']}", f"rollout.log_prob_micro_batch_size={w['log_prob_micro']}",
         f"ref.log_prob_micro_batch_size={w['log_prob_micro']}"]
-    r = train_in_subprocess(overrides, logfile, tmp)
+
+
+def part_throughput(shape: str, model_dir: Path, data_file: Path, w: dict, steps: int, device: str,
+                    logfile: Path, tmp: Path) -> dict:
+    run_dir = tmp / f"tp-{shape}"
+    r = train_in_subprocess(throughput_overrides(model_dir, data_file, run_dir, w, steps, device), logfile, tmp)
     steps_m = [m for m in r["lines"] if "timing_s/step" in m]
     measured = steps_m[1:] or steps_m  # the first step is warm-up
 
@@ -223,6 +269,136 @@ def part_trl(shape: str, model_dir: Path, rows: list[dict], w: dict, steps: int,
             "batch_split": r["batch_split"], "max_memory_allocated_gb": r.get("max_memory_allocated_gb"),
             "completion_length": [r["completion_length_min"], r["completion_length_max"]],
             "versions": r["versions"]}
+
+
+# ------------------------------------------------------------------ speed
+
+SPEED_SHAPE = "qwen2.5-0.5b"
+
+
+def override_value(v) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def known_overrides(overrides: dict) -> tuple[list[str], list[str]]:
+    """-> (the overrides whose keys posttrain's config schema has, as key=value; the keys it lacks)."""
+    from posttrain.config.schema import schema
+
+    keys = schema()
+    return ([f"{k}={override_value(v)}" for k, v in overrides.items() if k in keys],
+            [k for k in overrides if k not in keys])
+
+
+def trl_python() -> tuple[str, str | None]:
+    """-> (the interpreter for TRL's variants: $TRL_PYTHON or this one; why it cannot run them, or None)."""
+    python = os.environ.get("TRL_PYTHON") or sys.executable
+    done = subprocess.run([python, "-c", "import trl"], capture_output=True, text=True)
+    return python, (None if done.returncode == 0 else
+                    f"trl is not importable by {python} (bench/gpu/carry.py carries it; TRL_PYTHON names another)")
+
+
+def speed_posttrain(name: str, overrides: dict, model_dir: Path, data_file: Path, w: dict, steps: int,
+                    device: str, logfile: Path, tmp: Path, timeout: float | None) -> dict:
+    import speed
+
+    passed, dropped = known_overrides(overrides)
+    run_dir = tmp / f"speed-{name}"
+    summary_file, busy_file = tmp / f"speed-{name}-summary.json", tmp / f"speed-{name}-busy.json"
+    cmd = [sys.executable, str(HERE / "speed.py"), "posttrain", "--summary", str(summary_file), "--busy",
+           str(busy_file), "--profile-step", str(steps), "--",
+           *throughput_overrides(model_dir, data_file, run_dir, w, steps, device), *passed]
+    start = time.perf_counter()
+    code = run_logged(cmd, logfile, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    out = {"framework": "posttrain", "exit_code": code, "overrides": passed, "dropped_overrides": dropped,
+           "wall_s": round(time.perf_counter() - start, 1)}
+    metrics = run_dir / "metrics.jsonl"
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    if lines:
+        out.update(speed.posttrain_result(lines, steps))
+    out["busy"] = json.loads(busy_file.read_text()) if busy_file.exists() else None
+    return out
+
+
+def speed_trl(name: str, settings: dict, model_dir: Path, rows: list[dict], w: dict, steps: int, device: str,
+              logfile: Path, tmp: Path, timeout: float | None) -> dict:
+    python, missing = trl_python()
+    if missing:
+        return {"framework": "trl", "skipped": missing}
+    cb = bool(settings.get("continuous_batching"))
+    config = {"model_dir": str(model_dir), "rows": rows, "prompts": w["prompts"], "n": w["n"],
+              "response_length": w["response_length"], "steps": steps, "threads": None, "lr": 1e-6, "beta": 0.04,
+              "temperature": 1.0, "batch_split": w["trl_split"], "output_dir": str(tmp / f"speed-{name}"),
+              "device": device, "bf16": device == "cuda", "gradient_checkpointing": False,
+              "continuous_batching": cb, "phase_timers": True, "profile_step": steps,
+              # continuous batching takes no min_new_tokens: EOS is off through its EOS id instead (trl_side.py)
+              "strict_lengths": not cb}
+    if cb and device == "cpu":  # its KV cache sized from the device's memory is most of the machine's RAM on a CPU
+        config["continuous_batching_config"] = {"num_blocks": 16, "max_batch_tokens": 512}
+    cfg_file, result_file = tmp / f"speed-{name}.json", tmp / f"speed-{name}-result.json"
+    cfg_file.write_text(json.dumps(config))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               TOKENIZERS_PARALLELISM="false")
+    start = time.perf_counter()
+    code = run_logged([python, str(HERE.parent / "trl_side.py"), "--config", str(cfg_file), "--out",
+                       str(result_file)], logfile, timeout=timeout, env=env)
+    out = {"framework": "trl", "exit_code": code, "settings": settings, "wall_s": round(time.perf_counter() - start, 1)}
+    if code or not result_file.exists():
+        return out
+    r = json.loads(result_file.read_text())
+    if "unavailable" in r:
+        return {**out, "unavailable": r["unavailable"], "versions": r["versions"]}
+    measured = list(range(2, steps)) or [steps]  # between the warm-up and the profiled step
+
+    def med(values):
+        vals = [v for v in values if v is not None]
+        return statistics.median(vals) if vals else None
+
+    phases = r.get("phases_s") or []
+    return {**out, "steps": len(r["step_s"]), "step_s": [round(s, 3) for s in r["step_s"]], "measured_steps": measured,
+            "median_step_s": med([r["step_s"][i - 1] for i in measured]),
+            "phases_s": {k: med([phases[i - 1].get(k) for i in measured if i <= len(phases)])
+                         for k in ("gen", "old_log_prob", "ref", "update", "score_other", "generate_call")},
+            "busy": r.get("busy"), "batch_split": r["batch_split"], "max_memory_allocated_gb": r.get("max_memory_allocated_gb"),
+            "completion_length": [r["completion_length_min"], r["completion_length_max"]],
+            "continuous_batching": r.get("continuous_batching"), "policy_dtype_after": r.get("policy_dtype_after"),
+            "versions": r["versions"]}
+
+
+def part_speed(model_dir: Path, data_file: Path, rows: list[dict], w: dict, steps: int, device: str, variants: list[str],
+               logfile: Path, tmp: Path, res: Results, dry_run: bool) -> dict:
+    """The speed part at SPEED_SHAPE: each variant in `variants` into res["speed"][shape]["variants"] as it
+    finishes (the others kept)."""
+    import speed
+
+    shape = SPEED_SHAPE
+    entry = res.data.get("speed", {}).get(shape, {})
+    log(f"speed: measuring {device}'s matmul and copy peaks")
+    peaks = speed.measure_peaks(device)
+    parameters = shapes.parameter_count(model_dir)
+    entry.update(work={**w, "steps": steps}, peaks=peaks, parameters=parameters,
+                 floor=speed.floor(model_dir, parameters, w, peaks), static_decoding_in_config=
+                 not known_overrides({"rollout.static_decoding": False})[1])
+    entry.setdefault("variants", {})
+    deadline = None if dry_run else time.monotonic() + SPEED_BUDGET_S
+    for name in variants:
+        kind, settings = SPEED_VARIANTS[name]
+        timeout = None
+        if deadline is not None:
+            timeout = min(SPEED_VARIANT_TIMEOUT_S, deadline - time.monotonic())
+            if timeout < 30:
+                entry["variants"][name] = {"framework": kind, "skipped": f"the part's {SPEED_BUDGET_S} s were spent"}
+                continue
+        log(f"speed: {name}, {steps} steps")
+        if kind == "posttrain":
+            r = speed_posttrain(name, settings, model_dir, data_file, w, steps, device, logfile, tmp, timeout)
+        else:
+            r = speed_trl(name, settings, model_dir, rows, w, steps, device, logfile, tmp, timeout)
+        if r.get("median_step_s"):
+            r["percent_of_floor"] = speed.percent_of_floor(entry["floor"], r.get("phases_s", {}), r["median_step_s"])
+        entry["variants"][name] = r
+        res.set("speed", {**res.data.get("speed", {}), shape: entry})
+    res.set("speed", {**res.data.get("speed", {}), shape: entry})
+    return entry
 
 
 # ------------------------------------------------------------------ the table
@@ -275,6 +451,10 @@ def table(res: dict) -> str:
                          fmt(trl_r.get("median_step_s")) if "skipped" not in trl_r else "not run",
                          fmt(trl_r.get("max_memory_allocated_gb"), ".1f"), fmt(ratio, ".2f") + ("x" if ratio else "")])
         lines.append(common.markdown_table(head, body))
+    if res.get("speed"):
+        import speed
+
+        lines.append(speed.speed_table(res["speed"], bool(env.get("dry_run"))).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -284,12 +464,17 @@ def main() -> int:
     p.add_argument("--dry-run", action="store_true", help="the CPU at tiny sizes (what the test suite runs)")
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--shapes", default=",".join(shapes.SHAPES))
-    p.add_argument("--steps", type=int, help="steps per throughput run, the first a warm-up (default 3; dry 2)")
+    p.add_argument("--steps", type=int, help="steps per throughput run, the first a warm-up (default 3; dry 2); "
+                                             "per speed variant, the first a warm-up and the last profiled (default 3; dry 2)")
+    p.add_argument("--variants", default=",".join(SPEED_VARIANTS), help="the speed part's variants")
     args = p.parse_args()
     parts = [x for x in args.parts.split(",") if x]
-    unknown = set(parts) - set(PARTS) | set(args.shapes.split(",")) - set(shapes.SHAPES)
+    variants = [x for x in args.variants.split(",") if x]
+    unknown = set(parts) - set(PARTS) | set(args.shapes.split(",")) - set(shapes.SHAPES) | set(variants) - set(
+        SPEED_VARIANTS)
     if unknown:
-        p.error(f"unknown part or shape {sorted(unknown)}; parts: {PARTS}, shapes: {list(shapes.SHAPES)}")
+        p.error(f"unknown part, shape or variant {sorted(unknown)}; parts: {PARTS}, shapes: {list(shapes.SHAPES)}, "
+                f"variants: {list(SPEED_VARIANTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logfile = out / "log.txt"
@@ -308,6 +493,7 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="posttrain-gpu-") as tmp_name:
         tmp = Path(tmp_name)
+        built: dict[str, Path] = {}  # shape -> the model directory built for it
         if "tests" in parts:
             log(f"tests: pytest -m gpu over {gpu_test_files()}")
             res.set("tests", part_tests(out, logfile))
@@ -322,7 +508,7 @@ def main() -> int:
             res.set("work", {**w, "steps": steps})
             for shape in args.shapes.split(","):
                 log(f"{shape}: building a random-weight model on {device}")
-                model_dir = shapes.make_model(shape, tmp / shape, device, dry_run=args.dry_run)
+                model_dir = built[shape] = shapes.make_model(shape, tmp / shape, device, dry_run=args.dry_run)
                 rows = shapes.prompt_rows(model_dir, w["prompts"] * steps, w["prompt_length"])
                 data_file = write_rows(rows, tmp / f"{shape}.parquet")
                 info = {"parameters": shapes.parameter_count(model_dir)}
@@ -335,6 +521,22 @@ def main() -> int:
                     r = part_throughput(shape, model_dir, data_file, w, steps, device, logfile, tmp)
                     res.set("throughput", {**res.data.get("throughput", {}), shape: {**info, **r}})
                     failed |= r["exit_code"] != 0
+        if "speed" in parts:
+            speed_steps = args.steps or (2 if args.dry_run else 3)
+            model_dir = built.get(SPEED_SHAPE)
+            if model_dir is None:
+                log(f"speed: {SPEED_SHAPE}, a random-weight model on {device}")
+                model_dir = shapes.make_model(SPEED_SHAPE, tmp / SPEED_SHAPE, device, dry_run=args.dry_run)
+            if device == "cuda":
+                torch.cuda.empty_cache()  # the models were built here: their memory goes back before the variants run
+            rows = shapes.prompt_rows(model_dir, w["prompts"] * speed_steps, w["prompt_length"])
+            from posttrain.data.schema import write_rows
+
+            data_file = write_rows(rows, tmp / f"speed-{SPEED_SHAPE}.parquet")
+            entry = part_speed(model_dir, data_file, rows, w, speed_steps, device, variants, logfile, tmp, res,
+                               args.dry_run)
+            failed |= any(entry["variants"][v].get("exit_code") for v in variants
+                          if entry["variants"][v].get("framework") == "posttrain")
     summary = table(res.data)
     (out / "summary.md").write_text(summary)
     print(summary)
