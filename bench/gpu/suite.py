@@ -67,8 +67,10 @@ LEVERS_OFF = {
     # CUDA-graph captured on CUDA (rollout.enforce_eager=true: the static step without the graph)
     "rollout.static_decoding": False,
     "rollout.stop_check_every": 1,  # a host check for ended sequences after every token (null: 8 on a GPU)
-    # TODO(lever: the reference's weights cast once to the compute dtype): its key and off value go here
-    # TODO(lever: no-grad micro-batches sized from free GPU memory): its key and off value go here
+    "ref.cast_weights": False,  # the reference's Linear weights cast by autocast at every forward (null: once)
+    # the no-gradient passes' micro-batches of rollout.log_prob_micro_batch_size sequences (null on CUDA: a token
+    # budget from the free memory)
+    "model.log_prob_budget_from_memory": False,
 }
 # name -> ("posttrain", overrides) or ("trl", trainer settings), in the order they run (the most wanted first,
 # so that a call cut short keeps them)
