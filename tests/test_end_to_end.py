@@ -146,7 +146,9 @@ def test_the_guessing_game_example_learns_as_the_docs_say(tmp_path):
 
     Measured (bench/env_learning.py's runs, trainer.seed 0, 1; the share of training games won): steps 1-10
     0.433 / 0.440, steps 31-40 0.554 / 0.559 (+0.121 / +0.119). The threshold sits at under half the lowest
-    gain (each mean is over 1280 games: standard error ~0.014)."""
+    gain (each mean is over 1280 games: standard error ~0.014). Half the steps would prove nothing: over 20
+    steps, seeds 0 1 2 3 gain +0.044 / -0.005 / +0.044 / +0.062 between steps 1-6 and 15-20 (bench/README.md,
+    env_learning.py)."""
     posttrain(["preprocess", "guess-number", "--output-dir", "data/guess_number", "--num-test", "16"], tmp_path)
     model = posttrain(["tiny-model", "--task", "games"], tmp_path).stdout.strip()
     posttrain(["train", str(REPO / "examples" / "tiny_guess_number.yaml"), f"model.path={model}",
