@@ -103,15 +103,13 @@ def main() -> None:
           f"{int(batch.attention_mask[:, :batch.prompt_width].sum(-1).min())}.."
           f"{int(batch.attention_mask[:, :batch.prompt_width].sum(-1).max())} tokens; log-prob pass + one update; "
           f"median of {args.repeats}; {common.versions()}")
-    from posttrain.training.logprobs import length_order
-    from posttrain.training.microbatch import spans
+    from posttrain.training.microbatch import micro_batches
 
-    ordered = batch.select(length_order(batch)).attention_mask.sum(-1).tolist()
     base = statistics.median(times[settings[0][0]])
     rows = []
     for name, micro, budget in settings:
         med = statistics.median(times[name])
-        rows.append([name, len(spans(ordered, micro, budget)), f"{med:.2f}", f"{base / med:.2f}x",
+        rows.append([name, len(micro_batches(batch, micro, True, budget)), f"{med:.2f}", f"{base / med:.2f}x",
                      f"{flops / med / peak:.1%}"])
     print(common.markdown_table(["micro-batches", "passes per pass type", "s", f"vs {settings[0][0]}", "MFU"],
                                 rows))

@@ -11,12 +11,15 @@
 
     python bench/env_learning.py                      # 100 steps, seeds 0 1 2, every setting
     python bench/env_learning.py --settings guess --seeds 0 --steps 10
+    python bench/env_learning.py --settings guess --seeds 0 1 --steps 20 --num-test 16 --window 6   # the test's run, halved
 
 Each (setting, seed) is one `posttrain train` subprocess. Figures from the validation:
 - solved: the share of conversations that reached the answer (val/env/success_ratio; single: val/score/mean);
 - first try (hints, single): the share answered right at once (val/env/first_try/mean; single: val/score/mean);
 - inside bounds (guess): the share of guesses the answers so far allowed (val/env/consistent/mean);
 - turns: assistant turns per training conversation.
+Under the table, each run's training score (guess: the share of training games won) over its first and last
+`--window` steps, the figure tests/test_end_to_end.py checks.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ SETTINGS = {
 }
 
 
-def guess_args(workdir: Path) -> list[str]:
-    """The guessing game's data (made once in the workdir) and the shipped number-guessing model."""
-    data = workdir / GUESS_DATA
+def guess_args(workdir: Path, num_test: int = 256) -> list[str]:
+    """The guessing game's data (made once in the workdir; `num_test` held-out games) and the shipped
+    number-guessing model."""
+    data = workdir / (GUESS_DATA + ("" if num_test == 256 else f"-test{num_test}"))
     if not (data / "test.parquet").exists():
-        subprocess.run(posttrain("preprocess", "guess-number", "--output-dir", str(data), "--num-test", "256"),
+        subprocess.run(posttrain("preprocess", "guess-number", "--output-dir", str(data), "--num-test", str(num_test)),
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     model = subprocess.run(posttrain("tiny-model", "--task", "games"), check=True, cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
@@ -56,8 +60,8 @@ def guess_args(workdir: Path) -> list[str]:
             f"data.val_files={data / 'test.parquet'}"]
 
 
-def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
-    extra = guess_args(run_dir.parent) if setting == "guess" else []
+def run_one(setting: str, seed: int, run_dir: Path, steps: int | None, num_test: int = 256) -> dict:
+    extra = guess_args(run_dir.parent, num_test) if setting == "guess" else []
     cmd = posttrain("train", *SETTINGS[setting], *extra, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                     "trainer.logger=[console]", "trainer.save_last=false", "trainer.resume_mode=disable",
                     *([f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}"] if steps else []))
@@ -78,6 +82,7 @@ def run_one(setting: str, seed: int, run_dir: Path, steps: int | None) -> dict:
             "bounds_after": val[-1].get("val/env/consistent/mean"),
             "score_before": val[0]["val/score/mean"], "score_after": val[-1]["val/score/mean"],
             "turns": statistics.fmean(m.get("env/turns/mean", 1.0) for m in steps_m),
+            "train_score": [m["critic/score/mean"] for m in steps_m],
             "s_per_step": statistics.fmean(m["timing_s/step"] for m in steps_m)}
 
 
@@ -98,11 +103,24 @@ def table(runs: list[dict]) -> str:
                            "inside bounds before", "inside bounds after", "turns (train)", "s/step"], rows)
 
 
+def windows(runs: list[dict], k: int) -> str:
+    """Each run's training score, the mean of its first k steps -> its last k steps' (the gain)."""
+    out = []
+    for r in runs:
+        xs = r["train_score"]
+        first, last = statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])
+        out.append(f"{r['setting']} seed {r['seed']}: training score, steps 1-{k} {first:.3f} -> steps "
+                   f"{len(xs) - k + 1}-{len(xs)} {last:.3f} ({last - first:+.3f}); {r['seconds']} s")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", default="guess,single,hints", help=f"comma list of {', '.join(SETTINGS)}")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="trainer.total_training_steps (default: the run's 100)")
+    p.add_argument("--num-test", type=int, default=256, help="guess: held-out games (default 256)")
+    p.add_argument("--window", type=int, default=10, help="steps of the training-score windows (default 10)")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--json", type=Path, help="append each run's figures as a JSON line")
     args = p.parse_args(argv)
@@ -111,9 +129,10 @@ def main(argv=None) -> None:
     if bad:
         raise SystemExit(f"unknown {bad}; choose from {', '.join(SETTINGS)}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="env-learning-"))
-    runs = [record(run_one(s, seed, workdir / f"{s}-{seed}", args.steps), "tiny", args.json)
+    runs = [record(run_one(s, seed, workdir / f"{s}-{seed}", args.steps, args.num_test), "tiny", args.json)
             for s in settings for seed in args.seeds]
     print(table(runs))
+    print(windows(runs, args.window))
 
 
 if __name__ == "__main__":

@@ -146,7 +146,9 @@ def test_the_guessing_game_example_learns_as_the_docs_say(tmp_path):
 
     Measured (bench/env_learning.py's runs, trainer.seed 0, 1; the share of training games won): steps 1-10
     0.433 / 0.440, steps 31-40 0.554 / 0.559 (+0.121 / +0.119). The threshold sits at under half the lowest
-    gain (each mean is over 1280 games: standard error ~0.014)."""
+    gain (each mean is over 1280 games: standard error ~0.014). Half the steps would prove nothing: over 20
+    steps, seeds 0 1 2 3 gain +0.044 / -0.005 / +0.044 / +0.062 between steps 1-6 and 15-20 (bench/README.md,
+    env_learning.py)."""
     posttrain(["preprocess", "guess-number", "--output-dir", "data/guess_number", "--num-test", "16"], tmp_path)
     model = posttrain(["tiny-model", "--task", "games"], tmp_path).stdout.strip()
     posttrain(["train", str(REPO / "examples" / "tiny_guess_number.yaml"), f"model.path={model}",
@@ -168,29 +170,34 @@ def test_the_guessing_game_example_learns_as_the_docs_say(tmp_path):
 @pytest.mark.slow
 def test_grpo_with_the_calculator_raises_correct_tool_use_and_the_held_out_score(tmp_path):
     """The tool-use run of docs/multi-turn-tools.md ("Learning to use the calculator": the products data, the
-    shipped tool-using model, examples/tiny_tools.yaml, 40 steps, 500 held-out pairs), about 2 minutes:
+    shipped tool-using model, examples/tiny_tools.yaml, 500 held-out pairs), its first 20 steps:
     conversations with calculator calls are trained on; tool use, tool_correct and the turns of each sample
     are logged; correct tool use and the held-out score rise.
 
-    Measured over trainer.seed 0, 1, 2: score +0.134 / +0.096 / +0.122, tool_correct +0.162 / +0.164 /
-    +0.138 (from 0.558 and 0.812). The thresholds sit at about a third and a half of the lowest gains
-    (the score's standard error on 500 pairs is ~0.02 per validation)."""
+    Measured at step 20 (trainer.seed 0, 1, 2: the doc's table, whose runs validate every 10 steps; 3, 4:
+    bench/example_runs.py tools --seeds 3 4 --steps 20, one thread): score +0.074 / +0.064 / +0.154 /
+    +0.052 / +0.216, tool_correct +0.166 / +0.168 / +0.166 / +0.136 / +0.184 (from 0.558 and 0.812).
+    The thresholds sit at under half the lowest gains (the score's standard error on 500 pairs is ~0.02
+    per validation). The lr is constant and greedy validation draws no random numbers: a 20-step run is
+    the 40-step one's first 20 (seed 0, 20 steps: 0.604 / 0.964 at step 10, 0.632 / 0.978 at 20, as in the table). About
+    2 minutes on the 2-core CPU beside other work (the 40 steps: about 4)."""
     posttrain(["preprocess", "products", "--output-dir", "data/products", "--no-system-prompt", "--num-test", "500"],
               tmp_path)
     model = posttrain(["tiny-model", "--task", "tools"], tmp_path).stdout.strip()
-    posttrain(["train", str(REPO / "examples" / "tiny_tools.yaml"), f"model.path={model}", "trainer.test_freq=40",
-               "trainer.run_dir=runs/tools", "trainer.log_samples_freq=20"], tmp_path)
+    posttrain(["train", str(REPO / "examples" / "tiny_tools.yaml"), f"model.path={model}",
+               "trainer.total_training_steps=20", "trainer.test_freq=20", "trainer.run_dir=runs/tools",
+               "trainer.log_samples_freq=10"], tmp_path)
     lines = read_metrics(tmp_path / "runs" / "tools")
-    assert [x["step"] for x in lines] == list(range(41))
+    assert [x["step"] for x in lines] == list(range(21))
     for key in ("val/score/mean", "val/tool_correct/mean", "val/products/tool_correct/mean",
                 "val/multi_turn/tool_use_ratio"):
-        assert key in lines[0] and key in lines[40], key
+        assert key in lines[0] and key in lines[20], key
     assert lines[0]["val/multi_turn/tool_use_ratio"] > 0.9 and lines[0]["val/tool_correct/mean"] > 0.3
     for key in ("reward/tool_correct/mean", "multi_turn/tool_calls/mean", "multi_turn/tool_tokens/mean"):
         assert key in lines[1], key
     assert lines[1]["multi_turn/tool_tokens/mean"] > 0 and lines[1]["actor/grad_norm"] > 0
     samples = [json.loads(x) for x in (tmp_path / "runs" / "tools" / "samples.jsonl").read_text().splitlines()]
     assert any("[tool calculator]" in s.get("turns", "") for s in samples)
-    first, last = lines[0], lines[40]
+    first, last = lines[0], lines[20]
     assert last["val/tool_correct/mean"] - first["val/tool_correct/mean"] >= 0.07, (first, last)
-    assert last["val/score/mean"] - first["val/score/mean"] >= 0.03, (first, last)
+    assert last["val/score/mean"] - first["val/score/mean"] >= 0.025, (first, last)

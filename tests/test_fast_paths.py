@@ -18,9 +18,10 @@ from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine
 from posttrain.rollout.sampling import sample_next
 from posttrain.training.actor import UpdateSettings, update_policy
-from posttrain.training.logprobs import PassOptions, compute_log_probs, length_order, trim_padding
+from posttrain.training.logprobs import PassOptions, compute_log_probs
 
 from helpers import run_overrides, write_prompts
+from reference_passes import length_order, trim_padding
 
 # different lengths, so prompts are left-padded and chunks differ
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]

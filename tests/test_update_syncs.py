@@ -3,7 +3,7 @@ arithmetic unchanged.
 
 Host syncs are counted on the CPU with runtime.syncs.HostSyncs (what would stall a GPU). The update is
 checked bitwise against a plain reimplementation, here, of the loop it replaces: micro-batches cut and trimmed
-by reading the batch's tensors (logprobs.length_order, trim_padding), shared prompts found on the device
+by reading the batch's tensors (reference_passes.length_order, trim_padding), shared prompts found on the device
 (forward.py without a plan), loss weights from actor.loss_units, metrics summed as Python floats.
 """
 
@@ -17,10 +17,11 @@ from posttrain.runtime.syncs import HostSyncs
 from posttrain.training import forward
 from posttrain.training.actor import UpdateSettings, loss_units, make_optimizer, micro_loss, pinned_loss_scale, \
     update_policy
-from posttrain.training.logprobs import (PassOptions, compute_log_probs, gathered_log_probs, length_order,
-                                         token_log_probs, trim_padding)
+from posttrain.training.logprobs import PassOptions, compute_log_probs, gathered_log_probs, token_log_probs
 from posttrain.training.microbatch import micro_batches, row_stats
 from posttrain.training.tally import Tally
+
+from reference_passes import length_order, trim_padding
 
 
 def synthetic_batch(n_prompts=16, n=4, prompt_width=12, response_width=16, vocab=40, pad=0, seed=0,

@@ -98,7 +98,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
 def _distinct_prompts(ids, mask):
     """-> (inverse [N]: row -> distinct prompt, a row of each [U], blocks, U) of prompts ids [N, P] with
     their mask, found on the device (reading back); None when none repeats. Groups of adjacent rows, all of
-    one size (how rollouts and length_order lay them out), are blocks, repeated in the cache with a cheap
+    one size (how rollouts and the micro-batch plan lay them out), are blocks, repeated in the cache with a cheap
     backward; else rows are gathered."""
     prompt = torch.cat([ids, mask], dim=1)  # [N, 2P]
     unique, inverse, counts = torch.unique_consecutive(prompt, dim=0, return_inverse=True, return_counts=True)

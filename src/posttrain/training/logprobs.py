@@ -1,13 +1,12 @@
 """Per-token log-probabilities (and entropy) of responses under a model, over the micro-batches that
 microbatch.py plans (their shared forward is forward.py).
 
-`trim_padding` and `length_order` are the plan's steps done on one batch's tensors, reading them back:
-what a micro-batch that was not planned gets (the plan's own are microbatch.py's, which read nothing).
+The plan reads none of the batch's tensors back; tests/reference_passes.py keeps the steps it replaced (rows
+ordered and micro-batches trimmed by reading them), which the tests check it against.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -16,12 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from posttrain.algorithms.losses import entropy_from_logits
 from posttrain.rollout.head import sliced_head
-from posttrain.training.forward import (
-    can_share_prompt,
-    forward_responses,
-    response_logits,
-)
-from posttrain.training.microbatch import FULL_WIDTH, micro_batches
+from posttrain.training.forward import can_share_prompt, forward_responses, response_logits
+from posttrain.training.microbatch import micro_batches
 
 
 @dataclass(frozen=True)
@@ -46,38 +41,6 @@ def compute_device(model: torch.nn.Module) -> torch.device:
         return p.device
     module = getattr(torch, mesh.device_type)
     return torch.device(mesh.device_type, module.current_device())
-
-
-def trim_padding(mb):
-    """The micro-batch without the columns that are padding in every row: left
-    of its longest prompt and right of its longest response. Every [N, P+R]
-    and [N, R] tensor is cut alike; positions keep their values, so the
-    forward of what is left is that of the whole."""
-    prompt_width = mb.prompt_width
-    real = mb.attention_mask.bool()  # [N, P+R]
-    has_prompt = real[:, :prompt_width].any(0)
-    left = int(has_prompt.float().argmax()) if bool(has_prompt.any()) else prompt_width - 1
-    left = min(left, prompt_width - 1)  # a pass needs the last prompt position (it predicts the first token)
-    alive = mb.response_mask.bool().any(0) | real[:, prompt_width:].any(0)  # [R]
-    keep_r = int(torch.nonzero(alive).max()) + 1 if bool(alive.any()) else 1
-    if left == 0 and keep_r == mb.response_length:
-        return mb
-    cut = {}
-    for f in dataclasses.fields(mb):
-        value = getattr(mb, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() >= 2:  # [N, R, k]: the teacher's top-k, cut as [N, R]
-            cut[f.name] = value[:, left:prompt_width + keep_r] if f.name in FULL_WIDTH else value[:, :keep_r]
-    return dataclasses.replace(mb, **cut)
-
-
-def length_order(batch) -> torch.Tensor:
-    """A row order that puts alike lengths side by side, samples of one prompt
-    together: by prompt length, then prompt (group), then response length. -> [N]"""
-    prompt_len = batch.attention_mask[:, :batch.prompt_width].sum(-1).tolist()
-    response_len = batch.response_mask.sum(-1).tolist()
-    group = batch.group.tolist()
-    order = sorted(range(len(batch)), key=lambda i: (-prompt_len[i], group[i], -response_len[i], i))
-    return torch.tensor(order, dtype=torch.long)
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
