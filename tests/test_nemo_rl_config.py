@@ -633,3 +633,15 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
     steps = [x for x in read_metrics(tmp_path / "run") if "distillation/loss" in x]
     assert len(steps) == 2 and all(x["distillation/loss"] > 0 and "critic/score/mean" in x for x in steps)
     assert any("val/score/mean" in x for x in read_metrics(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("text", ["distillation: true\n", "distillation: {max_num_steps: 2}\nloss_fn: [1]\n",
+                                  "distillation: {max_num_steps: 2}\nteacher: x\n"])
+def test_a_distillation_section_that_is_not_a_mapping_is_named(tmp_path, text):
+    from posttrain.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="must be a mapping of NeMo-RL's") as e:
+        load_config(str(path), [])
+    assert "\n" not in str(e.value)

@@ -283,7 +283,7 @@ def test_a_bypass_mode_update_reads_nothing_per_micro_batch(monkeypatch):
     assert all(torch.equal(p, q) for p, q in zip(new.parameters(), old.parameters())) and m_new == m_old
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's own count of synchronizing operations")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (a GPU's own count of synchronizing operations)")
 def test_on_a_gpu_the_passes_wait_at_most_once_per_micro_batch():
     """torch.cuda's sync debug mode warns at each operation that waits for the device: the value and top-k
     passes over 4 micro-batches wait once, to copy their results back (not yet run on a GPU)."""

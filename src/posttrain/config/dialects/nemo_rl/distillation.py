@@ -34,6 +34,10 @@ def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, s
                           "(examples/run_xtoken_off_policy_distillation.py: teachers with other tokenizers scoring a "
                           "fixed dataset's responses) is not supported; posttrain distils on-policy from one teacher "
                           "with the student's tokenizer (distillation_math.yaml's teacher.model_name)")
+    for section in ("distillation", "loss_fn", "teacher"):
+        if not isinstance(tree.get(section) or {}, dict):
+            raise ConfigError(f"{section} ({origin}) must be a mapping of NeMo-RL's {section}.* keys, got "
+                              f"{clipped(tree[section])}")
     dist = dict(tree.get("distillation") or {})
     k = dist.pop("topk_logits_k", 64)
     loss = dict(tree.get("loss_fn") or {})
