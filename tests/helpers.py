@@ -171,3 +171,26 @@ def sft_overrides(model_dir, train: Path, val: Path, run_dir, steps: int, *extra
             f"trainer.run_dir={run_dir}", f"trainer.total_training_steps={steps}", "data.train_batch_size=4",
             "data.micro_batch_size_per_gpu=2", "optim.lr=3e-3", "optim.lr_warmup_steps_ratio=0.2",
             "trainer.logger=[]", "trainer.test_freq=2", "trainer.async_save=false", *extra]
+
+
+def generate_with_update(engine, prompts, params, other_weights=None) -> tuple[RolloutOutput, int, int]:
+    """engine.generate() with a weights hook that loads `other_weights` before the 4th forward (an in-flight
+    update, version 7); the model's weights put back after -> (output, hook calls, forwards)."""
+    model = engine.model
+    original = {name: t.clone() for name, t in model.state_dict().items()}
+    calls, forwards = [], []
+
+    def hook():
+        calls.append(1)
+        if len(calls) == 4 and other_weights is not None:
+            engine.load_weights(iter(other_weights.items()))
+            engine.weights_version = 7
+
+    engine.weights_hook = hook
+    handle = model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        out = engine.generate(prompts, params)
+    finally:
+        handle.remove()
+        model.load_state_dict(original)
+    return out, len(calls), len(forwards)

@@ -16,6 +16,8 @@ from posttrain.rollout import hf
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRolloutEngine
 from posttrain.rollout.masks import takes_sdpa_masks
+
+from helpers import generate_with_update
 from posttrain.runtime.syncs import HostSyncs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
@@ -32,23 +34,7 @@ def run(model, k, params, other_weights=None, eos=EOS, **flags):
     """generate() with stop_check_every=k and a weights hook that loads `other_weights` before the 4th forward
     (in-flight update) -> (output, hook calls, forwards)."""
     engine = HFRolloutEngine(model, eos, 0, seed=5, progress=False, stop_check_every=k, **flags)
-    original = {name: t.clone() for name, t in model.state_dict().items()}
-    calls, forwards = [], []
-
-    def hook():
-        calls.append(1)
-        if len(calls) == 4 and other_weights is not None:
-            engine.load_weights(iter(other_weights.items()))
-            engine.weights_version = 7
-
-    engine.weights_hook = hook
-    handle = model.register_forward_pre_hook(lambda *a: forwards.append(1))
-    try:
-        out = engine.generate(PROMPTS, params)
-    finally:
-        handle.remove()
-        model.load_state_dict(original)
-    return out, len(calls), len(forwards)
+    return generate_with_update(engine, PROMPTS, params, other_weights)
 
 
 @pytest.mark.parametrize("remove_padding,shared_prefill", [(True, True), (False, True), (True, False)])

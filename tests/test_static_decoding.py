@@ -20,6 +20,8 @@ from posttrain.rollout import static
 from posttrain.rollout.static import bucket_for, buckets
 from posttrain.runtime.syncs import HostSyncs
 
+from helpers import generate_with_update
+
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 25, 26], [27]]
 EOS = [3, 7, 9]
 HALF = list(range(1, 21))  # half the vocabulary: every row ends within a few tokens
@@ -53,20 +55,7 @@ def run(model, params, static=None, other_weights=None, eos=EOS, k=1, **flags):
         engine.static.graph_type = Recorder
     elif static == "eager":
         engine.static.graphs = False
-    original = {name: t.clone() for name, t in model.state_dict().items()}
-    calls = []
-
-    def hook():
-        calls.append(1)
-        if len(calls) == 4 and other_weights is not None:
-            engine.load_weights(iter(other_weights.items()))
-            engine.weights_version = 7
-
-    engine.weights_hook = hook
-    try:
-        return engine.generate(PROMPTS, params)
-    finally:
-        model.load_state_dict(original)
+    return generate_with_update(engine, PROMPTS, params, other_weights)[0]
 
 
 def test_buckets_halve_down_to_eight_and_take_the_smallest_that_holds():

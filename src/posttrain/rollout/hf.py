@@ -209,7 +209,6 @@ class HFRolloutEngine:
         if repeats > 1:
             logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
         next_pos = position_ids[:, -1:] + 1  # [rows, 1]
-        eos = torch.tensor(self.eos_token_ids, device=device)
         if self.static is not None:
             return self.static.decode(self, logits, cache_of(out).layers, repeats, mask, next_pos, uniforms, params,
                                       padded)
@@ -221,6 +220,7 @@ class HFRolloutEngine:
         four_d = takes_sdpa_masks(self.model)
         if four_d:  # [rows, 1, 1, columns]: one query's mask, taken as it is; None while no row running is padded
             full_mask, row_padded = full_mask.bool()[:, None, None], (mask == 0).any(-1)  # as transformers does
+        eos = torch.tensor(self.eos_token_ids, device=device)
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         alive = torch.zeros((rows, params.max_new_tokens), dtype=torch.long, device=device)
         log_probs = torch.zeros((rows, params.max_new_tokens), device=device) if params.logprobs else None

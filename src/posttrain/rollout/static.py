@@ -144,7 +144,7 @@ class StaticDecoder:
     def release(self) -> None:
         """Free the buffers and graphs."""
         self.shape, self.recorded, self.seen, self.pool = None, {}, {}, None
-        for name in ("k", "v", "mask", "cache", "uniforms", "tokens", "alive", "versions", "log_probs"):
+        for name in ("k", "v", "mask", "cache", "uniforms", "tokens", "alive", "versions", "log_probs", "eos"):
             self.__dict__.pop(name, None)
 
     def decode(self, engine, logits, prefill_layers, repeats: int, mask, next_pos, uniforms, params, padded: bool):
