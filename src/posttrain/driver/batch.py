@@ -18,6 +18,8 @@ adjacent). P = padded prompt length, R = padded response length.
     token_level_scores / token_level_rewards / old_log_probs / ref_log_probs / teacher_log_probs (distillation) /
     values (the critic's) / advantages / returns   [N, R], filled in as the step goes
     teacher_topk_log_probs / teacher_topk_ids   [N, R, k]  distillation's top-k modes: the teacher's k likeliest
+    vision          N dicts   a vision-language model's rows: each one's image tensors (rollout/vision.py; {} for a
+                              row without images; the n samples of a prompt share one dict); [] for a text model
 
 Per-sequence Python lists (data_source, ground_truth, extra_info,
 response_text) travel alongside and are sliced with the tensors.
@@ -47,6 +49,7 @@ class RolloutBatch:
     extra_info: list[Any] = field(default_factory=list)
     response_text: list[str] = field(default_factory=list)
     reward_extras: list[dict] = field(default_factory=list)  # per row, a dict return's other numbers ({} if none)
+    vision: list[dict] = field(default_factory=list)  # per row, a VLM's image tensors ({}: none); [] for text models
     truncated: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
@@ -65,8 +68,10 @@ class RolloutBatch:
     returns: torch.Tensor | None = None
 
     @classmethod
-    def from_rollout(cls, out: RolloutOutput, n: int, data_source, ground_truth, extra_info, response_text):
-        """Join prompt and response; per-prompt lists are repeated n times."""
+    def from_rollout(cls, out: RolloutOutput, n: int, data_source, ground_truth, extra_info, response_text,
+                     vision: list | None = None):
+        """Join prompt and response; per-prompt lists (`vision`: each prompt's image tensors, or None) are
+        repeated n times."""
         input_ids = torch.cat([out.prompt_ids, out.response_ids], dim=1)
         seen = getattr(out, "response_attention_mask", None)  # multi-turn: tool tokens are read, not trained on
         attention_mask = torch.cat([out.prompt_mask, out.response_mask if seen is None else seen], dim=1)
@@ -87,6 +92,7 @@ class RolloutBatch:
             ground_truth=rep(ground_truth),
             extra_info=rep(extra_info),
             response_text=list(response_text),
+            vision=rep(vision) if vision else [],
             truncated=getattr(out, "truncated", None),  # an engine's output without it: not known
             rollout_log_probs=getattr(out, "log_probs", None),
             weight_versions=getattr(out, "weight_versions", None),

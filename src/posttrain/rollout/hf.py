@@ -45,6 +45,7 @@ from posttrain.rollout.kv import CACHE, cache_of, reserve
 from posttrain.rollout.masks import takes_sdpa_masks
 from posttrain.rollout.sampling import next_tokens
 from posttrain.rollout.static import StaticDecoder, compute_dtype
+from posttrain.rollout.vision import join_vision, positions, prompt_vision
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +161,8 @@ class HFRolloutEngine:
                     rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).flatten()  # their prompt-major rows
                     u = uniforms[rows.to(self.device)] if uniforms is not None else None
                     r, m, lp, cut, ver = self._generate_chunk(ids.to(self.device), mask.to(self.device), n, params, u,
-                                                              padded=len({len(p) for p in group}) > 1)
+                                                              padded=len({len(p) for p in group}) > 1,
+                                                              vision=prompt_vision(group))
                     parts.append((rows, r.cpu(), m.cpu(), lp.cpu() if lp is not None else None, cut.cpu(),
                                   ver.cpu() if ver is not None else None))
                     bar.update(len(chunk) * n)
@@ -185,20 +187,30 @@ class HFRolloutEngine:
                              weight_versions=versions)
 
     def _generate_chunk(self, ids: torch.Tensor, mask: torch.Tensor, n: int, params: SamplingParams,
-                        uniforms: torch.Tensor | None, padded: bool = True):
+                        uniforms: torch.Tensor | None, padded: bool = True, vision: list | None = None):
         """ids, mask: [p, P] distinct prompts, left-padded (padded: whether any
         row is, as the host knows from the prompts' lengths); uniforms [p*n,
         max_new_tokens] (None: greedy) -> response ids, mask (and log-probs or
         None): [p*n, R], the n samples of a prompt adjacent; truncated [p*n]:
         the rows that never sampled an EOS (with ignore_eos, every row); the weights
-        version that chose each token [p*n, R] (None without a weights hook)."""
+        version that chose each token [p*n, R] (None without a weights hook). `vision`: a vision-language
+        model's prompts' images (rollout/vision.py), run through the image encoder once per prompt with
+        shared_prefill; the model's own positions (3-D for Qwen-VL) for the prompt, text positions after it."""
         rows, device = ids.shape[0] * n, ids.device
         self._new_weights()
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [p, P]; pads get 0, ignored by the mask
+        images = {}
+        if vision is not None:
+            if not self.shared_prefill:
+                vision = [v for v in vision for _ in range(n)]
+            images = join_vision(vision, device)
         if not self.shared_prefill:
             ids, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (ids, mask, position_ids))
+        if images:
+            found = positions(self.model, ids, mask, images)  # [3, p, P]
+            position_ids = found if found is not None else position_ids
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                         logits_to_keep=1)
+                         logits_to_keep=1, **images)
         logits = out.logits[:, -1, :]
         repeats = n if self.shared_prefill else 1  # [p, ...] -> [p*n, ...]: the prompt ran once for its n samples
         if self.static is not None:
@@ -206,6 +218,8 @@ class HFRolloutEngine:
                                 cache_of(out).layers, compute_dtype(self.model, device), device, self.eos_token_ids)
         else:
             cache = reserve(cache_of(out), params.max_new_tokens, repeats)  # decoding writes in place
+        if position_ids.dim() == 3:  # after the prompt, text: one position past the prompt's largest, on every axis
+            position_ids = position_ids.amax(0)
         if repeats > 1:
             logits, mask, position_ids = (t.repeat_interleave(n, dim=0) for t in (logits, mask, position_ids))
         next_pos = position_ids[:, -1:] + 1  # [rows, 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -10,7 +11,8 @@ from posttrain.algorithms.critic import value_loss
 from posttrain.algorithms.losses import masked_mean
 from posttrain.training.actor import pinned_loss_scale, run_updates
 from posttrain.training.forward import planned_mask
-from posttrain.training.logprobs import compute_device
+from posttrain.rollout.vision import join_vision, vision_forward_kwargs
+from posttrain.training.logprobs import compute_device, refuse_images
 from posttrain.training.microbatch import micro_batches
 
 
@@ -33,21 +35,28 @@ class CriticSettings:
 
 
 def response_values(model, input_ids, attention_mask, position_ids, response_length: int, sp=None,
-                    layout=None) -> torch.Tensor:
+                    layout=None, vision: list | None = None) -> torch.Tensor:
     """-> values [N, R] (float32): V at the position that predicts each
     response token, i.e. of the state before the token is chosen (the same
     positions as `forward.response_logits`). sp: this worker's
     sequence-parallel group (training/ulysses.py), its positions gathered. `layout`: the micro-batch's plan
-    (microbatch.Layout): the attention mask built without transformers' read of it."""
+    (microbatch.Layout): the attention mask built without transformers' read of it. `vision`: a
+    vision-language model's rows' images (rollout/vision.py), or None."""
     length = input_ids.shape[1]
     if sp is not None:
         from posttrain.training import ulysses
 
+        refuse_images(SimpleNamespace(vision=vision))
         local, _ = ulysses.sharded_forward(model, input_ids, attention_mask, position_ids, sp)  # [N, L'/P, 1]
         return ulysses.gather(local[..., 0].float(), sp)[:, length - response_length - 1:length - 1]
     if layout is not None:
         attention_mask = planned_mask(model, attention_mask, layout.padded_all, cached=False)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    extra = {}
+    if vision and any(vision):
+        extra = vision_forward_kwargs(model, input_ids, attention_mask, position_ids,
+                                      join_vision(vision, input_ids.device))
+        position_ids = extra.pop("position_ids")
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
     return out.logits[:, -response_length - 1:-1, 0].float()  # [N, R]
 
 
@@ -65,7 +74,7 @@ def compute_values(model, batch, micro_batch_size: int, remove_padding: bool = T
         for _, mb in micro_batches(batch, micro_batch_size, remove_padding, max_tokens):
             mb = mb.to(device)
             v = response_values(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_length, sp,
-                                layout=mb.layout)
+                                layout=mb.layout, vision=mb.vision or None)
             values[mb.rows, :mb.response_length] = v * mb.response_mask
     finally:
         model.train(was_training)
@@ -78,7 +87,8 @@ def critic_micro_loss(model, mb, s: CriticSettings, device, sp=None) -> tuple[to
     mask = mb.response_mask.to(device)
     vpreds = response_values(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                              mb.position_ids.to(device), mb.response_length, sp,
-                             layout=getattr(mb, "layout", None))  # [n, R]; a planned micro-batch's: nothing read
+                             layout=getattr(mb, "layout", None),  # [n, R]; a planned micro-batch's: nothing read
+                             vision=getattr(mb, "vision", None) or None)
     out = value_loss(vpreds, mb.returns.to(device), mb.values.to(device), mask, cliprange_value=s.cliprange_value,
                      loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor)
     return out["vf_loss"] * s.loss_coef, {

@@ -19,12 +19,13 @@ import torch
 
 from posttrain.rollout.kv import CACHE, cache_of
 from posttrain.rollout.masks import takes_sdpa_masks
+from posttrain.rollout.vision import join_vision, positions
 from posttrain.training.fused import stats_head
 
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
                       share_prompt: bool = False, targets: torch.Tensor | None = None,
-                      temperature: float = 1.0, layout=None) -> torch.Tensor:
+                      temperature: float = 1.0, layout=None, vision: list | None = None) -> torch.Tensor:
     """The model's output (`.logits`: vocabulary logits, or a value head's
     outputs) at the positions that predict each response token. -> [N, R, C]
 
@@ -34,20 +35,27 @@ def forward_responses(model, input_ids, attention_mask, position_ids, response_l
     `targets` [N, R] (model.use_fused_kernels) the output layer is stood in
     for (training/fused.py): -> [N, R, 2], log p(target) / temperature's
     distribution and its entropy, the logits never whole. `layout`: the
-    micro-batch's plan (microbatch.Layout), or None (found here).
+    micro-batch's plan (microbatch.Layout), or None (found here). `vision`: a vision-language model's rows'
+    image tensors (rollout/vision.py; {} for a row without), or None: then its positions are the model's own
+    (3-D for Qwen-VL) and each distinct prompt's images run once through the image encoder.
     """
+    rows_vision = vision if vision and any(vision) else None
+    if rows_vision is not None:  # [3, N, P+R] for a model with 3-D positions
+        found = positions(model, input_ids, attention_mask, join_vision(rows_vision, input_ids.device))
+        position_ids = found if found is not None else position_ids
     if share_prompt:
         out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length, targets,
-                                     temperature, layout)
+                                     temperature, layout, rows_vision)
         if out is not None:
             return out
     # the last token predicts nothing we score, and no earlier position attends to it: it is left out
     mask = attention_mask[:, :-1]
     if layout is not None:
         mask = planned_mask(model, mask, layout.padded, cached=False)
+    images = join_vision(rows_vision, input_ids.device) if rows_vision is not None else {}
     with _head(model, targets, temperature):
-        out = model(input_ids=input_ids[:, :-1], attention_mask=mask,
-                    position_ids=position_ids[:, :-1], use_cache=False, logits_to_keep=response_length)
+        out = model(input_ids=input_ids[:, :-1], attention_mask=mask, position_ids=position_ids[..., :-1],
+                    use_cache=False, logits_to_keep=response_length, **images)
     return out.logits[:, -response_length:, :]  # position t predicts token t+1
 
 
@@ -56,9 +64,10 @@ def _head(model, targets, temperature, rows=None):
 
 
 def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int, targets=None,
-                           temperature: float = 1.0, layout=None):
+                           temperature: float = 1.0, layout=None, vision: list | None = None):
     """`forward_responses` with each distinct prompt run once; None when no
-    two rows share a prompt (the plain pass is as cheap)."""
+    two rows share a prompt (the plain pass is as cheap). `vision`: the rows'
+    images (the distinct prompts' run through the image encoder once)."""
     prompt_width = input_ids.shape[1] - response_length
     rows = input_ids.shape[0]
     if layout is not None:  # planned on the host
@@ -66,18 +75,23 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
             return None
         inverse, first, blocks, count = layout.prompts.inverse, layout.prompts.first, layout.prompts.blocks, \
             layout.prompts.count
+        first_rows = layout.prompts.first_rows
+    elif vision is not None:  # equal tokens are not an equal prompt with images: only a plan knows the groups
+        return None
     else:
         found = _distinct_prompts(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
         if found is None or response_length == 0:
             return None
         inverse, first, blocks, count = found
+        first_rows = None
+    images = join_vision([vision[i] for i in first_rows], input_ids.device) if vision is not None else {}
     fused = targets is not None
     head_mask = attention_mask[first, :prompt_width]
     if layout is not None:
         head_mask = planned_mask(model, head_mask, layout.padded_prompts, cached=True)
     with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
         head = model(input_ids=input_ids[first, :prompt_width], attention_mask=head_mask,
-                     position_ids=position_ids[first, :prompt_width], use_cache=True, logits_to_keep=1)
+                     position_ids=position_ids[..., first, :prompt_width], use_cache=True, logits_to_keep=1, **images)
     cache = cache_of(head)  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
     if blocks:
         cache.batch_repeat_interleave(rows // count)
@@ -90,7 +104,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     # response position t predicts token t+1; the last response token predicts nothing we score: left out
     with _head(model, targets[:, 1:] if fused else None, temperature):
         tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
-                     position_ids=position_ids[:, prompt_width:-1], use_cache=True, **{CACHE: cache},
+                     position_ids=position_ids[..., prompt_width:-1], use_cache=True, **{CACHE: cache},
                      logits_to_keep=response_length - 1)
     return torch.cat([first_token, tail.logits], dim=1)
 
@@ -134,12 +148,12 @@ def planned_mask(model, mask, padded: bool, cached: bool):
 
 
 def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
-                    share_prompt: bool = False, layout=None):
+                    share_prompt: bool = False, layout=None, vision: list | None = None):
     """Logits that predict each response token. -> [N, R, V] (float32), divided
     by the sampling temperature so the log-probs are those of the distribution
     the rollout sampled from."""
     logits = forward_responses(model, input_ids, attention_mask, position_ids, response_length, share_prompt,
-                               layout=layout).float()
+                               layout=layout, vision=vision).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     return logits

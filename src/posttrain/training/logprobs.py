@@ -120,12 +120,13 @@ def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOp
         return _sequence_parallel_stats(model, mb, device, temperature, options, with_entropy, entropy_grad)
     share = options.share_prompt and can_share_prompt(model)
     layout = getattr(mb, "layout", None)  # a planned micro-batch's (microbatch.Micro): nothing read back
+    vision = getattr(mb, "vision", None) or None  # a vision-language model's rows' images
     if options.fused:
         out = forward_responses(model, *args, share, targets=tokens, temperature=temperature,
-                                layout=layout)  # [n, R, 2]
+                                layout=layout, vision=vision)  # [n, R, 2]
         entropy = out[..., 1] if entropy_grad else out[..., 1].detach()
         return out[..., 0], entropy if with_entropy else None
-    logits = response_logits(model, *args, temperature, share, layout=layout)  # [n, R, V]
+    logits = response_logits(model, *args, temperature, share, layout=layout, vision=vision)  # [n, R, V]
     return _stats(logits, tokens, options, with_entropy, entropy_grad)
 
 
@@ -165,6 +166,7 @@ def _sharded_logits(model, mb, device, temperature, sp):
     response)."""
     from posttrain.training import ulysses
 
+    refuse_images(mb)
     ids = mb.input_ids.to(device)
     prompt_width = ids.shape[1] - mb.response_length
     # position t predicts token t + 1; the last token predicts nothing we score
@@ -175,6 +177,13 @@ def _sharded_logits(model, mb, device, temperature, sp):
         logits = logits / temperature
     targets = ulysses.shard(ulysses.pad_positions(ids[:, 1:], sp.size), sp)  # [n, L'/P]
     return logits, targets, slice(prompt_width - 1, prompt_width - 1 + mb.response_length)
+
+
+def refuse_images(mb) -> None:
+    """Ulysses splits a sequence's positions over workers; an image's tokens would be split from its pixels."""
+    if any(getattr(mb, "vision", None) or ()):
+        raise ValueError("Ulysses sequence parallelism does not take images yet: set "
+                         "actor.ulysses_sequence_parallel_size=1 for a vision-language model")
 
 
 def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk_ids: torch.Tensor,
@@ -211,7 +220,7 @@ def _response_log_p(model, mb, device, temperature, options: PassOptions) -> tor
     """log-softmax [n, R, V] of the logits that predict `mb`'s response tokens (over the temperature)."""
     args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
     logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model),
-                             layout=getattr(mb, "layout", None))
+                             layout=getattr(mb, "layout", None), vision=getattr(mb, "vision", None) or None)
     return torch.log_softmax(logits, dim=-1)
 
 

@@ -27,11 +27,13 @@ NONE = 1 << 40  # a row without such a position (above any token id)
 @dataclass(frozen=True)
 class SharedPrompts:
     """The distinct prompts of a micro-batch's rows: `inverse` [n] row -> distinct prompt, `first` [U] a row
-    of each; `blocks`: the rows are U runs of one size, in order (forward.py repeats the prompts' cache)."""
+    of each; `blocks`: the rows are U runs of one size, in order (forward.py repeats the prompts' cache);
+    `first_rows`: `first` on the host (a vision model's pass picks those rows' images without a read back)."""
 
     inverse: torch.Tensor
     first: torch.Tensor
     blocks: bool
+    first_rows: tuple = ()
 
     @property
     def count(self) -> int:
@@ -84,7 +86,7 @@ class Micro:
         layout, prompts = self.layout, self.layout.prompts if self.layout is not None else None
         if prompts is not None:
             layout = dataclasses.replace(layout, prompts=SharedPrompts(move(prompts.inverse), move(prompts.first),
-                                                                       prompts.blocks))
+                                                                       prompts.blocks, prompts.first_rows))
         return Micro(data, move(self.rows), layout, self.picked, self.counts)
 
 
@@ -131,9 +133,12 @@ def row_stats(batch) -> Rows:
         torch.where(prompt, NONE, ids).amin(-1), torch.where(prompt, -NONE, ids).amax(-1),  # padding's ids
         (batch.response_mask != 0).sum(-1),
     ]
-    # rows of equal prompt columns, ranked as torch.unique orders them (lexicographically)
-    _, key = torch.unique(torch.cat([ids, batch.attention_mask[:, :width].to(ids.dtype)], 1), dim=0,
-                          return_inverse=True)
+    # rows of equal prompt columns, ranked as torch.unique orders them (lexicographically); with images, equal
+    # tokens are not an equal prompt (the same question about another image): only a group's rows share one
+    columns_of_key = [ids, batch.attention_mask[:, :width].to(ids.dtype)]
+    if any(getattr(batch, "vision", None) or ()):
+        columns_of_key.append(batch.group[:, None].to(ids.dtype))
+    _, key = torch.unique(torch.cat(columns_of_key, 1), dim=0, return_inverse=True)
     table = torch.stack([c.double() for c in [*columns, key]], 1).tolist() if len(batch) else []
     cols = list(zip(*table)) if table else [()] * (len(columns) + 1)
     ints = [[int(v) for v in c] for c in cols]
@@ -247,4 +252,5 @@ def _shared(keys: list[int]) -> SharedPrompts | None:
     first = [0] * count
     for row, j in enumerate(inverse):  # the last row of each, as a scatter of the row numbers leaves it
         first[j] = row
-    return SharedPrompts(torch.tensor(inverse, dtype=torch.long), torch.tensor(first, dtype=torch.long), blocks)
+    return SharedPrompts(torch.tensor(inverse, dtype=torch.long), torch.tensor(first, dtype=torch.long), blocks,
+                         tuple(first))

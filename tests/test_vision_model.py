@@ -1,0 +1,161 @@
+"""Vision-language models through the passes: the HF engine's prefill with images, the log-prob pass, the
+critic's forward, on tiny random models built offline (Qwen2.5-VL: 3-D positions; Idefics3: 1-D positions,
+pixel_attention_mask). The reference is the model's own forward (transformers computes Qwen-VL's positions
+itself when given none), one sequence at a time, unpadded."""
+
+import copy
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from posttrain.driver.batch import RolloutBatch
+from posttrain.models.processor import load_processor, load_vision_model
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.hf import HFRolloutEngine
+from posttrain.rollout.vision import ImagePrompt, end_at_placeholders, join_vision, placeholder_ids
+from posttrain.tiny.vision import build_vlm_dir
+from posttrain.training.logprobs import PassOptions, compute_log_probs
+
+QUESTIONS = ["What is drawn?", "Count them.", "Add the two digits, please."]
+SIZES = [(56, 56), (84, 56), (56, 112)]  # (width, height): 4, 6 and 8 image tokens (Qwen2.5-VL)
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "idefics3"])
+def vlm(request, tmp_path_factory):
+    path = build_vlm_dir(tmp_path_factory.mktemp(request.param), request.param, seed=1)
+    processor = load_processor(path)
+    model = load_vision_model(path, torch.float64)
+    return request.param, processor, model
+
+
+def image(seed: int, size) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype("uint8"))
+
+
+def prompts_of(family, processor, count=3, text_only=()):
+    """ImagePrompts of QUESTIONS with one image each (none for indices in `text_only`)."""
+    out = []
+    for i in range(count):
+        if i in text_only:
+            msgs = [{"role": "user", "content": QUESTIONS[i]}]
+            text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(ImagePrompt(ids, {}))
+            continue
+        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTIONS[i]}]}]
+        text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        img = image(i, SIZES[i])
+        full = processor(text=[text], images=[[img]] if family == "idefics3" else [img], return_tensors="pt")
+        vision = {k: v for k, v in full.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        out.append(ImagePrompt(full["input_ids"][0].tolist(), vision, [img]))
+    return out
+
+
+def own_log_probs(model, prompt, response) -> torch.Tensor:
+    """The model's own forward over one unpadded sequence: log p of each response token."""
+    ids = torch.tensor([list(prompt) + list(response)])
+    extra = {}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters and prompt.vision:
+        # as the processor marks image tokens: transformers then computes Qwen-VL's 3-D positions itself
+        extra["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **join_vision([prompt.vision]),
+                       **extra).logits
+    log_p = torch.log_softmax(logits[0, len(prompt) - 1:-1].double(), -1)
+    return log_p.gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("shared_prefill", [True, False])
+def test_rollout_log_probs_equal_the_models_own_forward(vlm, shared_prefill):
+    family, processor, model = vlm
+    prompts = prompts_of(family, processor, text_only=(1,))
+    engine = HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=3,
+                             progress=False, shared_prefill=shared_prefill, micro_batch_size=4)
+    params = SamplingParams(max_new_tokens=6, n=2, temperature=1.0, logprobs=True)
+    out = engine.generate(prompts, params)
+    for row in range(len(prompts) * 2):
+        mask = out.response_mask[row].bool()
+        response = out.response_ids[row][mask].tolist()
+        assert response, "every row sampled at least one token"
+        want = own_log_probs(model, prompts[row // 2], response)
+        torch.testing.assert_close(out.log_probs[row][mask].double(), want, atol=2e-6, rtol=0)  # kept in float32
+
+
+def test_samples_do_not_depend_on_shared_prefill(vlm):
+    family, processor, model = vlm
+    prompts = prompts_of(family, processor)
+    params = SamplingParams(max_new_tokens=5, n=3, temperature=1.0)
+    outs = [HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=4,
+                            progress=False, shared_prefill=flag).generate(prompts, params) for flag in (True, False)]
+    assert torch.equal(outs[0].response_ids, outs[1].response_ids)
+
+
+def batch_of(prompts, out, n, model=None):
+    if model is not None:  # as the driver does: a sampled image placeholder ends the response
+        end_at_placeholders(out, placeholder_ids(model.config), 0)
+    return RolloutBatch.from_rollout(out, n, ["s"] * len(prompts), ["g"] * len(prompts), [{}] * len(prompts),
+                                     [""] * len(out.response_ids), vision=[p.vision for p in prompts])
+
+
+@pytest.mark.parametrize("remove_padding,share_prompt,micro", [(True, True, 4), (False, False, 3), (True, False, 64),
+                                                               (False, True, 2)])
+def test_log_prob_pass_equals_the_models_own_forward(vlm, remove_padding, share_prompt, micro):
+    family, processor, model = vlm
+    prompts = prompts_of(family, processor, text_only=(2,))
+    params = SamplingParams(max_new_tokens=5, n=2, temperature=1.0)
+    out = HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=5,
+                          progress=False).generate(prompts, params)
+    batch = batch_of(prompts, out, 2, model)
+    got, _ = compute_log_probs(model, batch, micro, options=PassOptions(remove_padding=remove_padding,
+                                                                        share_prompt=share_prompt))
+    for row in range(len(batch)):
+        mask = out.response_mask[row].bool()
+        want = own_log_probs(model, prompts[row // 2], out.response_ids[row][mask].tolist())
+        torch.testing.assert_close(got[row][mask].double(), want, atol=2e-6, rtol=0)  # kept in float32
+
+
+def test_same_tokens_other_images_are_not_one_prompt(vlm):
+    """Two prompts of equal tokens (the same question, images of one size) but different images: the shared
+    prompt path must not run one prompt's image for the other's samples."""
+    family, processor, model = vlm
+    a, b = prompts_of(family, processor, count=1) * 2
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTIONS[0]}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    other = image(99, SIZES[0])
+    full = processor(text=[text], images=[[other]] if family == "idefics3" else [other], return_tensors="pt")
+    assert full["input_ids"][0].tolist() == list(a)
+    b = ImagePrompt(list(a), {k: v for k, v in full.items() if k not in ("input_ids", "attention_mask",
+                                                                           "mm_token_type_ids")})
+    prompts = [a, b]
+    params = SamplingParams(max_new_tokens=4, n=2, temperature=1.0)
+    out = HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=6,
+                          progress=False).generate(prompts, params)
+    batch = batch_of(prompts, out, 2, model)
+    got, _ = compute_log_probs(model, batch, 8, options=PassOptions(share_prompt=True))
+    for row in range(4):
+        mask = out.response_mask[row].bool()
+        want = own_log_probs(model, prompts[row // 2], out.response_ids[row][mask].tolist())
+        torch.testing.assert_close(got[row][mask].double(), want, atol=2e-6, rtol=0)  # kept in float32
+
+
+def test_training_gradient_reaches_the_vision_tower(vlm):
+    family, processor, model = vlm
+    model = copy.deepcopy(model)
+    prompts = prompts_of(family, processor, count=2)
+    out = HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=7,
+                          progress=False).generate(prompts, SamplingParams(max_new_tokens=4, n=2))
+    batch = batch_of(prompts, out, 2, model)
+    from posttrain.training.microbatch import micro_batches
+    from posttrain.training.logprobs import log_probs_and_entropy
+
+    model.train()
+    (_, mb), = micro_batches(batch, 8, True)
+    log_prob, _ = log_probs_and_entropy(model, mb, "cpu", 1.0, PassOptions(), with_entropy=False)
+    (log_prob * mb.response_mask).sum().backward()
+    tower = [p for n, p in model.named_parameters() if "visual" in n or "vision" in n]
+    assert tower and all(p.grad is not None for p in tower[:3])
+    assert any(p.grad.abs().sum() > 0 for p in tower if p.grad is not None)
