@@ -67,13 +67,14 @@ def gather_shards(ckpt: Path, out: Path) -> None:
     holds the model's config): the model is built on the config, filled from
     the shards in this one process, and saved like `save_pretrained` does."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from posttrain.checkpoint.sharded import load_full_model
     from posttrain.checkpoint.state import model_tensors
 
     config = AutoConfig.from_pretrained(str(out))
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
     load_full_model(ckpt / "actor_dcp", model)
     from safetensors.torch import save_file
 

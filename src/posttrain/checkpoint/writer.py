@@ -18,6 +18,7 @@ from posttrain.checkpoint.manifest import fsync_path, list_checkpoints, write_ma
 from posttrain.checkpoint.state import ROLLOUTS_AHEAD, Snapshot
 from posttrain.errors import CheckpointError
 from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from posttrain.models.processor import PROCESSOR_FILES
 
 # A pause between writing the files and the manifest, for tests that kill a
 # process in the middle of a save. Not for production use.
@@ -30,10 +31,12 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 def static_model_files(model_dir: str | Path, tokenizer) -> dict[str, bytes]:
     """The model directory's files that do not change while training
-    (config.json, generation_config.json, remote code, tokenizer files), as bytes."""
+    (config.json, generation_config.json, remote code, tokenizer files, a vision-language model's processor
+    files), as bytes."""
     src = Path(model_dir)
     files = {p.name: p.read_bytes() for p in src.iterdir()
-             if p.is_file() and (p.name in ("config.json", "generation_config.json") or p.suffix == ".py")}
+             if p.is_file() and (p.name in ("config.json", "generation_config.json", *PROCESSOR_FILES)
+                                 or p.suffix == ".py")}
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         files.update({p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()})

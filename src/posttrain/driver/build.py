@@ -38,6 +38,7 @@ from posttrain.driver.run import Run
 from posttrain.runtime.debugging import announce
 from posttrain.files.cache import cache_root
 from posttrain.models import load_tokenizer
+from posttrain.models.processor import is_vision_dir, load_processor
 from posttrain.models.loader import eos_token_ids
 from posttrain.text.redact import redact_mapping
 from posttrain.rewards.model import ModelRewards, RewardModel
@@ -217,12 +218,15 @@ def build_run(cfg) -> Run:
     rewards = make_rewards(cfg)
     train_files, val_files = data_files(cfg)  # data.dataset_name / val_dataset_name resolved here, once
     templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    processor = (load_processor(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+                 if is_vision_dir(model_dir) else None)  # a vision-language model: prompts with images
+    tokenizer = (processor.tokenizer if processor is not None
+                 else load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code))
     if cfg.distillation.enabled:
         check_teacher(cfg, tokenizer)
     tools, multi_turn = make_tools(cfg, model_dir, tokenizer)
     env, env_turns = make_env(cfg, model_dir, tokenizer)
-    train_data, val_data = load_datasets(cfg, train_files, val_files, tokenizer, templates, tools)
+    train_data, val_data = load_datasets(cfg, train_files, val_files, tokenizer, templates, tools, processor=processor)
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     total_steps = training_steps(tr, sampler.steps_per_epoch)
     kc = cfg.algorithm.kl_ctrl
@@ -243,7 +247,7 @@ def build_run(cfg) -> Run:
         val_sampling=val_sampling, total_steps=total_steps, writer=writer, model_dir=model_dir,
         resumed_from=resume_from, flops=flops, peak_flops=peak, peak_keys=measured_peaks(tr.peak_flops, workers),
         profiler=make_profiler(cfg, run_dir, device, distributed), tools=tools, multi_turn=multi_turn or env_turns,
-        env=env, correction=rollout_correction(cfg),
+        env=env, correction=rollout_correction(cfg), processor=processor,
     )
     if cfg.async_training.enable:  # started by train(), after any resume and the first validation
         a = cfg.async_training

@@ -248,7 +248,8 @@ def run_validation(run: Run, logger: MetricsLogger) -> dict[str, float]:
         try:
             metrics, rows = validate(run.actor, run.tokenizer, run.val_data, run.val_sampling, run.rewards,
                                      run.cfg.data.val_batch_size, keep_samples=run.cfg.trainer.log_val_generations,
-                                     tools=run.tools, multi_turn=run.multi_turn, env=run.env)
+                                     tools=run.tools, multi_turn=run.multi_turn, env=run.env,
+                                     processor=run.processor)
         finally:
             run.actor.validation_weights(False)
         m.update(metrics)

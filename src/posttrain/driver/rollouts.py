@@ -49,6 +49,7 @@ class StepRollouts:
     shared_prefill: int = 1
     greedy_baseline: bool = False
     warned: set[str] = field(default_factory=set)
+    processor: object = None  # a vision-language model's: prompts go with their images
 
 
 def rollout_and_score(src: StepRollouts, items, m: dict) -> RolloutBatch:
@@ -96,7 +97,7 @@ def generate_and_score(src: StepRollouts, items, m: dict) -> RolloutBatch:
     token_level_scores [N, R]); timings and reward counts add up in `m`."""
     with timed(m, "gen"):
         batch, trajectories = sample(src.actor, src.tokenizer, items, src.sampling, src.tools, src.multi_turn,
-                                     src.env)
+                                     src.env, src.processor)
     if src.flops is not None:  # every round of dynamic sampling counts toward perf/mfu/rollout
         prompt_lengths = batch.attention_mask[:, :batch.prompt_width].sum(-1)
         flops = src.flops.rollout(prompt_lengths, batch.response_mask.sum(-1), src.shared_prefill)
@@ -131,7 +132,8 @@ def greedy_baselines(src: StepRollouts, items, m: dict) -> torch.Tensor:
     greedy = dataclasses.replace(src.sampling, n=1, do_sample=False, temperature=0.0, top_p=1.0, top_k=-1,
                                  logprobs=False)
     with timed(m, "gen_max"):  # with tools, a greedy conversation, as the samples are conversations
-        batch, trajectories = sample(src.actor, src.tokenizer, items, greedy, src.tools, src.multi_turn, src.env)
+        batch, trajectories = sample(src.actor, src.tokenizer, items, greedy, src.tools, src.multi_turn, src.env,
+                                     src.processor)
     with timed(m, "reward"):  # failures printed, not counted
         _, scores, _ = src.scoring.score(batch, [it.messages for it in items], trajectories)
     return scores

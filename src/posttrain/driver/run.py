@@ -65,6 +65,7 @@ class Run:
     ahead: RolloutsAhead | None = None  # async_training.enable: batches sampled ahead by the rollout process
     reward_messages_shown: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)  # warnings printed once per run
+    processor: object = None  # a vision-language model's processor (models/processor.py); None: a text model
 
     def __post_init__(self):
         if self.guard is None:
@@ -116,4 +117,5 @@ class Run:
             multi_turn=self.multi_turn, env=self.env, flops=self.flops,
             # a prompt's samples share its prefill
             shared_prefill=self.sampling.n if r.shared_prefill or r.name == "vllm" else 1,
-            greedy_baseline=estimator(self.cfg.algorithm.adv_estimator).greedy_baseline, warned=self.warned)
+            greedy_baseline=estimator(self.cfg.algorithm.adv_estimator).greedy_baseline, warned=self.warned,
+            processor=self.processor)

@@ -6,19 +6,26 @@ from __future__ import annotations
 from posttrain.driver.batch import RolloutBatch
 from posttrain.driver.env_side import EnvSide
 from posttrain.rollout.base import SamplingParams, decode_responses
+from posttrain.errors import DataError
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
+from posttrain.rollout.vision import ImagePrompt, end_at_placeholders, placeholder_ids
 from posttrain.tools import ToolSet, load_tools
 
 
 def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | None = None,
-           multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None
+           multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None, processor=None
            ) -> tuple[RolloutBatch, list | None]:
     """params.n responses per prompt of `items` (PromptItems) from `engine` (the actor's generate verb) as
     a RolloutBatch with their texts; with `tools` or an `env`, conversations (rollout.multiturn): the texts are
     the final answers and each row's extra_info gains its turns, tool calls, messages and turn scores, which the
     reward function sees. A conversation whose environment failed trains nothing (its response mask is zero).
-    -> (batch, the trajectories or None)."""
-    prompts = [it.prompt_ids for it in items]
+    `processor`: a vision-language model's: each prompt goes to the engine with its images (`vision_prompts`),
+    the batch's rows carry their image tensors, and a response that samples an image placeholder ends before
+    it. -> (batch, the trajectories or None)."""
+    prompts = vision_prompts(items, processor) if processor is not None else [it.prompt_ids for it in items]
+    if processor is not None and (env is not None or tools is not None) and any(p.vision for p in prompts):
+        raise DataError("multi-turn rollouts (tools, environments, agents) do not take images yet: train on rows "
+                        "without images, or without tools and environments")
     if env is not None:
         out, trajectories = env.converse(engine, tokenizer, items, params, multi_turn)
         texts = [t.answer for t in trajectories]
@@ -28,14 +35,30 @@ def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | No
         texts = [t.answer for t in trajectories]
     else:
         out, trajectories = engine.generate(prompts, params), None
+        if processor is not None:
+            end_at_placeholders(out, placeholder_ids(processor), tokenizer.pad_token_id)
         texts = decode_responses(tokenizer, out)
     batch = RolloutBatch.from_rollout(out, params.n, [it.data_source for it in items],
-                                      [it.ground_truth for it in items], [it.extra_info for it in items], texts)
+                                      [it.ground_truth for it in items], [it.extra_info for it in items], texts,
+                                      vision=[p.vision for p in prompts] if processor is not None else None)
     if trajectories:
         batch.extra_info = [{**(info or {}), "turns": t.turns, "tool_calls": t.tool_calls, "messages": t.messages,
                              **({"turn_scores": t.rewards, "env_error": t.env_error} if env is not None else {})}
                             for info, t in zip(batch.extra_info, trajectories)]
     return batch, trajectories
+
+
+def vision_prompts(items, processor) -> list[ImagePrompt]:
+    """The engine's prompts of `items` for a vision-language model: each one's token ids with its images
+    decoded and their tensors (the processor's, made here each time: a dataset holds its images undecoded)."""
+    from posttrain.data.images import decode_image, vision_inputs
+
+    out = []
+    for it in items:
+        where = f"row {it.index}"
+        images = [decode_image(img, f"{where} image {k}") for k, img in enumerate(getattr(it, "images", None) or [])]
+        out.append(ImagePrompt(it.prompt_ids, vision_inputs(processor, images, where) if images else {}, images))
+    return out
 
 
 def tool_context(item) -> dict:

@@ -20,7 +20,7 @@ from posttrain.tools import ToolSet
 @torch.no_grad()
 def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPool,
              batch_size: int | None = None, keep_samples: int = 0, tools: ToolSet | None = None,
-             multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None
+             multi_turn: MultiTurnSettings | None = None, env: EnvSide | None = None, processor=None
              ) -> tuple[dict[str, float], list[dict]]:
     """Generate for every prompt of `data` (with `tools` or an `env`: multi-turn, rollout.multiturn), score
     (rewards.score_batch, and/or the environment's rewards), and average per data source.
@@ -35,7 +35,7 @@ def validate(engine, tokenizer, data, params: SamplingParams, rewards: RewardPoo
     size = batch_size or len(items)
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
-        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn, env)
+        batch, turns = sample(engine, tokenizer, chunk, params, tools, multi_turn, env, processor)
         trajs += turns or []
         if env is not None and not env.needs_rule(turns):
             result = ScoreResult([0.0] * len(batch))

@@ -9,6 +9,7 @@ import torch
 from posttrain.errors import ModelError
 from posttrain.files.cache import check_model_dir
 from posttrain.models.attention import use_grouped_attention
+from posttrain.models.processor import is_vision_dir, load_vision_model
 from posttrain.text.lines import one_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,12 +38,15 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
     p = check_model_dir(path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(p), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
-        )
-    except Exception as e:
-        raise ModelError(f"cannot load the model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
+    if is_vision_dir(p):  # a vision-language model: its image-text-to-text class
+        model = load_vision_model(p, DTYPES[dtype], trust_remote_code)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(p), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
+            )
+        except Exception as e:
+            raise ModelError(f"cannot load the model from '{p}': {one_line(e)}{_remote_code_hint(e)}") from e
     if small_attention:
         use_grouped_attention(model)
     return model.to(device)
