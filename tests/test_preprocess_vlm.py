@@ -1,18 +1,21 @@
-"""The image datasets' preprocessors (geo3k, clevr, refcoco) and the prompt files over their rows, on
+"""The image datasets' preprocessors (geo3k, clevr, refcoco) and NeMo-RL's vision names in data/named.py, on
 literal tiny parquet files written here in the Hub's shape (images made with PIL in memory). No network."""
 
 import io
 import random
+import re
+import shlex
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from posttrain.cli import main
+from posttrain.data import named
 from posttrain.data.preprocess import clevr, geo3k, refcoco
 from posttrain.data.prompts import PromptTemplates
 from posttrain.data.schema import read_rows
-from posttrain.errors import DataError
+from posttrain.errors import ConfigError, DataError
 from posttrain.rewards import compute_score
 
 Image = pytest.importorskip("PIL.Image")
@@ -168,6 +171,62 @@ def test_refcoco_rows_hold_the_box_in_thousandths_and_a_resized_image(tmp_path):
     with pytest.raises(DataError, match=r"no image .*train2014/COCO_train2014_1.jpg; pass the Hub dataset "
                                         r"jxu124/refcoco's parquet files"):
         refcoco.run([raw / "data"], tmp_path, tmp_path / "out2")
+
+
+# ---------------------------------------------------------------- named datasets
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def test_geometry3k_by_name_names_its_download_and_nemo_rl_preprocessing(data_dir):
+    with pytest.raises(DataError) as e:
+        named.resolve("geometry3k", "train")
+    raw, out = data_dir / "raw" / "geometry3k", data_dir / "geometry3k"
+    assert str(e.value) == (
+        f"data.dataset_name=geometry3k: no {out / 'train.parquet'}; download data/* from the Hub dataset "
+        f"hiyouga/geometry3k with `hf download hiyouga/geometry3k --include 'data/*' --repo-type dataset "
+        f"--local-dir {raw}` and run `posttrain preprocess geo3k --input {raw / 'data'} --style nemo-rl "
+        f"--output-dir {out}`")
+    # what the download writes, then the command as the error gives it: the rows a run reads
+    write_geo3k(raw / "data" / "train-00000-of-00001.parquet", GEO_TRAIN)
+    write_geo3k(raw / "data" / "test-00000-of-00001.parquet", GEO_TRAIN[:1])
+    (command,) = [c for c in re.findall(r"`([^`]+)`", str(e.value)) if c.startswith("posttrain preprocess")]
+    assert main(shlex.split(command)[1:]) == 0
+    rows = read_rows(named.resolve("geometry3k", "train"))
+    assert rows[0]["data_source"] == "geometry3k" and rows[0]["images"][0]["bytes"] == RED
+    assert named.default_validation("geometry3k") == out / "test.parquet"  # NeMo-RL's recipes: its test split
+
+
+def test_clevr_and_refcoco_by_name_name_every_download(data_dir):
+    with pytest.raises(DataError) as e:
+        named.resolve("clevr-cogent", "test")
+    raw, out = data_dir / "raw" / "clevr-cogent", data_dir / "clevr-cogent"
+    assert str(e.value) == (
+        f"data.val_dataset_name=clevr-cogent: no {out / 'test.parquet'}; download data/* from the Hub dataset "
+        "MMInstruction/Clevr_CoGenT_TrainA_70K_Complex with `hf download MMInstruction/Clevr_CoGenT_TrainA_70K_Complex "
+        f"--include 'data/*' --repo-type dataset --local-dir {raw}`, download data/* from the Hub dataset "
+        "MMInstruction/Clevr_CoGenT_ValA with `hf download MMInstruction/Clevr_CoGenT_ValA --include 'data/*' "
+        f"--repo-type dataset --local-dir {raw / 'valA'}`, and run `posttrain preprocess clevr --train "
+        f"{raw / 'data'} --test {raw / 'valA' / 'data'} --output-dir {out}`")
+    with pytest.raises(DataError) as e:
+        named.resolve("refcoco", "test")
+    raw, out = data_dir / "raw" / "refcoco", data_dir / "refcoco"
+    assert str(e.value).startswith(f"data.val_dataset_name=refcoco: no {out / 'validation.parquet'}; download data/*")
+    assert str(e.value).endswith(
+        f", get COCO's train2014 images with `curl -L -o {raw / 'train2014.zip'} "
+        f"http://images.cocodataset.org/zips/train2014.zip` and `unzip -q {raw / 'train2014.zip'} -d {raw}`, and run "
+        f"`posttrain preprocess refcoco --input {raw / 'data'} --images-dir {raw} --output-dir {out}`")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["mmpr-tiny", "avqa", "audiomcq", "daily-omni"])
+def test_nemo_rls_other_media_sets_are_not_supported_yet(name):
+    with pytest.raises(ConfigError) as e:
+        named.lookup(name)
+    assert "not supported yet" in str(e.value) and "text only" not in str(e.value)
 
 
 def test_a_prompt_file_keeps_the_rows_image_placeholder_first():
