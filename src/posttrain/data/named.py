@@ -115,7 +115,8 @@ REFUSED = {
     "squad": _SFT, "tulu3_sft_mixture": _SFT, "open_assistant": _SFT, "general-conversation-jsonl": _SFT,
     "Nemotron-Cascade-2-SFT-Math": _SFT, "arrow_text": "raw text for distillation",
     "HelpSteer3": _PREF, "Tulu3Preference": _PREF, "BinaryPreferenceDataset": _PREF, "PreferenceDataset": _PREF,
-    "mmpr-tiny": _MEDIA, "avqa": _MEDIA, "audiomcq": _MEDIA, "daily-omni": _MEDIA, "intent-train": _MEDIA, "intent-bench": _MEDIA,
+    "mmpr-tiny": _MEDIA, "avqa": _MEDIA, "audiomcq": _MEDIA, "daily-omni": _MEDIA, "intent-train": _MEDIA,
+    "intent-bench": _MEDIA,
     "ResponseDataset": _LOADER, "openai_format": _LOADER, "NemoGymDataset": "NeMo-Gym's environment rows",
 }
 
