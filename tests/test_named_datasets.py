@@ -101,8 +101,8 @@ def test_generated_sets_name_their_command(data_dir):
     assert named.resolve("arith", "train").is_file() and named.resolve("arith", "test").is_file()
 
 
-@pytest.mark.parametrize("name", ["squad", "HelpSteer3", "tulu3_sft_mixture", "open_assistant", "refcoco",
-                                  "clevr-cogent", "geometry3k", "ResponseDataset", "openai_format", "NemoGymDataset"])
+@pytest.mark.parametrize("name", ["squad", "HelpSteer3", "tulu3_sft_mixture", "open_assistant", "mmpr-tiny",
+                                  "avqa", "ResponseDataset", "openai_format", "NemoGymDataset"])
 def test_names_posttrain_cannot_prepare_are_refused(name, data_dir):
     with pytest.raises(ConfigError) as e:
         named.resolve(name, "train")

@@ -8,10 +8,13 @@ with the names NeMo-RL uses, and where their parquet files are.
 Nothing is downloaded here: each name's folder under the data directory
 ($POSTTRAIN_DATA, else <posttrain cache>/data) holds the files that
 `hf download` and `posttrain preprocess` write, and a missing file is a
-one-line error giving both commands, exactly. Names NeMo-RL knows that
-posttrain cannot prepare (SFT, preference and vision sets, its generic
-loaders) are refused with a line saying so; an unknown name gets the
-nearest known one.
+one-line error giving both commands, exactly (and any other download a set
+needs: RefCOCO's COCO images). NeMo-RL's vision sets clevr-cogent,
+geometry3k and refcoco are rows with images (preprocess/clevr.py, geo3k.py,
+refcoco.py), each row's data_source NeMo-RL's task name, scored by its VLM
+rewards (rewards/vlm.py). Names NeMo-RL knows that posttrain cannot prepare
+(SFT and preference sets, its video and audio sets, its generic loaders) are
+refused with a line saying so; an unknown name gets the nearest known one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Named:
     download: tuple = ()  # what `hf download` fetches: file names, or --include PATTERN
     prepare: tuple = ()  # `posttrain preprocess` arguments ({raw}: the download folder); (): the download is the data
     val: str | None = None  # validation when no val key is set: "test" (its own split), another name, or None
+    more: tuple = ()  # further Hub downloads, each (hub, its folder under {raw}, *what `hf download` fetches)
+    steps: tuple = ()  # (what, argv, argv, ...): commands other than `hf download` that fetch the rest, run next
     note: str = field(default="", compare=False)  # what it holds, for people reading the table
 
 
@@ -73,6 +78,21 @@ TABLE = (
           ("--include", "data/*"), ("math", "--input", "{raw}/data"), val="test", note=_MATH),
     Named("MATH-500", "math-500", {"test": "test.parquet"}, "HuggingFaceH4/MATH-500", ("test.jsonl",),
           ("math", "--input", "{raw}/test.jsonl", "--data-source", "HuggingFaceH4/MATH-500"), note=_MATH),
+    Named("clevr-cogent", "clevr-cogent", {"train": "train.parquet", "test": "test.parquet"},
+          "MMInstruction/Clevr_CoGenT_TrainA_70K_Complex", ("--include", "data/*"),
+          ("clevr", "--train", "{raw}/data", "--test", "{raw}/valA/data"), val="test",
+          more=(("MMInstruction/Clevr_CoGenT_ValA", "valA", "--include", "data/*"),),
+          note="images; NeMo-RL's train (TrainA_70K_Complex) and valA splits, its CLEVR prompt and reward"),
+    Named("geometry3k", "geometry3k", {"train": "train.parquet", "test": "test.parquet"}, "hiyouga/geometry3k",
+          ("--include", "data/*"), ("geo3k", "--input", "{raw}/data", "--style", "nemo-rl"), val="test",
+          note="images; NeMo-RL's geometry3k prompt and reward (`--style verl`: verl's geo3k rows)"),
+    Named("refcoco", "refcoco", {"train": "train.parquet", "test": "validation.parquet"}, "jxu124/refcoco",
+          ("--include", "data/*"),
+          ("refcoco", "--input", "{raw}/data", "--images-dir", "{raw}"), val="test",
+          steps=(("COCO's train2014 images",
+                  ("curl", "-L", "-o", "{raw}/train2014.zip", "http://images.cocodataset.org/zips/train2014.zip"),
+                  ("unzip", "-q", "{raw}/train2014.zip", "-d", "{raw}")),),
+          note="images (COCO's, resized to 256x256, as NeMo-RL); its validation split as test; needs Pillow"),
     Named("arith", "arith", {"train": "train.parquet", "test": "test.parquet"}, prepare=("arith",), val="test",
           note="generated: the embedded addition task"),
     Named("countdown", "countdown", {"train": "train.parquet", "test": "test.parquet"}, prepare=("countdown",),
@@ -89,14 +109,14 @@ BY_NAME = {n.name: n for n in TABLE}
 
 # NeMo-RL's names for data posttrain's RL rows cannot be made from: -> what it is
 _SFT, _PREF, _MEDIA = "an SFT set (chat transcripts to imitate, no checkable answer)", \
-    "a preference set (chosen/rejected responses)", "a vision, video or audio set (posttrain trains on text only)"
+    "a preference set (chosen/rejected responses)", "a video, audio or multimodal set (not supported yet)"
 _LOADER = "NeMo-RL's generic loader for your own files"
 REFUSED = {
     "squad": _SFT, "tulu3_sft_mixture": _SFT, "open_assistant": _SFT, "general-conversation-jsonl": _SFT,
     "Nemotron-Cascade-2-SFT-Math": _SFT, "arrow_text": "raw text for distillation",
     "HelpSteer3": _PREF, "Tulu3Preference": _PREF, "BinaryPreferenceDataset": _PREF, "PreferenceDataset": _PREF,
-    "refcoco": _MEDIA, "clevr-cogent": _MEDIA, "geometry3k": _MEDIA, "mmpr-tiny": _MEDIA, "avqa": _MEDIA,
-    "audiomcq": _MEDIA, "daily-omni": _MEDIA, "intent-train": _MEDIA, "intent-bench": _MEDIA,
+    "mmpr-tiny": _MEDIA, "avqa": _MEDIA, "audiomcq": _MEDIA, "daily-omni": _MEDIA, "intent-train": _MEDIA,
+    "intent-bench": _MEDIA,
     "ResponseDataset": _LOADER, "openai_format": _LOADER, "NemoGymDataset": "NeMo-Gym's environment rows",
 }
 
@@ -165,12 +185,19 @@ def how_to_make(entry: Named) -> str:
                             "--local-dir", str(out)])
         return (f"it is in verl's parquet layout on the Hub already (no preprocessing): download it into place "
                 f"with `{fetch}`")
-    fetch = shlex.join(["hf", "download", entry.hub, *entry.download, "--repo-type", "dataset",
-                        "--local-dir", str(raw)])
-    prepare = shlex.join(["posttrain", "preprocess", *(a.replace("{raw}", str(raw)) for a in entry.prepare),
-                          "--output-dir", str(out)])
-    what = " ".join(entry.download[1:]) if entry.download[:1] == ("--include",) else " and ".join(entry.download)
-    return f"download {what} from the Hub dataset {entry.hub} with `{fetch}` and run `{prepare}`"
+    def filled(args) -> list[str]:
+        return [a.replace("{raw}", str(raw)) for a in args]
+
+    steps = []
+    for hub, where, download in [(entry.hub, raw, entry.download),
+                                 *((m[0], raw / m[1], m[2:]) for m in entry.more)]:
+        fetch = shlex.join(["hf", "download", hub, *download, "--repo-type", "dataset", "--local-dir", str(where)])
+        what = " ".join(download[1:]) if download[:1] == ("--include",) else " and ".join(download)
+        steps.append(f"download {what} from the Hub dataset {hub} with `{fetch}`")
+    for what, *commands in entry.steps:
+        steps.append(f"get {what} with " + " and ".join(f"`{shlex.join(filled(c))}`" for c in commands))
+    prepare = shlex.join(["posttrain", "preprocess", *filled(entry.prepare), "--output-dir", str(out)])
+    return f"{steps[0]} and run `{prepare}`" if len(steps) == 1 else f"{', '.join(steps)}, and run `{prepare}`"
 
 
 def default_validation(name: str) -> Path | None:

@@ -20,6 +20,14 @@ instruction sentence), else the content of its last user message; the
 filled template replaces that user message. A system prompt file's text
 is used as it is: a system message placed first, in place of the row's own
 leading system message if it has one (an empty file adds none, as in NeMo-RL).
+
+A row with images marks them in its user message with verl's `<image>` (or
+`<video>`) placeholders; when the filled template holds none (the problem
+came from extra_info, without them), the message's placeholders go first,
+as NeMo-RL puts a row's images before its text, so no image loses its place:
+
+    t.apply([{"role": "user", "content": "<image>Find x. You FIRST think ..."}], {"problem": "Find x."})
+        -> [{"role": "user", "content": "<image>Think step-by-step ...:\nFind x.\n\n..."}]
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ class PromptTemplates:
             users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
             text = self.prompt.format(problem_of(extra_info, msgs[users[-1]]["content"] if users else None, msgs))
             if users:
-                msgs[users[-1]]["content"] = text
+                msgs[users[-1]]["content"] = _placeholders_kept(msgs[users[-1]]["content"], text)
             else:
                 msgs.append({"role": "user", "content": text})
         if self.system:
@@ -55,6 +63,16 @@ class PromptTemplates:
                 msgs.pop(0)
             msgs.insert(0, {"role": "system", "content": self.system})
         return msgs
+
+
+_PLACEHOLDER = re.compile(r"<image>|<video>")
+
+
+def _placeholders_kept(old, text: str) -> str:
+    """`text`, after the image/video placeholders of the message it replaces when it has none of its own."""
+    if not isinstance(old, str) or _PLACEHOLDER.search(text):
+        return text
+    return "".join(_PLACEHOLDER.findall(old)) + text
 
 
 def problem_of(extra_info: dict | None, user_content: str | None, msgs: list[dict]) -> str:

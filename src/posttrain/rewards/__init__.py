@@ -14,6 +14,9 @@ fall back on this dispatcher for the data sources it does not handle.
     compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")   # 1.0
     compute_score("math_dapo", "...\\nAnswer: 0.75", "\\frac{3}{4}")                     # 1.0 (wrong: -1.0, as verl)
     compute_score("aime2024", "\\boxed{204}", "204")                                  # 1.0 (any "aime*" name)
+    compute_score("hiyouga/geometry3k", "<think>..</think> \\boxed{2}", "2")              # 1.0 (verl's geo3k)
+    compute_score("clevr-cogent", "<think>..</think><answer>3</answer>", "3")             # {"score": 1.0, "format": ...}
+    compute_score("refcoco", "<answer>[0, 0, 2, 2]</answer>", "[1, 1, 3, 3]")             # {"score": 0.1 * 0.75 + 0.9 * GIoU, ...}
     compute_score("apps", "```python\\nprint(input())\\n```", '{"inputs": ["7"], "outputs": ["7"]}',
                   sandbox_fusion_url="http://127.0.0.1:8080/run_code")                 # 1.0, run by SandboxFusion
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from posttrain.rewards import arith, countdown, gsm8k, math, multi_reward, products, sandbox
+from posttrain.rewards import arith, countdown, gsm8k, math, multi_reward, products, sandbox, vlm
 
 # data_source -> fn(solution_str, ground_truth) -> float
 REWARD_FNS: dict[str, Callable] = {
@@ -51,6 +54,13 @@ REWARD_FNS: dict[str, Callable] = {
     # verl scores these with prime_math (a boxed answer or an "answer:" marker), 1 / 0
     **{f"numina_{name}": math.compute_score_answer_line
        for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")},
+    # vision sets (rewards.vlm): verl's geometry3k reward, 0.9 * boxed answer right + 0.1 * format, a float
+    "hiyouga/geometry3k": vlm.compute_score_geo3k,  # written by `posttrain preprocess geo3k`
+    # NeMo-RL's VLM environment with vlm_grpo_3B.yaml's weights, by its task names (the named datasets'
+    # data_source): {"score": weighted sum, "format": ..., the answer's check: ...}
+    "clevr-cogent": vlm.compute_score_clevr,  # 0.2 format + 0.8 exact_alnum
+    "geometry3k": vlm.compute_score_geometry3k,  # 0.1 format + 0.9 math_expr
+    "refcoco": vlm.compute_score_refcoco,  # 0.1 format + 0.9 bbox_giou (IoU from 0.5 up)
 }
 # the rewards that read extra_info (a multi-turn sample's tool calls) and return verl's dict
 READS_EXTRA_INFO = ("products",)

@@ -9,6 +9,9 @@
     posttrain preprocess sliding-puzzle --output-dir data/sliding_puzzle   # seeds of the sliding-puzzle game
     posttrain preprocess guess-number --output-dir data/guess_number       # secrets of the number-guessing game
     posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
+    posttrain preprocess geo3k --input raw/geometry3k/data --output-dir data/geo3k   # verl's rows, with images
+    posttrain preprocess clevr --train raw/clevr/data --test raw/clevr/valA/data --output-dir data/clevr-cogent
+    posttrain preprocess refcoco --input raw/refcoco/data --images-dir raw/refcoco --output-dir data/refcoco
 
 `register(subparsers)` adds these sub-commands; each sets `func(args) -> 0`,
 which writes the files and prints one line per file with its row count.
@@ -37,6 +40,24 @@ def _math(args) -> int:
     from posttrain.data.preprocess import math
 
     return _report(math.run(args.input, args.output_dir, args.data_source, args.split, args.problem_key))
+
+
+def _geo3k(args) -> int:
+    from posttrain.data.preprocess import geo3k
+
+    return _report(geo3k.run(args.input, args.output_dir, args.style, args.split))
+
+
+def _clevr(args) -> int:
+    from posttrain.data.preprocess import clevr
+
+    return _report(clevr.run(args.train or (), args.test or (), args.output_dir))
+
+
+def _refcoco(args) -> int:
+    from posttrain.data.preprocess import refcoco
+
+    return _report(refcoco.run(args.input, args.images_dir, args.output_dir, args.size, args.seed))
 
 
 def _arith(args) -> int:
@@ -104,6 +125,37 @@ def register(subparsers) -> None:
     m.add_argument("--problem-key", default="problem", metavar="COLUMN",
                    help="the column that holds the problem (default: problem; AIME2025's is question)")
     m.set_defaults(func=_math)
+
+    g3 = subparsers.add_parser("geo3k", help="Geometry3K (hiyouga/geometry3k's parquet files, with images) as verl's "
+                                             "geo3k rows, or NeMo-RL's geometry3k rows (--style nemo-rl)")
+    g3.add_argument("--input", required=True, nargs="+", metavar="FILE_OR_DIR",
+                    help="the Hub's train-*/validation-*/test-*.parquet files, or their folder")
+    g3.add_argument("--output-dir", required=True, help="writes train.parquet, validation.parquet, test.parquet here")
+    g3.add_argument("--style", default="verl", choices=["verl", "nemo-rl"],
+                    help="verl: data_source hiyouga/geometry3k, verl's \\boxed{} instruction and reward (default); "
+                         "nemo-rl: data_source geometry3k, NeMo-RL's <think>/<answer> prompt and reward")
+    g3.add_argument("--split", default=None, metavar="NAME", help="write every row to NAME.parquet")
+    g3.set_defaults(func=_geo3k)
+
+    cl = subparsers.add_parser("clevr", help="CLEVR-CoGenT (NeMo-RL's clevr-cogent: MMInstruction/Clevr_CoGenT_* "
+                                             "parquet files, with images)")
+    cl.add_argument("--train", nargs="+", metavar="FILE_OR_DIR",
+                    help="Clevr_CoGenT_TrainA_70K_Complex's parquet files, or their folder -> train.parquet")
+    cl.add_argument("--test", nargs="+", metavar="FILE_OR_DIR",
+                    help="Clevr_CoGenT_ValA's (or ValB's) parquet files, or their folder -> test.parquet")
+    cl.add_argument("--output-dir", required=True)
+    cl.set_defaults(func=_clevr)
+
+    rc = subparsers.add_parser("refcoco", help="RefCOCO (NeMo-RL's refcoco: jxu124/refcoco's parquet files and "
+                                               "COCO's train2014 images; needs Pillow)")
+    rc.add_argument("--input", required=True, nargs="+", metavar="FILE_OR_DIR",
+                    help="the Hub's train-*/validation-*/test-*.parquet files, or their folder")
+    rc.add_argument("--images-dir", required=True, metavar="DIR",
+                    help="the folder holding train2014/ (what the rows' image_path calls coco/)")
+    rc.add_argument("--output-dir", required=True, help="writes <split>.parquet here, one per split found")
+    rc.add_argument("--size", type=int, default=256, help="images are resized to SIZE x SIZE (NeMo-RL's 256)")
+    rc.add_argument("--seed", type=int, default=0, help="draws each training row's caption")
+    rc.set_defaults(func=_refcoco)
 
     ar = subparsers.add_parser("arith", help="two-number addition (the embedded default task)")
     ar.add_argument("--output-dir", required=True, help="writes train.parquet and test.parquet here")

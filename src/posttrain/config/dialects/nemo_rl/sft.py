@@ -233,7 +233,8 @@ def _named(split: str, name, columns: dict, origin: str) -> str:
     """The refusal of a dataset named in an SFT file: what to give instead."""
     files = "data.train_files" if split == "train" else "data.val_files"
     if name in _MEDIA:
-        why = f"NeMo-RL's {printable(name)} is a vision, video or audio set (posttrain trains on text only)"
+        why = f"NeMo-RL's {printable(name)} is a vision, video or audio set (posttrain's SFT does not train on " \
+              "images, video or audio yet)"
     else:
         from posttrain.data import named
 
