@@ -159,3 +159,42 @@ def test_training_gradient_reaches_the_vision_tower(vlm):
     tower = [p for n, p in model.named_parameters() if "visual" in n or "vision" in n]
     assert tower and all(p.grad is not None for p in tower[:3])
     assert any(p.grad.abs().sum() > 0 for p in tower if p.grad is not None)
+
+
+def test_a_sampled_image_placeholder_ends_the_response():
+    """Rows 0 and 2 sample the placeholder (id 9): each ends before it, as truncated; row 1 is untouched."""
+    from posttrain.rollout.base import RolloutOutput
+
+    ids = torch.tensor([[4, 9, 5, 1], [4, 5, 6, 1], [9, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
+    out = RolloutOutput(torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.long), ids.clone(),
+                        mask.clone(), log_probs=torch.full((3, 4), -1.0), truncated=torch.tensor([False] * 3))
+    assert end_at_placeholders(out, [9], pad_token_id=0) == 2
+    assert out.response_ids.tolist() == [[4, 0, 0, 0], [4, 5, 6, 1], [0, 0, 0, 0]]
+    assert out.response_mask.tolist() == [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+    assert out.log_probs.tolist() == [[-1, 0, 0, 0], [-1, -1, -1, -1], [0, 0, 0, 0]]
+    assert out.truncated.tolist() == [True, False, True]
+
+
+def test_placeholder_ids_from_the_processor_and_the_config(vlm):
+    family, processor, model = vlm
+    image = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>" if family == "qwen2_5_vl" else "<image>")
+    assert image in placeholder_ids(processor)
+    assert placeholder_ids(model.config) == placeholder_ids(processor)
+
+
+def test_freeze_vision_tower_and_lora_on_the_language_model_only(vlm):
+    from posttrain.models.loader import freeze_vision_tower
+    from posttrain.models.lora import LoraSettings, add_adapters
+
+    family, processor, model = vlm
+    frozen = copy.deepcopy(model)
+    count = freeze_vision_tower(frozen)
+    tower = [p for n, p in frozen.named_parameters() if "visual" in n or "vision_model" in n]
+    assert count == sum(p.numel() for p in tower) > 0
+    assert not any(p.requires_grad for p in tower)
+    adapted = add_adapters(copy.deepcopy(model), LoraSettings(rank=4))
+    names = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert not any("visual" in n or "vision_model" in n or "connector" in n for n in names)
+    assert any("language_model" in n or "text_model" in n for n in names)

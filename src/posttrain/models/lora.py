@@ -64,11 +64,28 @@ def add_adapters(model: torch.nn.Module, s: LoraSettings, adapter_dir: str | Pat
                              "model.lora_adapter_path at a peft adapter directory")
         return peft.PeftModel.from_pretrained(model, str(source), is_trainable=True)
     config = peft.LoraConfig(r=s.rank, lora_alpha=s.alpha, target_modules=s.target_modules,
-                             exclude_modules=s.exclude_modules, lora_dropout=s.dropout, task_type="CAUSAL_LM")
+                             exclude_modules=s.exclude_modules if s.exclude_modules is not None else
+                             vision_modules(model), lora_dropout=s.dropout, task_type="CAUSAL_LM")
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # e.g. target modules not found in the model
         raise ConfigError(f"model.target_modules={s.target_modules}: {str(e).splitlines()[0][:200]}") from None
+
+
+# a vision-language model's image encoder and the projection into the language model (Qwen-VL's visual with its
+# merger, LLaVA's vision_tower and multi_modal_projector, Idefics3's vision_model and connector, ...)
+VISION_PARTS = ("visual", "vision_tower", "vision_model", "vpm", "image_encoder", "multi_modal_projector",
+                "connector")
+
+
+def vision_modules(model) -> str | None:
+    """peft's exclude_modules (a regex over module names) that keeps LoRA off a vision-language model's image
+    encoder and projector, so the adapters train the language model only; None for a text model."""
+    names = [n for n, _ in model.named_modules()]
+    found = [p for p in VISION_PARTS if any(n.split(".")[-1] == p or f".{p}." in f".{n}." for n in names)]
+    if not found:
+        return None
+    return r"(.*\.)?(" + "|".join(found) + r")(\..*)?"
 
 
 def is_lora(model) -> bool:
