@@ -380,17 +380,6 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
     assert load_config(None, on).rollout.multi_turn.tools == ["m:f"]
 
 
-def test_rows_with_images_are_refused_at_load(tmp_path):
-    from posttrain.driver.build_data import refuse_images
-    from posttrain.errors import DataError
-
-    rows = [{"prompt": "a", "images": None}, {"prompt": "b", "images": []}, {"prompt": "c"}]
-    refuse_images(rows, "images", "train")  # text-only rows pass
-    with pytest.raises(DataError, match="train row 1 has images in its 'pics' column .*vision inputs are not "
-                                        "supported yet"):
-        refuse_images([{"pics": []}, {"pics": [{"bytes": b"x"}]}], "pics", "train")
-
-
 def test_help_config_says_what_happens_to_each_verl_key():
     text = describe_keys()
     assert "actor_rollout_ref.actor.fsdp_config.param_offload -> actor.param_offload  [honoured]" in text
