@@ -380,15 +380,24 @@ def test_multi_turn_keys_load_off_and_enabling_it_is_one_line():
     assert load_config(None, on).rollout.multi_turn.tools == ["m:f"]
 
 
-def test_rows_with_images_are_refused_at_load(tmp_path):
-    from posttrain.driver.build_data import refuse_images
-    from posttrain.errors import DataError
+def test_verls_vision_data_keys_map_or_are_named_unused():
+    """data.image_key / data.video_key are posttrain's; verl's return_multi_modal_inputs (true: what posttrain
+    does) and image_patch_size (the processor's own is used) are named unused when set otherwise."""
+    import warnings
 
-    rows = [{"prompt": "a", "images": None}, {"prompt": "b", "images": []}, {"prompt": "c"}]
-    refuse_images(rows, "images", "train")  # text-only rows pass
-    with pytest.raises(DataError, match="train row 1 has images in its 'pics' column .*vision inputs are not "
-                                        "supported yet"):
-        refuse_images([{"pics": []}, {"pics": [{"bytes": b"x"}]}], "pics", "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = load_config(None, ["model.path=/m", "data.image_key=pics", "data.video_key=clips",
+                               "data.return_multi_modal_inputs=True", "data.image_patch_size=14",
+                               "actor_rollout_ref.actor.freeze_vision_tower=True"])
+    assert (c.data.image_key, c.data.video_key, c.actor.freeze_vision_tower) == ("pics", "clips", True)
+    with pytest.warns(UserWarning, match="^data.return_multi_modal_inputs, data.image_patch_size: verl's settings"):
+        load_config(None, ["model.path=/m", "data.return_multi_modal_inputs=False", "data.image_patch_size=16"])
+    text = describe_keys()
+    assert "data.video_key: str = 'videos'  [rows with videos refused (not supported yet)]" in text
+    assert ("data.return_multi_modal_inputs: bool = True  [true: posttrain always passes the images' tensors; "
+            "false named unused]") in text
+    assert "data.image_patch_size: int = 14  [the processor's own patch size is used; another value named unused]" in text
 
 
 def test_help_config_says_what_happens_to_each_verl_key():

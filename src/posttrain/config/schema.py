@@ -46,7 +46,10 @@ class DataConfig:
     prompt_key: str = "prompt"
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right, when not filtering
-    image_key: str = "images"  # a row with images under this column is refused: vision inputs are not supported yet
+    # the rows' images (verl's list of {bytes, path} with <image> placeholders; TRL's `image` too): with a
+    # vision-language model in model.path, in its prompts (data/images.py); a text-only model refuses such a row
+    image_key: str = "images"
+    video_key: str = "videos"  # a row with videos under this column is refused: videos are not supported yet
     # handed to the chat template, e.g. data.apply_chat_template_kwargs.enable_thinking=false (Qwen3)
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     train_max_samples: Optional[int] = None  # the first N training rows only; None or -1: all

@@ -25,7 +25,7 @@ RL_KEYS = ("actor.ppo_mini_batch_size", "actor.ppo_epochs", "actor.clip_ratio", 
            "actor.kl_loss_type", "actor.reuse_on_policy_log_probs", "actor.entropy_from_logits_with_chunking",
            "actor.entropy_checkpointing", "actor.use_torch_compile", "data.max_prompt_length",
            "data.max_response_length", "data.filter_overlong_prompts", "data.val_batch_size", "data.image_key",
-           "model.share_prompt", "trainer.critic_warmup", "trainer.max_critic_ckpt_to_keep",
+           "data.video_key", "model.share_prompt", "trainer.critic_warmup", "trainer.max_critic_ckpt_to_keep",
            "trainer.log_val_generations", "trainer.log_samples_freq", "trainer.log_samples_prompts")
 
 

@@ -3,6 +3,8 @@ drawn in.
 
     rows = read_rows("train.parquet")
     data = PromptDataset.build(rows, tokenizer, max_prompt_length=512)
+    # a vision-language model: its processor, the rows' images under data.image_key (data/images.py)
+    data = PromptDataset.build(rows, processor.tokenizer, 512, processor=processor)
     sampler = PromptSampler(len(data), batch_size=32, seed=0)
     epoch, indices = sampler.next_batch()           # 32 indices into data
     prompts = [data[i].prompt_ids for i in indices]  # list[list[int]], unpadded
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from posttrain.data.images import encode_vision_prompt, image_token_count, refuse_videos, row_images
 from posttrain.data.prompts import PromptTemplates
 from posttrain.data.schema import check_row, describe_skipped
 from posttrain.errors import DataError
@@ -32,6 +35,9 @@ class PromptItem:
     ground_truth: Any  # str, or a dict such as countdown's {target, numbers}
     extra_info: dict = field(default_factory=dict)
     index: int = 0  # row index in the files as read (concatenated)
+    # the row's images as stored (undecoded: a large dataset holds no pixels), None for a text-only prompt;
+    # data.images decodes them (decode_image) and makes the model's tensors (vision_inputs)
+    images: list | None = None
 
 
 def encode_prompt(tokenizer, messages, template_kwargs: dict | None = None) -> list[int]:
@@ -64,8 +70,16 @@ def _warn_no_template(tokenizer) -> None:
               "joined by newlines (fine for a base model, wrong for a chat model)", file=sys.stderr)
 
 
-def _fit(ids: list[int], max_len: int, truncation: str, i: int, name: str) -> list[int]:
-    """ids cut to max_len tokens as `truncation` says, or a DataError."""
+def _fit(ids: list[int], max_len: int, truncation: str, i: int, name: str, image_tokens: int = 0) -> list[int]:
+    """ids cut to max_len tokens as `truncation` says, or a DataError. A prompt with images (`image_tokens` of its
+    ids) is never cut: a cut through an image's tokens leaves the model a part of an image, and one that keeps
+    them whole still moves where the images sit against the text the placeholders put them in."""
+    if image_tokens:
+        raise DataError(
+            f"{name} row {i} has {len(ids)} prompt tokens ({image_tokens} of them its images' tokens, which count), "
+            f"over data.max_prompt_length={max_len}; a prompt with images is not cut (data.truncation={truncation}): "
+            "raise data.max_prompt_length, set data.filter_overlong_prompts=True, or use smaller images"
+        )
     if truncation == "left":  # keep the end: the question and the assistant's opening
         return ids[-max_len:]
     if truncation == "right":
@@ -95,7 +109,8 @@ class PromptDataset:
     @classmethod
     def build(cls, rows: list[dict], tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
               filter_overlong: bool = True, truncation: str = "error", name: str = "train",
-              template_kwargs: dict | None = None, templates: PromptTemplates | None = None) -> PromptDataset:
+              template_kwargs: dict | None = None, templates: PromptTemplates | None = None, processor=None,
+              image_key: str = "images", video_key: str = "videos") -> PromptDataset:
         """Tokenize rows (as read_rows gives them). A prompt over
         max_prompt_length tokens is dropped and counted (filter_overlong, as
         verl's filter_overlong_prompts), else cut (truncation left|right) or
@@ -106,7 +121,15 @@ class PromptDataset:
         `templates` (data.prompt_file / data.system_prompt_file, see
         data.prompts) rewrite each usable row's messages before tokenizing.
 
+        With a vision-language model's `processor`, each prompt's ids are its full call's (data.images'
+        encode_vision_prompt): the rows' images (under `image_key`, or TRL's `image`) are decoded and their tokens
+        count against max_prompt_length; a prompt with images is dropped when over it (filter_overlong) and never
+        cut (a DataError); a row whose images do not decode or do not match its <image> placeholders is skipped
+        and counted as above. Without a processor a row with images is a DataError (a text-only model); a row with
+        videos (`video_key`) is one either way.
+
             build(rows, tok, 30)   # 3 rows, one of 40 tokens -> len 2, num_dropped 1
+            build(rows, processor.tokenizer, 512, processor=processor)   # items' images: the rows' as stored
         """
         if truncation not in TRUNCATION_MODES:
             raise DataError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION_MODES)}; pick one")
@@ -117,10 +140,16 @@ class PromptDataset:
             indices = range(len(rows))
         items, dropped, skipped = [], 0, []
         for i, row in zip(indices, rows):
+            refuse_videos(row, video_key, f"{name} row {i}")
+            images = row_images(row, image_key)
+            if images and processor is None:
+                raise DataError(f"{name} row {i} has images in its '{image_key}' column (data.image_key), but the "
+                                "model is text-only: point model.path at a vision-language model (e.g. Qwen2.5-VL) "
+                                "or drop the column")
             reason = check_row(row, prompt_key)
             if reason is None:
                 messages = templates.apply(row[prompt_key], row.get("extra_info")) if templates else row[prompt_key]
-                ids, reason = _encode_row(tokenizer, messages, template_kwargs)
+                ids, reason = _encode_row(tokenizer, messages, template_kwargs, processor, images)
             if reason is not None:
                 skipped.append((i, reason))
                 continue
@@ -128,12 +157,14 @@ class PromptDataset:
                 if filter_overlong:
                     dropped += 1
                     continue
-                ids = _fit(ids, max_prompt_length, truncation, i, name)
+                ids = _fit(ids, max_prompt_length, truncation, i, name,
+                           image_token_count(processor, ids) if images else 0)
             items.append(PromptItem(ids, messages, row["data_source"], row["reward_model"]["ground_truth"],
-                                    row.get("extra_info") or {}, i))
+                                    row.get("extra_info") or {}, i, images or None))
         if dropped:
+            counted = " (image tokens included)" if processor is not None else ""
             print(f"posttrain: dropped {dropped} of {len(rows)} {name} prompts longer than "
-                  f"max_prompt_length={max_prompt_length}", file=sys.stderr)
+                  f"max_prompt_length={max_prompt_length}{counted}", file=sys.stderr)
         if skipped and items:
             print(f"posttrain: warning: {describe_skipped(skipped, len(rows), f'{name} rows')}; fix or drop them",
                   file=sys.stderr)
@@ -149,13 +180,21 @@ class PromptDataset:
         return cls(items, dropped, getattr(rows, "num_invalid", 0) + len(skipped))
 
 
-def _encode_row(tokenizer, messages, template_kwargs: dict | None = None) -> tuple[list[int], str | None]:
-    """-> (prompt ids, None), or ([], why the prompt cannot be used)."""
+def _encode_row(tokenizer, messages, template_kwargs: dict | None = None, processor=None,
+                images: list | None = None) -> tuple[list[int], str | None]:
+    """-> (prompt ids, None), or ([], why the prompt cannot be used). With a processor: its full call on the
+    prompt and its images (an image that does not decode, or placeholders that do not match: the reason)."""
     try:
-        ids = encode_prompt(tokenizer, messages, template_kwargs)
+        if processor is not None:
+            ids = encode_vision_prompt(processor, messages, images or [], template_kwargs)
+        else:
+            ids = encode_prompt(tokenizer, messages, template_kwargs)
+    except DataError as e:  # data.images' own: one line naming the image or the placeholders, and the fix
+        return [], str(e)
     except Exception as e:  # noqa: BLE001 - a chat template may refuse one row (raise_exception("roles must alternate"))
         text = (str(e).strip().splitlines() or [""])[0][:120]
-        return [], f"the tokenizer refused the prompt ({type(e).__name__}: {text})"
+        who = "processor" if processor is not None else "tokenizer"
+        return [], f"the {who} refused the prompt ({type(e).__name__}: {text})"
     if not ids:  # e.g. a plain-string prompt of characters the tokenizer drops, and no chat template
         return [], "the prompt is 0 tokens long"
     return ids, None

@@ -12,7 +12,7 @@ from posttrain.data.dataset import PromptDataset
 from posttrain.data.preprocess import arith
 from posttrain.data.prompts import read_templates
 from posttrain.data.schema import read_rows
-from posttrain.errors import ConfigError, DataError
+from posttrain.errors import ConfigError
 from posttrain.files.cache import cache_root
 from posttrain.tiny.arith import ensure_tiny_model
 from posttrain.tools import ToolSet
@@ -57,13 +57,15 @@ def data_files(cfg) -> tuple[list[str], list[str] | None]:
 
 
 def load_datasets(cfg, train_files: list[str], val_files: list[str] | None, tokenizer, templates,
-                  tools: ToolSet | None) -> tuple[PromptDataset, PromptDataset | None]:
+                  tools: ToolSet | None, processor=None) -> tuple[PromptDataset, PromptDataset | None]:
     """The training and validation prompts (with data.val_split_size, validation held out of training);
-    with tools, their schemas in each prompt's chat template."""
+    with tools, their schemas in each prompt's chat template; with a vision-language model's `processor`
+    (models.processor.load_processor), the rows' images in the prompts (load_data)."""
     schemas = tools.schemas if tools is not None else None
-    train_data = load_data(train_files, tokenizer, cfg, "train", templates=templates, tool_schemas=schemas)
-    val_data = (load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples, templates, schemas)
-                if val_files else None)
+    train_data = load_data(train_files, tokenizer, cfg, "train", templates=templates, tool_schemas=schemas,
+                           processor=processor)
+    val_data = (load_data(val_files, tokenizer, cfg, "validation", cfg.data.val_max_samples, templates, schemas,
+                          processor) if val_files else None)
     if cfg.data.val_split_size:
         seed = cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed
         train_data, val_data = hold_out(train_data, val_data, cfg.data.val_split_size, seed, cfg.data.val_max_samples)
@@ -71,20 +73,22 @@ def load_datasets(cfg, train_files: list[str], val_files: list[str] | None, toke
 
 
 def load_data(files, tokenizer, cfg, name: str, max_samples: int | None = None, templates=None,
-              tool_schemas: list | None = None):
+              tool_schemas: list | None = None, processor=None):
     """files' rows as a PromptDataset; `templates`: data.prompts.PromptTemplates (None: read the config's
     data.prompt_file / system_prompt_file, if any); `tool_schemas`: the tools the chat template tells the
-    model about (multi-turn rollouts)."""
+    model about (multi-turn rollouts); `processor`: a vision-language model's, for rows with images under
+    data.image_key (None: a text-only model, which refuses them; rows with data.video_key's videos are refused
+    either way)."""
     if templates is None:
         templates = read_templates(cfg.data.prompt_file, cfg.data.system_prompt_file)
     rows = read_rows(files, prompt_key=cfg.data.prompt_key)
     if max_samples is not None:
         rows = rows[:max_samples]
-    refuse_images(rows, cfg.data.image_key, name)
     return PromptDataset.build(
         rows, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
         filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation, name=name,
-        template_kwargs=template_kwargs(cfg, tool_schemas), templates=templates,
+        template_kwargs=template_kwargs(cfg, tool_schemas), templates=templates, processor=processor,
+        image_key=cfg.data.image_key, video_key=cfg.data.video_key,
     )
 
 
@@ -116,10 +120,3 @@ def hold_out(train, val, share: float, seed: int | None, max_samples: int | None
     return (PromptDataset([train.items[i] for i in kept], train.num_dropped, train.num_invalid),
             PromptDataset(val_items))
 
-
-def refuse_images(rows, image_key: str, name: str) -> None:
-    """A row that carries images (verl's data.image_key column) needs a vision model's processor: not yet."""
-    for i, row in enumerate(rows):
-        if row.get(image_key) not in (None, [], ""):
-            raise DataError(f"{name} row {i} has images in its '{image_key}' column (data.image_key): vision inputs "
-                            "are not supported yet; train on text-only rows")

@@ -23,6 +23,15 @@ UNUSED = {
     # verl's: validation on the trainer's devices (posttrain's always are)
     "async_training.use_trainer_do_validate": ("bool", False),
     "async_training.checkpoint_engine": ("Dict[str, Any]", {}),  # verl's bucketed NCCL weight sync
+    # verl's switch for handing a prompt's image tensors to the model: posttrain always hands them (data/images.py)
+    "data.return_multi_modal_inputs": ("bool", True),
+    # verl's patch size for its Qwen-VL image preprocessing: posttrain uses the processor's own settings
+    "data.image_patch_size": ("int", 14),
+}
+# what --help-config says of the UNUSED keys above that are not simply "unused"
+UNUSED_STATUS = {
+    "data.return_multi_modal_inputs": "true: posttrain always passes the images' tensors; false named unused",
+    "data.image_patch_size": "the processor's own patch size is used; another value named unused",
 }
 
 # verl's deprecated global micro-batch sizes -> posttrain's former keys of a size over all workers (each
@@ -68,7 +77,7 @@ FULLY_ASYNC = {
 ONLY_OFF, ONLY_ACTORS = "only this value; others refused", "only the actor's value"
 FIXED = {
     # verl's own dataset class (its RLHFDataset API): refused, posttrain reads the parquet rows itself
-    "data.custom_cls.path": ("Optional[str]", None, "data.image_key", "only null; a dataset class is refused"),
+    "data.custom_cls.path": ("Optional[str]", None, "data.video_key", "only null; a dataset class is refused"),
     "data.custom_cls.name": ("Optional[str]", None, "data.custom_cls.path", "with path only"),
     # verl's torch | triton fused kernels: posttrain's chunked pass (model.use_fused_kernels) is torch either way
     "model.fused_kernel_options.impl_backend": ("Optional[str]", None, "model.use_fused_kernels",
@@ -98,7 +107,7 @@ FIXED = {
 OWN = {**UNUSED, **{key: ("Optional[int]", None) for key in GLOBAL_SIZES}, **FULLY_ASYNC}
 # every key the dialect reads itself -> (type, default), and what happens to each (`posttrain train --help-config`)
 READ = {**OWN, **{key: (typ, default) for key, (typ, default, _, _) in FIXED.items()}}
-STATUS = {**{key: "verl only: unused" for key in UNUSED},
+STATUS = {**{key: UNUSED_STATUS.get(key, "verl only: unused") for key in UNUSED},
           **{key: f"verl's global size: {ours} = it // (trainer.nnodes x trainer.n_gpus_per_node"
                   f"{' / the Ulysses size' if ulysses else ''})" for key, (ours, ulysses) in GLOBAL_SIZES.items()},
           **{key: "verl's fully asynchronous trainer: translated (docs/async.md)" for key in FULLY_ASYNC},
