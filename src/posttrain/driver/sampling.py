@@ -6,6 +6,7 @@ from __future__ import annotations
 from posttrain.driver.batch import RolloutBatch
 from posttrain.driver.env_side import EnvSide
 from posttrain.rollout.base import SamplingParams, decode_responses
+from posttrain.data.images import decode_image, vision_inputs
 from posttrain.errors import DataError
 from posttrain.rollout.multiturn import MultiTurnSettings, rollout_with_tools
 from posttrain.rollout.vision import ImagePrompt, end_at_placeholders, placeholder_ids
@@ -51,8 +52,6 @@ def sample(engine, tokenizer, items, params: SamplingParams, tools: ToolSet | No
 def vision_prompts(items, processor) -> list[ImagePrompt]:
     """The engine's prompts of `items` for a vision-language model: each one's token ids with its images
     decoded and their tensors (the processor's, made here each time: a dataset holds its images undecoded)."""
-    from posttrain.data.images import decode_image, vision_inputs
-
     out = []
     for it in items:
         where = f"row {it.index}"

@@ -67,13 +67,14 @@ def _qwen(tok, hidden: int, layers: int, vision_depth: int):
                          num_attention_heads=heads, num_key_value_heads=2, vocab_size=len(tok),
                          max_position_embeddings=2048, tie_word_embeddings=True,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None),
         vision_config=dict(depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads,
                            out_hidden_size=hidden, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
                            window_size=56, fullatt_block_indexes=[vision_depth - 1]),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        bos_token_id=None)
     # images of 28x28 to 112x112 pixels: 1 to 16 image tokens each (a token is 2x2 patches of 14x14)
     images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
                                       temporal_patch_size=2)
@@ -89,7 +90,7 @@ def _idefics(tok, hidden: int, layers: int, vision_depth: int):
         text_config=dict(model_type="llama", hidden_size=hidden, intermediate_size=3 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          vocab_size=len(tok), max_position_embeddings=2048, tie_word_embeddings=True,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None),
         vision_config=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=vision_depth,
                            num_attention_heads=4, image_size=image_size, patch_size=patch),
         scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=True,
