@@ -198,3 +198,28 @@ def test_freeze_vision_tower_and_lora_on_the_language_model_only(vlm):
     assert names and all("lora_" in n for n in names)
     assert not any("visual" in n or "vision_model" in n or "connector" in n for n in names)
     assert any("language_model" in n or "text_model" in n for n in names)
+
+
+def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
+    """A critic on a VLM, vLLM rollouts with images, multi-turn rollouts with images: one line each."""
+    from posttrain.driver.sampling import sample
+    from posttrain.errors import DataError, ModelError
+    from posttrain.models.loader import load_value_model
+    from posttrain.rollout.vllm import VLLMRolloutEngine
+
+    family, processor, model = vlm
+    model.save_pretrained(tmp_path / "m")
+    processor.tokenizer.save_pretrained(tmp_path / "m")
+    with pytest.raises(ModelError, match="critic.*not supported yet.*adv_estimator=grpo"):
+        load_value_model(tmp_path / "m")
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
+    with pytest.raises(ValueError, match="rollout.name=hf"):
+        engine.generate(prompts_of(family, processor, count=1), SamplingParams(max_new_tokens=2))
+
+    class Item:
+        prompt_ids, images, index, data_source, ground_truth, extra_info, messages = [1, 2], [image(0, (56, 56))], 0, \
+            "s", "g", {}, []
+
+    with pytest.raises(DataError, match="multi-turn rollouts .* do not take images yet"):
+        sample(None, processor.tokenizer, [Item()], SamplingParams(max_new_tokens=2), tools=object(),
+               processor=processor)

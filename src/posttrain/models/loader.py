@@ -62,6 +62,10 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     p = check_model_dir(path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    if is_vision_dir(p):
+        raise ModelError(f"the model in '{p}' is a vision-language model: a critic (value head) on one is not "
+                         "supported yet; train it with a critic-free estimator (algorithm.adv_estimator=grpo, "
+                         "rloo, reinforce_plus_plus, ...)")
     try:
         config = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
         config.num_labels = 1

@@ -39,6 +39,11 @@ def load_processor(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoProcessor
 
     p = check_model_dir(path)
+    try:
+        import PIL  # noqa: F401 - transformers' image processors decode and resize with it
+    except ImportError:
+        raise ModelError(f"'{p}' is a vision-language model, whose images need Pillow: "
+                         "pip install 'posttrain[vision]'") from None
     if not (p / "preprocessor_config.json").exists():
         raise ModelError(f"the vision-language model in '{p}' has no preprocessor_config.json (its image "
                          "processor); copy the processor files of its release into the directory")

@@ -211,6 +211,9 @@ class VLLMRolloutEngine:
         self.adapter_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-")) if lora_rank else None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        if any(getattr(p, "vision", None) for p in prompts):
+            raise ValueError("rollout.name=vllm does not take prompts with images yet: set rollout.name=hf for a "
+                             "vision-language model")
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
