@@ -266,3 +266,19 @@ def test_load_data_reads_images_from_parquet_with_the_processor(processors, text
         {"type": "image"}, {"type": "text", "text": "Name it."}]}], [WIDE])["input_ids"][0].tolist()
     with pytest.raises(DataError, match="but the model is text-only"):
         load_data([str(path)], text_tokenizer, cfg, "train")
+
+
+def test_trls_conversational_rows_with_content_parts_and_an_image_column(processors, tmp_path):
+    """TRL's layout: the prompt's content already parts ({"type": "image"} where the image goes), the image in an
+    `image` column; read back from parquet (where every part gains the other parts' keys as nulls)."""
+    from posttrain.config.load import load_config
+    from posttrain.driver.build_data import load_data
+
+    parts = [{"type": "text", "text": "Look: "}, {"type": "image"}, {"type": "text", "text": "what colour?"}]
+    path = write_rows([row(parts, image={"bytes": SQUARE, "path": None})], tmp_path / "trl.parquet")
+    cfg = load_config(None, ["model.path=/m"])
+    processor = processors["qwen2_5_vl"]
+    data = load_data([str(path)], processor.tokenizer, cfg, "train", processor=processor)
+    assert len(data) == 1 and len(data[0].images) == 1
+    assert data[0].prompt_ids == full_call(processor, [{"role": "user", "content": parts}],
+                                           [SQUARE])["input_ids"][0].tolist()

@@ -222,8 +222,8 @@ def check_row(row, prompt_key: str = "prompt") -> str | None:
             -> "prompt message 0 content is None, not a string"
 
     Refused: a data_source that is not a non-empty string; a prompt that is
-    missing, blank, an empty list, or not a list of {role: str, content: str}
-    dicts with some non-blank content; a reward_model without ground_truth;
+    missing, blank, an empty list, or not a list of {role: str, content: str
+    or a list of {type, ...} content parts} dicts with some non-blank content; a reward_model without ground_truth;
     an extra_info that is neither null nor a dict (skipped, not coerced: a
     reward function reads it, and {} in its place would change the reward
     silently); text that is not valid unicode (a lone surrogate such as
@@ -261,11 +261,32 @@ def _check_prompt(prompt, key: str) -> str | None:
             return f"{key} message {j} is {_kind(m)}, not a {{role, content}} dict"
         if not isinstance(m.get("role"), str):
             return f"{key} message {j} role is {_kind(m.get('role'))}, not a string"
-        if not isinstance(m.get("content"), str):
-            return f"{key} message {j} content is {_kind(m.get('content'))}, not a string"
-    if not any(m["content"].strip() for m in prompt):
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):  # content parts (TRL's and the chat templates' multimodal layout)
+            reason = _check_parts(content)
+            if reason:
+                return f"{key} message {j} {reason}"
+        elif not isinstance(content, str):
+            return f"{key} message {j} content is {_kind(content)}, not a string or a list of content parts"
+    if not any(_has_content(m["content"]) for m in prompt):
         return f"every {key} message is blank"
     return None
+
+
+def _check_parts(parts) -> str | None:
+    """Why a message's content parts ([{"type": "text", "text": ...}, {"type": "image"}, ...]) are unusable."""
+    for k, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            return f"content part {k} is {_kind(part)}, not a {{type, ...}} dict"
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            return f"content part {k} text is {_kind(part.get('text'))}, not a string"
+    return None
+
+
+def _has_content(content) -> bool:
+    if isinstance(content, str):
+        return bool(content.strip())
+    return any(p["type"] != "text" or p["text"].strip() for p in content)
 
 
 
