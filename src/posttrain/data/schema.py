@@ -267,7 +267,7 @@ def _check_prompt(prompt, key: str) -> str | None:
             if reason:
                 return f"{key} message {j} {reason}"
         elif not isinstance(content, str):
-            return f"{key} message {j} content is {_kind(content)}, not a string or a list of content parts"
+            return f"{key} message {j} content is {_kind(content)}, not a string"
     if not any(_has_content(m["content"]) for m in prompt):
         return f"every {key} message is blank"
     return None
