@@ -201,17 +201,12 @@ def test_freeze_vision_tower_and_lora_on_the_language_model_only(vlm):
 
 
 def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
-    """A critic on a VLM, vLLM rollouts with images, multi-turn rollouts with images: one line each."""
+    """vLLM rollouts with images, multi-turn rollouts with images: one line each."""
     from posttrain.driver.sampling import sample
-    from posttrain.errors import DataError, ModelError
-    from posttrain.models.loader import load_value_model
+    from posttrain.errors import DataError
     from posttrain.rollout.vllm import VLLMRolloutEngine
 
     family, processor, model = vlm
-    model.save_pretrained(tmp_path / "m")
-    processor.tokenizer.save_pretrained(tmp_path / "m")
-    with pytest.raises(ModelError, match="critic.*not supported yet.*adv_estimator=grpo"):
-        load_value_model(tmp_path / "m")
     engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
     with pytest.raises(ValueError, match="rollout.name=hf"):
         engine.generate(prompts_of(family, processor, count=1), SamplingParams(max_new_tokens=2))
@@ -223,3 +218,48 @@ def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
     with pytest.raises(DataError, match="multi-turn rollouts .* do not take images yet"):
         sample(None, processor.tokenizer, [Item()], SamplingParams(max_new_tokens=2), tools=object(),
                processor=processor)
+
+
+def test_the_critic_of_a_vlm_values_every_position_and_saves_and_loads(vlm, tmp_path):
+    """A value head on the VLM's body: the values of the critic pass equal those of the model's own forward one
+    sequence at a time; a checkpoint's critic (its config marked, its weights as saved) loads back the same."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from posttrain.checkpoint.state import critic_snapshot
+    from posttrain.models.loader import load_value_model
+    from posttrain.training.critic import compute_values
+
+    family, processor, model = vlm
+    src = build_vlm_dir(tmp_path / "src", family, seed=1)
+    critic = load_value_model(src, dtype="float32").double()
+    prompts = prompts_of(family, processor, text_only=(1,))
+    out = HFRolloutEngine(model, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=8,
+                          progress=False).generate(prompts, SamplingParams(max_new_tokens=4, n=2))
+    batch = batch_of(prompts, out, 2, model)
+    values = compute_values(critic, batch, 3)
+    for row in range(len(batch)):
+        p, mask = prompts[row // 2], out.response_mask[row].bool()
+        ids = torch.tensor([list(p) + out.response_ids[row][mask].tolist()])
+        extra = {}
+        if "mm_token_type_ids" in inspect.signature(critic.forward).parameters and p.vision:
+            extra["mm_token_type_ids"] = (ids == critic.config.image_token_id).int()
+        with torch.no_grad():
+            own = critic(input_ids=ids, attention_mask=torch.ones_like(ids), **join_vision([p.vision]), **extra)
+        assert own.logits.shape[-1] == 1
+        want = own.logits[0, len(p) - 1:-1, 0]
+        torch.testing.assert_close(values[row][mask].double(), want, atol=2e-6, rtol=0)
+    saved = tmp_path / "critic"
+    saved.mkdir()
+    snap = critic_snapshot(critic.float(), torch.optim.SGD(critic.parameters(), lr=0.1),
+                           torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(critic.parameters(), lr=0.1),
+                                                             lambda s: 1.0))
+    (saved / "config.json").write_text(snap["config"])
+    save_file(snap["model"], str(saved / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        (saved / name).write_bytes((src / name).read_bytes())
+    assert json.loads(snap["config"])["posttrain_value_head"] is True
+    again = load_value_model(saved, dtype="float32")
+    for (k, a), (_, b) in zip(critic.float().state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), k

@@ -69,3 +69,31 @@ def test_two_grpo_steps_on_images_then_export(tmp_path):
                                          add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[[Image.open(io.BytesIO(png(0)))]], return_tensors="pt")
     assert torch.isfinite(model(**inputs).logits).all()
+
+
+@pytest.mark.slow
+def test_ppo_with_a_critic_on_idefics3_with_the_vision_tower_frozen(tmp_path):
+    """The other layout (Idefics3: pixel_attention_mask, 1-D positions), GAE with a critic on the VLM's body,
+    TRL's layout (an `image` column, no placeholder): the tower keeps its weights, the language model moves."""
+    model_dir = build_vlm_dir(tmp_path / "model", "idefics3", seed=3)
+    rows = vision_rows(6)
+    for r in rows:  # TRL's: one image in an `image` column, none in the text
+        r["image"] = r.pop("images")[0]
+        r["prompt"][0]["content"] = r["prompt"][0]["content"].replace("<image>", "")
+    write_rows(rows, tmp_path / "train.parquet")
+    run_dir = tmp_path / "run"
+    posttrain(["train", f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+               "data.train_batch_size=3", "data.max_prompt_length=128", "data.max_response_length=6", "rollout.n=2",
+               "algorithm.adv_estimator=gae", "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size=3",
+               "critic.ppo_micro_batch_size=3", "actor.lr=1e-3", "critic.lr=1e-3", "actor.freeze_vision_tower=true",
+               "trainer.save_freq=2", "trainer.total_training_steps=2", f"trainer.run_dir={run_dir}",
+               "trainer.logger=[]", "reward.num_workers=0"], cwd=tmp_path)
+    steps = [m for m in read_metrics(run_dir) if "critic/vf_loss" in m]
+    assert len(steps) == 2 and all(np.isfinite(m["critic/vf_loss"]) for m in steps)
+    ckpt = run_dir / "checkpoints" / "global_step_2"
+    assert (ckpt / "critic" / "model.safetensors").is_file()
+    before = load_vision_model(model_dir, torch.float32).state_dict()
+    after = load_vision_model(ckpt / "actor", torch.float32).state_dict()
+    tower = [k for k in before if "vision_model" in k]
+    assert tower and all(torch.equal(before[k], after[k]) for k in tower)
+    assert any(not torch.equal(before[k], after[k]) for k in before if "text_model" in k)

@@ -9,7 +9,7 @@ import torch
 from posttrain.errors import ModelError
 from posttrain.files.cache import check_model_dir
 from posttrain.models.attention import use_grouped_attention
-from posttrain.models.processor import is_vision_dir, load_vision_model
+from posttrain.models.processor import is_vision_dir, load_vision_model, load_vision_value_model
 from posttrain.text.lines import one_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,10 +62,11 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     p = check_model_dir(path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    if is_vision_dir(p):
-        raise ModelError(f"the model in '{p}' is a vision-language model: a critic (value head) on one is not "
-                         "supported yet; train it with a critic-free estimator (algorithm.adv_estimator=grpo, "
-                         "rloo, reinforce_plus_plus, ...)")
+    if is_vision_dir(p):  # a vision-language model: its body, the output layer replaced by the value head
+        model = load_vision_value_model(p, DTYPES[dtype], trust_remote_code)
+        if small_attention:
+            use_grouped_attention(model)
+        return model.to(device)
     try:
         config = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
         config.num_labels = 1

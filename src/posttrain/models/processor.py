@@ -133,3 +133,41 @@ def load_vision_model(path: str | Path, dtype, trust_remote_code: bool = False):
                                                            trust_remote_code=trust_remote_code, use_safetensors=True)
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load the vision-language model from '{path}': {one_line(e)}") from e
+
+
+VALUE_HEAD = "posttrain_value_head"  # config.json's mark of a saved VLM critic (its lm_head is the value head)
+
+
+def load_vision_value_model(path: str | Path, dtype, trust_remote_code: bool = False):
+    """A vision-language model's body with a scalar head on every position (the critic's value model): its
+    `lm_head` replaced by a Linear(hidden, 1) (fresh, as a token-classification head starts; or a saved
+    critic's, whose config.json carries VALUE_HEAD). -> model whose `.logits` are [B, L, 1]."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot read the vision-language model's config in '{path}': {one_line(e)}") from e
+    saved = bool(getattr(config, VALUE_HEAD, False))
+    if saved:  # the body's weights and the head are in the critic's own safetensors
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        model = load_vision_model(path, dtype, trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head = torch.nn.Linear(text.hidden_size, 1, dtype=dtype)
+    torch.nn.init.normal_(head.weight, std=getattr(text, "initializer_range", 0.02))
+    torch.nn.init.zeros_(head.bias)
+    model.lm_head = head
+    for c in {id(model.config): model.config, id(text): text}.values():  # the head no longer shares the embedding
+        c.tie_word_embeddings = False
+    setattr(model.config, VALUE_HEAD, True)
+    if saved:
+        from safetensors.torch import load_file
+
+        try:
+            model.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=True)
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"the saved critic in '{path}' does not load: {one_line(e)}; resume from another "
+                             "checkpoint") from e
+    return model

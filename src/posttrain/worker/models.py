@@ -129,11 +129,12 @@ def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool):
 
     c = spec.critic
     critic = load_value_model(c.model_dir, **kwargs)
-    if critic.config.vocab_size < len(tokenizer):
+    config = critic.config.get_text_config() if hasattr(critic.config, "get_text_config") else critic.config
+    if config.vocab_size < len(tokenizer):
         from posttrain.errors import ModelError
 
         raise ModelError(
-            f"the critic model in '{c.model_dir}' has a vocabulary of {critic.config.vocab_size} tokens, "
+            f"the critic model in '{c.model_dir}' has a vocabulary of {config.vocab_size} tokens, "
             f"fewer than the actor's tokenizer ({len(tokenizer)}): the critic reads the actor's token ids, "
             "so critic.model.path must share the actor's tokenizer")
     if sharded:
