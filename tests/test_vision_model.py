@@ -263,3 +263,13 @@ def test_the_critic_of_a_vlm_values_every_position_and_saves_and_loads(vlm, tmp_
     again = load_value_model(saved, dtype="float32")
     for (k, a), (_, b) in zip(critic.float().state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), k
+
+
+def test_ulysses_refuses_images():
+    from types import SimpleNamespace
+
+    from posttrain.training.logprobs import refuse_images
+
+    refuse_images(SimpleNamespace(vision=[{}, {}]))  # text rows of a VLM: fine
+    with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=1"):
+        refuse_images(SimpleNamespace(vision=[{}, {"pixel_values": torch.zeros(1)}]))

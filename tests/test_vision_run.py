@@ -97,3 +97,20 @@ def test_ppo_with_a_critic_on_idefics3_with_the_vision_tower_frozen(tmp_path):
     tower = [k for k in before if "vision_model" in k]
     assert tower and all(torch.equal(before[k], after[k]) for k in tower)
     assert any(not torch.equal(before[k], after[k]) for k in before if "text_model" in k)
+
+
+@pytest.mark.slow
+def test_asynchronous_training_with_in_flight_updates_takes_images(tmp_path):
+    """The rollout engine in a process of its own: prompts with images cross to it (ImagePrompt pickles its
+    images' tensors), new weights reach it between tokens."""
+    model_dir = build_vlm_dir(tmp_path / "model", "qwen2_5_vl", seed=4)
+    write_rows(vision_rows(6), tmp_path / "train.parquet")
+    run_dir = tmp_path / "run"
+    posttrain(["train", f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+               "data.train_batch_size=3", "data.max_prompt_length=128", "data.max_response_length=6", "rollout.n=2",
+               "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size=3", "async_training.enable=true",
+               "async_training.in_flight_weight_updates=true", "algorithm.rollout_correction.rollout_is=token",
+               "trainer.total_training_steps=2", f"trainer.run_dir={run_dir}", "trainer.logger=[]",
+               "reward.num_workers=0"], cwd=tmp_path)
+    steps = [m for m in read_metrics(run_dir) if "actor/pg_loss" in m]
+    assert len(steps) == 2 and all(np.isfinite(m["actor/pg_loss"]) for m in steps)
