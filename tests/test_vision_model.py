@@ -273,3 +273,52 @@ def test_ulysses_refuses_images():
     refuse_images(SimpleNamespace(vision=[{}, {}]))  # text rows of a VLM: fine
     with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=1"):
         refuse_images(SimpleNamespace(vision=[{}, {"pixel_values": torch.zeros(1)}]))
+
+
+SHARDED_VLM = """
+import copy, sys, tempfile, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from test_vision_model import *
+from posttrain.training.parallelize import parallelize, vision_blocks, decoder_layers
+from posttrain.training.microbatch import micro_batches
+from posttrain.training.logprobs import log_probs_and_entropy
+from posttrain.rollout.weights import named_full_weights
+dist.init_process_group("gloo", init_method=f"file://{{tempfile.mkdtemp()}}/rdzv", rank=0, world_size=1)
+processor = load_processor({path!r})
+base = load_vision_model({path!r}, torch.float32)
+prompts = prompts_of({family!r}, processor, count=2)
+out = HFRolloutEngine(base, [processor.tokenizer.eos_token_id], processor.tokenizer.pad_token_id, seed=7,
+                      progress=False).generate(prompts, SamplingParams(max_new_tokens=4, n=2))
+batch = batch_of(prompts, out, 2, base)
+after = []
+for shard in (False, True):
+    m = copy.deepcopy(base)
+    if shard:
+        m = parallelize(m)
+        assert vision_blocks(m) and all(hasattr(b, "_get_fsdp_state") for b in vision_blocks(m))
+        assert all(hasattr(layer, "_get_fsdp_state") for layer in decoder_layers(m))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m.train()
+    (_, mb), = micro_batches(batch, 8, True)
+    log_prob, _ = log_probs_and_entropy(m, mb, "cpu", 1.0, PassOptions(), with_entropy=False)
+    (log_prob * mb.response_mask).sum().backward()
+    opt.step()
+    after.append(dict(named_full_weights(m)))
+worst = max((after[0][k] - after[1][k]).abs().max().item() for k in after[0])
+moved = max((after[0][k] - v).abs().max().item() for k, v in base.state_dict().items() if k in after[0])
+print(worst, moved)
+"""
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+def test_fsdp2_shards_the_language_model_and_the_vision_tower_and_changes_no_update(family, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = build_vlm_dir(tmp_path / family, family, seed=1)
+    script = SHARDED_VLM.format(tests=str(Path(__file__).parent), path=str(path), family=family)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    worst, moved = map(float, done.stdout.split()[-2:])
+    assert moved > 1e-3 and worst < 1e-6

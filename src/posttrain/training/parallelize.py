@@ -1,7 +1,8 @@
 """Data parallelism for a model that knows nothing of it: FSDP2.
 
-`parallelize(model, mesh)` shards every decoder layer and then the root
-(embeddings, final norm, LM head) with `fully_shard`, so parameters,
+`parallelize(model, mesh)` shards every decoder layer (and a vision-language
+model's image-encoder blocks) and then the root (embeddings, final norm, LM
+head) with `fully_shard`, so parameters,
 gradients and optimizer state are split across the mesh and each layer is
 gathered only while it runs. Activation checkpointing wraps each layer
 first; mixed precision is for GPUs (bf16 compute, fp32 gradient reduction).
@@ -21,15 +22,36 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The repeated blocks of a Hugging Face causal LM (`model.model.layers`
-    for Llama/Qwen/Mistral-style models)."""
+    for Llama/Qwen/Mistral-style models), or of a vision-language model's
+    language model (`model.model.language_model.layers` for Qwen-VL,
+    `model.model.text_model.layers` for Idefics3)."""
     if hasattr(model, "get_base_model"):  # a peft model (LoRA): its wrapped causal LM's layers
         model = model.get_base_model()
     inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no .model.layers; posttrain shards decoder-only models "
-                         "laid out like Llama/Qwen2")
-    return layers
+    for owner in (inner, getattr(inner, "language_model", None), getattr(inner, "text_model", None)):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__} has no .model.layers; posttrain shards decoder-only models "
+                     "laid out like Llama/Qwen2 (and their vision-language models)")
+
+
+VISION_BLOCKS = ("visual.blocks", "vision_model.encoder.layers", "vision_tower.vision_model.encoder.layers")
+
+
+def vision_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """A vision-language model's image-encoder blocks (Qwen-VL's `visual.blocks`, SigLIP-style
+    `vision_model.encoder.layers`), sharded each as a unit of its own; [] for a text model."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    for root in (model, getattr(model, "model", None)):
+        for path in VISION_BLOCKS:
+            found = root
+            for name in path.split("."):
+                found = getattr(found, name, None)
+            if isinstance(found, torch.nn.ModuleList):
+                return list(found)
+    return []
 
 
 def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = None,
@@ -59,7 +81,7 @@ def parallelize(model: torch.nn.Module, mesh=None, *, param_dtype: str | None = 
     # pinned host memory makes the copies to a GPU asynchronous; a CPU run has no GPU to copy to
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload_params else OffloadPolicy()
     layers = list(decoder_layers(model))
-    for layer in layers:
+    for layer in vision_blocks(model) + layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
