@@ -158,6 +158,50 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
 
 
 @pytest.mark.ray
+def test_two_workers_on_a_vision_language_model_equal_one_process(cluster, tmp_path):
+    """A tiny Qwen2.5-VL on 2 FSDP2 workers: prompts with images go to the workers' rollout copies, the rows'
+    image tensors travel with their halves of the batch; log-probs, a PPO step, the critic and the synced
+    weights match one process."""
+    from test_vision_model import batch_of, prompts_of
+
+    from posttrain.distributed.group import WorkerGroup
+    from posttrain.models.processor import load_processor
+    from posttrain.tiny.vision import build_vlm_dir
+
+    model_dir = build_vlm_dir(tmp_path / "vlm", "qwen2_5_vl", seed=5)
+    processor = load_processor(model_dir)
+    cfg = load_config(None, [f"model.path={model_dir}", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                             "data.train_batch_size=3", "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size=2",
+                             "rollout.n=2", "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2",
+                             "critic.lr=1e-3", f"trainer.run_dir={tmp_path / 'r'}"])
+    spec = worker_spec(cfg, str(model_dir), None, "cpu", total_steps=1)
+    local = Worker(spec)
+    local.setup()
+    group = WorkerGroup(spec, nnodes=1, per_node=2)
+    try:
+        prompts = prompts_of("qwen2_5_vl", processor, text_only=(1,))
+        out = local.generate(prompts, SamplingParams(max_new_tokens=4, n=2, temperature=1.0))
+        batch = batch_of(prompts, out, 2, local.policy)
+        ref_local = local.compute_log_probs(batch, "policy")
+        assert torch.allclose(group.compute_log_probs(batch, "policy"), ref_local, atol=1e-5)
+        batch.old_log_probs = batch.ref_log_probs = ref_local
+        torch.manual_seed(0)
+        batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
+        assert group.train_step(batch)["actor/grad_norm"] == pytest.approx(
+            local.train_step(batch)["actor/grad_norm"], rel=1e-4)
+        batch.values = local.compute_values(batch)
+        assert torch.allclose(group.compute_values(batch), batch.values, atol=1e-5)
+        local.sync_weights()
+        group.sync_weights()
+        full, own = group.full_state_dict(), dict(local.policy.state_dict())
+        assert set(full) == set(own) and max((own[k] - full[k]).abs().max().item() for k in own) < 1e-5
+        greedy = SamplingParams(max_new_tokens=4, n=1, temperature=0.0, do_sample=False)
+        assert torch.equal(group.generate(prompts, greedy).response_ids, local.generate(prompts, greedy).response_ids)
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.ray
 def test_a_group_of_one_worker_shards_and_updates_as_one_process(cluster, tiny_model_dir, data, tmp_path):
     """trainer.use_ray=true on one device: the worker still joins a process group and shards with FSDP2
     (what makes actor.param_offload possible on one GPU), and its update is the one process's."""
