@@ -69,6 +69,9 @@ def test_two_grpo_steps_on_images_then_export(tmp_path):
                                          add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[[Image.open(io.BytesIO(png(0)))]], return_tensors="pt")
     assert torch.isfinite(model(**inputs).logits).all()
+    evaluated = posttrain(["eval", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "val.parquet"),
+                           "--max-response-length", "4"], cwd=tmp_path)
+    assert "(3 prompts x 1)" in evaluated.stdout
 
 
 @pytest.mark.slow

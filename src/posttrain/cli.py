@@ -100,6 +100,7 @@ def cmd_eval(args) -> int:
     from posttrain.driver.sampling import load_tool_use
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids
+    from posttrain.models.processor import is_vision_dir, load_processor
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
     from posttrain.driver.validation import validate
@@ -110,7 +111,10 @@ def cmd_eval(args) -> int:
     rewards = make_reward_pool(args.reward_fn, args.reward_workers, args.reward_timeout)
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
-    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    processor = (load_processor(args.model, trust_remote_code=args.trust_remote_code) if is_vision_dir(args.model)
+                 else None)  # a vision-language model: prompts with images
+    tokenizer = (processor.tokenizer if processor is not None
+                 else load_tokenizer(args.model, trust_remote_code=args.trust_remote_code))
     model = load_model(args.model, dtype=args.dtype, trust_remote_code=args.trust_remote_code, device=device)
     rows = read_rows(args.data)
     if args.max_samples:
@@ -123,13 +127,14 @@ def cmd_eval(args) -> int:
                                         max_tool_response_length=args.max_tool_response_length,
                                         max_response_length=args.max_response_length, eos_token_ids=eos)
     data = PromptDataset.build(rows, tokenizer, args.max_prompt_length, name="eval",
-                               template_kwargs=settings.template_kwargs if settings else None)
+                               template_kwargs=settings.template_kwargs if settings else None, processor=processor)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, seed=args.seed)
     params = SamplingParams(max_new_tokens=args.max_response_length, n=args.n, temperature=args.temperature,
                             top_p=args.top_p, do_sample=args.temperature > 0)
     try:
         with rewards:
-            m, _ = validate(engine, tokenizer, data, params, rewards, args.batch_size, tools=tools, multi_turn=settings)
+            m, _ = validate(engine, tokenizer, data, params, rewards, args.batch_size, tools=tools, multi_turn=settings,
+                            processor=processor)
     finally:
         if tools is not None:
             tools.close()
