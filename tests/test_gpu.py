@@ -84,6 +84,32 @@ def test_a_bf16_mixed_precision_step_matches_float32_within_the_stated_tolerance
 
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_a_vision_language_model_on_cuda_in_bf16_matches_the_cpu_in_float32(tmp_path):
+    """A tiny Qwen2.5-VL: prompts with images sampled on the GPU (bf16 autocast), its log-probs of the CPU's
+    samples within the bf16 bounds above, and a finite update step."""
+    from test_vision_model import batch_of, prompts_of
+
+    from posttrain.models.processor import load_processor
+    from posttrain.tiny.vision import build_vlm_dir
+
+    model_dir = build_vlm_dir(tmp_path / "vlm", "qwen2_5_vl", seed=5)
+    processor = load_processor(model_dir)
+    cpu, gpu = Worker(spec(model_dir, "cpu")), Worker(spec(model_dir, "cuda", mixed_precision="bfloat16"))
+    cpu.setup(), gpu.setup()
+    prompts = prompts_of("qwen2_5_vl", processor, text_only=(1,))
+    params = SamplingParams(max_new_tokens=6, n=2, temperature=1.0, ignore_eos=True)
+    assert gpu.generate(prompts, params).response_ids.shape[0] == 6
+    batch = batch_of(prompts, cpu.generate(prompts, params), 2, cpu.policy)
+    mask = batch.response_mask.bool()
+    diff = (cpu.compute_log_probs(batch, "policy") - gpu.compute_log_probs(batch, "policy").cpu()).abs()[mask]
+    assert diff.mean() < LOGP_MEAN_ABS and diff.max() < LOGP_MAX_ABS
+    batch.old_log_probs = batch.ref_log_probs = cpu.compute_log_probs(batch, "policy")
+    batch.advantages = torch.randn(batch.responses.shape) * batch.response_mask
+    assert torch.isfinite(torch.tensor(gpu.train_step(batch)["actor/grad_norm"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_the_hf_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(trained_tiny_model_dir):
     """float32 on both devices (no TF32): greedy decoding picks the same tokens."""
     torch.backends.cuda.matmul.allow_tf32 = False
