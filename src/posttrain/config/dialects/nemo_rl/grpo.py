@@ -356,8 +356,8 @@ def _vlm_envs(f: Leaves, out: dict, origin: str, envs: set) -> set:
 
 def _reward_functions(items, env: str, origin: str) -> dict:
     """env.<name>.reward_functions ([{name, weight, kwargs?}, ...]) -> reward.functions (name -> weight, or
-    {weight, kwargs}); checked by rewards.vlm's specs, as the run's validation checks it."""
-    from posttrain.rewards.vlm import specs
+    {weight, kwargs}); checked as the run's validation checks it (rewards.vlm's specs and combine)."""
+    from posttrain.rewards.vlm import combine, specs
 
     key = f"env.{env}.reward_functions"
     if not isinstance(items, list) or not items or not all(isinstance(i, dict) and "name" in i for i in items):
@@ -372,7 +372,7 @@ def _reward_functions(items, env: str, origin: str) -> dict:
         out[item["name"]] = ({"weight": item.get("weight"), "kwargs": dict(item["kwargs"])} if item.get("kwargs")
                              else item.get("weight"))
     try:
-        specs(out)
+        combine(specs(out))
     except ValueError as e:
         raise ConfigError(f"{key} ({origin}): {e}") from None
     return out
