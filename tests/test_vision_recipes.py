@@ -170,6 +170,8 @@ def test_nemo_rls_vlm_files_score_with_the_environment_their_data_names(tmp_path
     # the file's functions and weights are the run's, not the built-in ones of the data_source
     own = load_config(str(path), ["env.clevr-cogent.reward_functions=[{name: exact_alnum, weight: 1}]"])
     assert own.reward.functions == {"exact_alnum": 1}
+    images = load_config(str(path), ["++policy.generation.vllm_cfg.limit_mm_per_prompt.image=2"])
+    assert images.rollout.engine_kwargs == {"vllm": {"mm_processor_cache_gb": 0, "limit_mm_per_prompt": {"image": 2}}}
     megatron = load_config(str(nemo_rl_file(tmp_path, "vlm_grpo_3B_megatron.yaml")),
                            ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"])
     assert megatron.reward.functions == cfg.reward.functions and megatron.actor.lr == 5e-7

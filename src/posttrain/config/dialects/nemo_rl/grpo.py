@@ -62,7 +62,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
     checkpointing_and_logger(f, out, origin)
     _data(f, out, origin)
     _env(f, out, origin)
-    _vlm_context_parallel(f, out, origin)
+    _multimodal(f, out, origin)
     _splits(f, origin)
     for key, value in f.left().items():
         allowed = next((v for pattern, v in OFF.items() if fnmatch.fnmatchcase(key, pattern)), None)
@@ -297,15 +297,20 @@ def _env(f: Leaves, out: dict, origin: str) -> None:
                           "(env.<name>.reward_functions) are not supported")
 
 
-def _vlm_context_parallel(f: Leaves, out: dict, origin: str) -> None:
-    """A VLM file (vlm_hf_data_processor) with context parallelism: refused, as NeMo-RL refuses it for VLMs (its
-    DTensor worker asserts cp_size 1); posttrain's Ulysses would split an image's tokens from its pixels. A file
-    that gives vLLM room for audio or video in a prompt: refused (not supported yet)."""
-    for kind in ("audio", "video"):  # vLLM's room for them in a prompt: a file that feeds them
-        key = f"policy.generation.vllm_cfg.limit_mm_per_prompt.{kind}"
-        if f.get(key):
-            raise ConfigError(f"{key}={clipped(f.get(key))} ({origin}): {kind} inputs are not supported yet "
-                              "(images are: docs/vision.md)")
+def _multimodal(f: Leaves, out: dict, origin: str) -> None:
+    """vLLM's room for images in a prompt (policy.generation.vllm_cfg.limit_mm_per_prompt.image) -> its engine
+    argument limit_mm_per_prompt; room for audio or video: refused (not supported yet). A VLM file
+    (vlm_hf_data_processor) with context parallelism: refused, as NeMo-RL refuses it for VLMs (its DTensor worker
+    asserts cp_size 1); posttrain's Ulysses would split an image's tokens from its pixels."""
+    limits = "policy.generation.vllm_cfg.limit_mm_per_prompt."
+    for kind in ("audio", "video"):  # a file that feeds them
+        if f.get(limits + kind):
+            raise ConfigError(f"{limits + kind}={clipped(f.get(limits + kind))} ({origin}): {kind} inputs are not "
+                              "supported yet (images are: docs/vision.md)")
+    if f.get(limits + "image") is not None:
+        engine = dict(out.get("rollout.engine_kwargs") or {})
+        engine["vllm"] = {**engine.get("vllm", {}), "limit_mm_per_prompt": {"image": f.get(limits + "image")}}
+        out["rollout.engine_kwargs"] = engine
     vlm = any(f.flat.get(f"data.{s}.processor") == "vlm_hf_data_processor" for s in ("default", "train", "validation"))
     size = out.get("actor.ulysses_sequence_parallel_size") or 1
     if vlm and size > 1:
@@ -327,7 +332,7 @@ def _vlm_envs(f: Leaves, out: dict, origin: str, envs: set) -> set:
         named.pop("validation")  # no validation data of its own: no environment of its own
     used = sorted({e for e in named.values() if e in vlm})
     for e in sorted(vlm):
-        for key, value in f.under(f"env.{e}").items():
+        for key in f.under(f"env.{e}"):
             leaf = key[len(f"env.{e}."):].split(".")[0]
             if leaf not in VLM_ENV_KEYS:
                 raise ConfigError(f"NeMo-RL key {key!r} ({origin}) is not supported by posttrain: NeMo-RL's VLM "
