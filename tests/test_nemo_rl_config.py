@@ -51,7 +51,8 @@ EXAMPLE_OUTCOMES = {
     "distillation_math": "policy.dtensor_cfg.tensor_parallel_size",  # with it and context_parallel_size at 1
     "distillation_math_megatron": "policy.dtensor_cfg.tensor_parallel_size",  # and the FSDP2 switch
     "xtoken_off_policy_distillation": "teachers", "xtoken_multiteacher_off_policy_distillation": "teachers",
-    "audio_grpo_3B_megatron": "env", "vlm_grpo_3B": "env", "vlm_grpo_3B_megatron": "env",
+    "audio_grpo_3B_megatron": "policy.generation.vllm_cfg.limit_mm_per_prompt.audio",  # with the FSDP2 switch
+    "vlm_grpo_3B": LOADS, "vlm_grpo_3B_megatron": SWITCHED,  # its environment's reward_functions: reward.functions
 }
 
 
@@ -201,7 +202,8 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "++policy.hf_config_overrides={rope_scaling: {rope_type: yarn}}": r"hf_config_overrides=\{'rope_scaling'.* set "
                                                                           r"it to \{\} or null",
         "++env.reward_model.model_name=rm": "no data.*.env_name names it",  # set, but scoring nothing
-        "++env.penguin.cfg.size=3": "other than math, math_multi_reward, reward_model and sliding_puzzle_game",
+        "++env.penguin.cfg.size=3": "other than math, math_multi_reward, reward_model, sliding_puzzle_game and the VLM "
+                                    "environment",
     }
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=message) as e:

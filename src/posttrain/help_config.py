@@ -38,6 +38,9 @@ KEY_STATUS = {**{f"rollout.{k}": ENGINE for k in (*VLLM_SETTINGS, "free_cache_en
               "rollout.mode": "async: named unused", "data.image_key": "a vision-language model's prompts take the images; a text-only one refuses the rows",
               "data.video_key": "rows with videos refused (not supported yet)",
               "data.seed": "null: trainer.seed's",
+              "reward.functions": "NeMo-RL's env.<name>.reward_functions: name -> weight (or {weight, kwargs}) of "
+                                  "format, exact_alnum, math_expr, bbox_giou, geo3k; their weighted sum scores every "
+                                  "row; {}: each row's data_source",
               **{k: "posttrain sft (named unused by posttrain train)" for k in SFT_ONLY_KEYS},
               **{k: "with model.lora_rank > 0 (without: named unused)" for k in LORA_ONLY_KEYS},
               "profiler.tool": "npu: torch's profiler instead", "profiler.global_tool_config": "named unused",

@@ -5,7 +5,7 @@ sampling and the rollout correction are computed, and how samples are scored. sc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -144,6 +144,9 @@ class RewardConfig:
     scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
     # every row scored by this data_source's built-in reward (e.g. math_multi_reward) instead of its own; null: its own
     data_source: Optional[str] = None
+    # every row scored by a weighted sum of rewards.vlm's functions (NeMo-RL's env.<name>.reward_functions), name ->
+    # weight or {weight, kwargs}: {format: 0.2, exact_alnum: 0.8}; the weights divided by their sum. {}: by data_source
+    functions: Dict[str, Any] = field(default_factory=dict)
     # a truncated response's score (no EOS within data.max_response_length) times this: 0 earns nothing, 1 no
     # penalty; null: none (ProRL v2; NeMo-RL's grpo.reward_shaping.stop_properly_penalty_coef)
     truncated_scale: Optional[float] = None

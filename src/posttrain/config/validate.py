@@ -156,6 +156,19 @@ def validate_reward(cfg: Config) -> None:
             reward_fn_for(rw.data_source)
         except ValueError as e:
             need(False, f"reward.data_source={printable(rw.data_source)}: {e}")
+    if rw.functions:  # NeMo-RL's env.<name>.reward_functions: the weighted sum scores every row
+        from posttrain.rewards.vlm import combine, specs
+
+        need(isinstance(rw.functions, dict), "reward.functions maps a reward function's name to its weight "
+             "(reward.functions.format=0.2 reward.functions.exact_alnum=0.8)")
+        try:
+            combine(specs(rw.functions))
+        except ValueError as e:
+            need(False, f"reward.functions: {e}")
+        for key, other in (("reward.custom_fn", rw.custom_fn), ("reward.data_source", rw.data_source),
+                           ("reward.model.enable", rm.enable)):
+            need(not other, f"reward.functions and {key}={printable(other)}: one reward scores the rows; drop one "
+                 "of them")
     validate_overlong(cfg)
 
 

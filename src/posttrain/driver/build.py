@@ -138,7 +138,8 @@ def make_rewards(cfg) -> RewardPool | ModelRewards:
         sf = r.sandbox_fusion
         sandbox = SandboxSettings(sf.url, sf.max_concurrent, sf.memory_limit_mb)
     if not r.model.enable:
-        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug, r.data_source)
+        return make_reward_pool(r.custom_fn, r.num_workers, r.timeout_s, sandbox, cfg.trainer.debug, r.data_source,
+                                r.functions)
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
     model = RewardModel(r.model.path, device=device, micro_batch_size=r.model.micro_batch_size,
                         max_length=r.model.max_length, trust_remote_code=r.model.trust_remote_code,
@@ -148,19 +149,21 @@ def make_rewards(cfg) -> RewardPool | ModelRewards:
 
 
 def make_reward_pool(custom_fn: str | None, num_workers: int | None, timeout_s: float,
-                     sandbox: SandboxSettings | None = None, debug: bool = False, data_source: str | None = None):
+                     sandbox: SandboxSettings | None = None, debug: bool = False, data_source: str | None = None,
+                     functions: dict | None = None):
     """The run's RewardPool (reward.custom_fn or the built-ins; num_workers None:
     min(8, CPUs)). The function is loaded here once, so a file that fails to
     import stops the run now with its RewardError; the workers load their own.
     sandbox (rewards.sandbox.SandboxSettings): where code sources run, its
     max_concurrent shared by the workers. debug (trainer.debug): rewards.pool.in_process.
-    data_source (reward.data_source): every row scored as this source."""
+    data_source (reward.data_source): every row scored as this source. functions (reward.functions): every row
+    scored by that weighted sum of rewards.vlm's functions."""
     if debug:
-        return in_process(reward_loader(custom_fn, sandbox)(), data_source)
+        return in_process(reward_loader(custom_fn, sandbox, functions)(), data_source)
     if num_workers is None:
         num_workers = min(8, os.cpu_count() or 1)
     sandbox = sandbox.per_process(num_workers) if sandbox else None
-    pool = RewardPool(reward_loader(custom_fn, sandbox), num_workers, timeout_s, data_source=data_source)
+    pool = RewardPool(reward_loader(custom_fn, sandbox, functions), num_workers, timeout_s, data_source=data_source)
     pool.load()
     return pool
 

@@ -49,12 +49,17 @@ def builtin_rewards():
     return compute_score
 
 
-def reward_loader(custom_fn: str | None, sandbox=None):
+def reward_loader(custom_fn: str | None, sandbox=None, functions: dict | None = None):
     """The picklable loader of reward.custom_fn=FILE.py:FUNCTION (its path made
-    absolute: a worker may start in another directory), or of the built-ins.
+    absolute: a worker may start in another directory), of reward.functions'
+    weighted sum (rewards.vlm.scorer), or of the built-ins.
     sandbox (rewards.sandbox.SandboxSettings): the process that loads them sends
     code sources there, also when a custom file calls the built-ins' dispatcher."""
     loader = builtin_rewards
+    if functions:
+        from posttrain.rewards.vlm import scorer
+
+        loader = functools.partial(scorer, dict(functions))
     if custom_fn:
         from posttrain.rewards.custom import load_reward_fn, parse_spec
 

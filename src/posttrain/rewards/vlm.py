@@ -32,6 +32,10 @@ env.<task>.reward_functions list: the weights are divided by their sum, and
 the score is the weighted sum; the result returns verl's dict, the score and
 each function's own (unweighted) number, as multi_reward.py does.
 CLEVR, GEOMETRY3K and REFCOCO are the lists of NeMo-RL's vlm_grpo_3B.yaml.
+`scorer(functions)` is the reward of a run with reward.functions set (a NeMo-RL
+file's env.<name>.reward_functions, as its dialect writes them: name -> weight,
+or {weight, kwargs}): every row scored by that weighted sum, whatever its
+data_source.
 
 verl's geo3k (`compute_score_geo3k`, data_source "hiyouga/geometry3k"):
 0.9 * accuracy + 0.1 * format, a float. format: the response is `<think>`
@@ -49,6 +53,7 @@ as in rewards.math; the limit is reward.timeout_s.
 
 from __future__ import annotations
 
+import inspect
 import math as _math
 import re
 from collections.abc import Callable, Sequence
@@ -202,6 +207,46 @@ def combine(functions: Sequence[tuple]) -> Callable[[str, object], dict]:
         return {"score": sum(w / total * values[name] for name, w, _ in parts), **values}
 
     return score
+
+
+def specs(functions: dict) -> list[tuple]:
+    """reward.functions (name -> weight, or {"weight": w, "kwargs": {...}}) -> [(name, weight, kwargs), ...],
+    combine's arguments. A malformed entry: ValueError naming it.
+
+        specs({"format": 0.1, "bbox_giou": {"weight": 0.9, "kwargs": {"giou_penalty_thres": 0.5}}})
+        # [("format", 0.1, {}), ("bbox_giou", 0.9, {"giou_penalty_thres": 0.5})]
+    """
+    out = []
+    for name, spec in dict(functions).items():
+        if isinstance(spec, dict):
+            unknown = set(spec) - {"weight", "kwargs"}
+            if unknown or "weight" not in spec or not isinstance(spec.get("kwargs") or {}, dict):
+                raise ValueError(f"{name}: give a weight, or {{weight: W, kwargs: {{...}}}}, got {spec!r}")
+            weight, kwargs = spec["weight"], dict(spec.get("kwargs") or {})
+        else:
+            weight, kwargs = spec, {}
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not _math.isfinite(weight):
+            raise ValueError(f"{name}: its weight must be a number, got {weight!r}")
+        if name not in FUNCTIONS:
+            raise ValueError(f"no VLM reward function '{name}'; NeMo-RL's are {', '.join(FUNCTIONS)}")
+        try:
+            inspect.signature(FUNCTIONS[name]).bind("", "", **kwargs)
+        except TypeError as e:
+            raise ValueError(f"{name}: kwargs {kwargs!r} do not fit it ({e})") from None
+        out.append((name, float(weight), kwargs))
+    return out
+
+
+def scorer(functions: dict) -> Callable[..., dict]:
+    """reward.functions -> compute_score(data_source, solution_str, ground_truth, extra_info=None): every row
+    scored by the weighted sum, whatever its data_source, as NeMo-RL's VLM environment scores every response of
+    the data that names it (data.*.env_name). What rewards.pool's workers load."""
+    score = combine(specs(functions))
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:
+        return score(solution_str, ground_truth)
+
+    return compute_score
 
 
 # NeMo-RL's examples/configs/vlm_grpo_3B.yaml, env.<task>.reward_functions

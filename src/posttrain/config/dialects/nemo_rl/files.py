@@ -57,6 +57,8 @@ def describe() -> list[str]:
     """`posttrain train --help-config`'s lines on NeMo-RL's layout: its renamed keys, and where the rest are told."""
     return ["NeMo-RL's layout (a --config file with grpo:, loss_fn:, policy:, ... and `defaults:`; its keys as "
             "overrides, ++key=value, ~key):", *(f"  {nemo} -> {ours}" for nemo, ours in RENAMES.items()),
+            "  env.<name>.reward_functions, env.<name>.num_workers (the VLM environment data.*.env_name names) -> "
+            "reward.functions, reward.num_workers",
             "  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
             "keep_top_k, the loggers): docs/coming-from-nemo-rl.md"]
 

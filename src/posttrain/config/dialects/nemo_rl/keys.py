@@ -109,9 +109,10 @@ OFF = {
     "data.default.env_name": ("math", "reward_model", "math_multi_reward", None),
     "data.train.env_name": ("math", "reward_model", "math_multi_reward", None),
     "data.validation.env_name": ("math", "reward_model", "math_multi_reward", None),
-    "data.default.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.train.processor": ("math_hf_data_processor", "math_data_processor", None),
-    "data.validation.processor": ("math_hf_data_processor", "math_data_processor", None),
+    # vlm_hf_data_processor: the processor's chat template and images, what posttrain does with a VLM's processor
+    "data.default.processor": ("math_hf_data_processor", "math_data_processor", "vlm_hf_data_processor", None),
+    "data.train.processor": ("math_hf_data_processor", "math_data_processor", "vlm_hf_data_processor", None),
+    "data.validation.processor": ("math_hf_data_processor", "math_data_processor", "vlm_hf_data_processor", None),
     "reward_penalties.*": (False, None),
     "on_policy_distillation": (None,),
 }
@@ -163,7 +164,17 @@ TUNING = (
     "policy.generation.vllm_cfg.enable_prefix_caching", "policy.generation.vllm_cfg.env_vars.*",
     "grpo.skip_reference_policy_logprobs_calculation",  # posttrain runs the reference only when a KL term needs it
     "grpo.batch_multiplier",  # prompts per round of dynamic sampling: posttrain draws rounds until the batch fills
+    # a VLM file's: images shared between a group's rows in NeMo-RL's Ray payloads (posttrain keeps a row's images
+    # once, undecoded, and a group's prompt is prefilled once), and its payload telemetry
+    "grpo.deduplicate_multimodal_data", "grpo.debug_payload_metrics",
 )
+
+# NeMo-RL's VLM environment (a section env.<name> with reward_functions; examples/run_vlm_grpo.py registers every
+# environment as it): its keys, and the reward functions it knows (rewards.vlm.FUNCTIONS has the same names)
+VLM_ENV_KEYS = ("num_workers", "reward_functions", "stop_strings")
+# a named dataset's NeMo-RL split names (data.validation.split) that are posttrain's test split of it
+# (data/named.py); any other named dataset: test or validation
+VALIDATION_SPLITS = {"clevr-cogent": ("valA", "test"), "geometry3k": ("test",), "refcoco": ("validation", "test")}
 
 # checkpointing.metric_name -> posttrain's metric of the same meaning
 METRICS = {"val:accuracy": "val/score/mean", "val:avg_length": "val/response_length/mean",

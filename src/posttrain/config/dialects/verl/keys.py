@@ -183,6 +183,10 @@ PREFIXES = (
 HYBRID_ENGINE = "actor_rollout_ref.hybrid_engine"
 SEPARATE_ROLLOUT = {"async_training.enable": True}  # k: async_training.max_trajectory_age_steps's default, 1
 
+# vLLM's former engine argument in verl's VLM scripts -> its current one (translate.py: true -> 0, false dropped)
+OLD_MM_CACHE = "rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache"
+MM_CACHE = "rollout.engine_kwargs.vllm.mm_processor_cache_gb"
+
 # verl's custom reward is two keys; posttrain's is one: reward.custom_fn=FILE.py:FUNCTION.
 CUSTOM_REWARD_PATH = "custom_reward_function.path"
 CUSTOM_REWARD_NAME = "custom_reward_function.name"
@@ -244,6 +248,9 @@ def describe(canonical_keys, status: dict[str, str]) -> list[str]:
               for verl, ours in sorted(alias_table(canonical_keys).items())]
     lines.append("  actor_rollout_ref.rollout.engine_kwargs.vllm.* -> rollout.engine_kwargs.vllm.*  "
                  f"[{status['rollout.engine_kwargs']}]")
+    lines.append(f"  actor_rollout_ref.{OLD_MM_CACHE} -> {MM_CACHE}  [true: 0 (no "
+                 "cache of the image processor's outputs; vLLM's spelling since the old one went, as verl converts "
+                 "it); false: dropped, vLLM's default cache]")
     lines.append("  global_profiler.global_tool_config.* (the rest) -> profiler.global_tool_config.*  "
                  f"[{status['profiler.global_tool_config']}]")
     lines += ["", "verl keys that are not posttrain's, read by its dialect before the merge (an older posttrain's "

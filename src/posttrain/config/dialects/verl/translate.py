@@ -15,8 +15,8 @@ from posttrain.config.flat import below_dict_key
 from posttrain.config.schema import SCHEMA
 from posttrain.config.dialects.verl import sft
 from posttrain.config.dialects.verl.resolve import reads
-from posttrain.config.dialects.verl.keys import (CUSTOM_REWARD_NAME, CUSTOM_REWARD_PATH, HYBRID_ENGINE, PREFIXES,
-                                          SEPARATE_ROLLOUT, to_canonical)
+from posttrain.config.dialects.verl.keys import (CUSTOM_REWARD_NAME, CUSTOM_REWARD_PATH, HYBRID_ENGINE, MM_CACHE,
+                                          OLD_MM_CACHE, PREFIXES, SEPARATE_ROLLOUT, to_canonical)
 from posttrain.errors import ConfigError
 from posttrain.text.lines import printable
 
@@ -42,10 +42,25 @@ def translate(flat: dict[str, Any], origin: str, command: str = "train") -> dict
         if value is None and key.endswith(".warmup_style"):
             continue  # verl's deprecated spelling, left null beside lr_scheduler_type (its own optim/fsdp.yaml)
         out[ours] = value
+    _mm_cache(out)
     if separate is False:  # verl's one-step off-policy: posttrain's asynchronous training, k = 1 unless set
         for key, value in SEPARATE_ROLLOUT.items():
             out.setdefault(key, value)
     return out
+
+
+def _mm_cache(out: dict) -> None:
+    """vLLM's engine argument disable_mm_preprocessor_cache, as verl's VLM scripts pass it
+    (+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True), is gone from vLLM (0.13 on):
+    true is its mm_processor_cache_gb=0 (no cache of the processor's outputs), false vLLM's default cache, as verl
+    converts it itself."""
+    value = out.pop(OLD_MM_CACHE, None)
+    if value is None:
+        return
+    if value not in (True, False):
+        raise ConfigError(f"{OLD_MM_CACHE}={printable(value)}: true or false")
+    if value:
+        out.setdefault(MM_CACHE, 0)
 
 
 def _below_dict_key(key: str) -> str | None:
