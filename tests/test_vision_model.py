@@ -201,20 +201,23 @@ def test_freeze_vision_tower_and_lora_on_the_language_model_only(vlm):
 
 
 def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
-    """A critic on a VLM, vLLM rollouts with images, multi-turn rollouts with images: one line each."""
+    """A critic on a VLM, vLLM rollouts with images on a family other than Qwen2.5-VL, multi-turn rollouts with
+    images: one line each."""
     from posttrain.driver.sampling import sample
     from posttrain.errors import DataError, ModelError
     from posttrain.models.loader import load_value_model
-    from posttrain.rollout.vllm import VLLMRolloutEngine
+    from posttrain.rollout.vllm_vision import vllm_vision_family
 
     family, processor, model = vlm
     model.save_pretrained(tmp_path / "m")
     processor.tokenizer.save_pretrained(tmp_path / "m")
     with pytest.raises(ModelError, match="critic.*not supported yet.*adv_estimator=grpo"):
         load_value_model(tmp_path / "m")
-    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
-    with pytest.raises(ValueError, match="rollout.name=hf"):
-        engine.generate(prompts_of(family, processor, count=1), SamplingParams(max_new_tokens=2))
+    refused = vllm_vision_family(tmp_path / "m")  # vLLM takes Qwen2.5-VL's images (tests/test_vllm_vision.py)
+    if family == "qwen2_5_vl":
+        assert refused is None
+    else:
+        assert "Qwen2.5-VL models only" in refused and "rollout.name=hf" in refused and "\n" not in refused
 
     class Item:
         prompt_ids, images, index, data_source, ground_truth, extra_info, messages = [1, 2], [image(0, (56, 56))], 0, \
@@ -223,3 +226,29 @@ def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
     with pytest.raises(DataError, match="multi-turn rollouts .* do not take images yet"):
         sample(None, processor.tokenizer, [Item()], SamplingParams(max_new_tokens=2), tools=object(),
                processor=processor)
+
+
+def test_vllm_gets_each_run_of_image_tokens_as_one_placeholder(vlm):
+    """vLLM expands an image's placeholder itself (tests/test_vllm_vision.py runs it): each run of image tokens of
+    the processor's full call goes back to the one placeholder of the chat template's text, text tokens untouched;
+    vLLM's prompt ids that differ from posttrain's stop the rollout."""
+    from types import SimpleNamespace
+
+    from posttrain.rollout.vllm import check_expanded_prompts
+    from posttrain.rollout.vllm_vision import collapse_image_runs
+
+    family, processor, model = vlm
+    if family != "qwen2_5_vl":
+        pytest.skip("vLLM takes Qwen2.5-VL's images")
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "A"}, {"type": "image"}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    unexpanded = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = processor(text=[text], images=[image(0, SIZES[0]), image(1, SIZES[2])], return_tensors="pt")
+    ids = full["input_ids"][0].tolist()
+    pad = model.config.image_token_id
+    assert ids.count(pad) == 4 + 8 and unexpanded.count(pad) == 2
+    assert collapse_image_runs(ids, pad) == unexpanded
+    prompt = ImagePrompt(ids, {}, [image(0, SIZES[0]), image(1, SIZES[2])])
+    check_expanded_prompts([SimpleNamespace(prompt_token_ids=ids)], [prompt])
+    with pytest.raises(RuntimeError, match="other tokens than the HF processor"):
+        check_expanded_prompts([SimpleNamespace(prompt_token_ids=ids + [pad])], [prompt])
