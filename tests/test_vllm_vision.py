@@ -105,7 +105,7 @@ def test_prompts_with_images_sample_as_the_trainer_scores_them(vlm):
     trainer's pass over the same rows, and not that pass's with another image in the prompt."""
     from posttrain.rollout.vision import ImagePrompt
 
-    path, processor, worker = vlm
+    _, processor, worker = vlm
     prompts = prompts_of(processor)
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert [p.count(pad) for p in prompts] == [6, 8, 0]

@@ -33,7 +33,12 @@ from posttrain.errors import ConfigError
 from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.hf import left_pad
-from posttrain.rollout.vllm_vision import collapse_image_runs
+from posttrain.rollout.vllm_vision import (
+    collapse_image_runs,
+    images_without_torchvision,
+    takes_images,
+    vllm_vision_family,
+)
 
 WEIGHT_BUCKET_BYTES = 512 << 20  # weights travel to the engine in buckets of about this size
 
@@ -217,8 +222,6 @@ class VLLMRolloutEngine:
         lora_rank > 0: the policy's LoRA adapters arrive by `load_adapter` and every request applies them.
         device "cpu": vLLM's CPU build, which has no sleep mode; its KV cache is sized for
         `kv_cache_sequences` sequences (`cpu_kv_cache_bytes`) unless engine_kwargs sets kv_cache_memory_bytes."""
-        from posttrain.rollout.vllm_vision import images_without_torchvision, takes_images, vllm_vision_family
-
         self.image_token_id = None  # a vision-language model's image placeholder: its prompts take images
         vision = {}
         if takes_images(model_dir):
