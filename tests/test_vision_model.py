@@ -201,15 +201,19 @@ def test_freeze_vision_tower_and_lora_on_the_language_model_only(vlm):
 
 
 def test_what_is_not_supported_yet_is_refused_in_one_line(vlm, tmp_path):
-    """vLLM rollouts with images, multi-turn rollouts with images: one line each."""
+    """vLLM rollouts with images on a family other than Qwen2.5-VL, multi-turn rollouts with images: one line
+    each."""
     from posttrain.driver.sampling import sample
     from posttrain.errors import DataError
-    from posttrain.rollout.vllm import VLLMRolloutEngine
+    from posttrain.rollout.vllm_vision import vllm_vision_family
 
     family, processor, model = vlm
-    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
-    with pytest.raises(ValueError, match="rollout.name=hf"):
-        engine.generate(prompts_of(family, processor, count=1), SamplingParams(max_new_tokens=2))
+    model.config.save_pretrained(tmp_path / "m")
+    refused = vllm_vision_family(tmp_path / "m")  # vLLM takes Qwen2.5-VL's images (tests/test_vllm_vision.py)
+    if family == "qwen2_5_vl":
+        assert refused is None
+    else:
+        assert "Qwen2.5-VL models only" in refused and "rollout.name=hf" in refused and "\n" not in refused
 
     class Item:
         prompt_ids, images, index, data_source, ground_truth, extra_info, messages = [1, 2], [image(0, (56, 56))], 0, \
@@ -322,3 +326,28 @@ def test_fsdp2_shards_the_language_model_and_the_vision_tower_and_changes_no_upd
     assert done.returncode == 0, done.stderr[-2000:]
     worst, moved = map(float, done.stdout.split()[-2:])
     assert moved > 1e-3 and worst < 1e-6
+
+
+def test_vllm_gets_each_run_of_image_tokens_as_one_placeholder(tmp_path):
+    """vLLM expands an image's placeholder itself (tests/test_vllm_vision.py runs it): each run of image tokens of
+    the processor's full call goes back to the one placeholder of the chat template's text, text tokens untouched;
+    vLLM's prompt ids that differ from posttrain's stop the rollout."""
+    from types import SimpleNamespace
+
+    from posttrain.rollout.vllm import check_expanded_prompts
+    from posttrain.rollout.vllm_vision import collapse_image_runs
+
+    path = build_vlm_dir(tmp_path / "qwen", "qwen2_5_vl", seed=1)  # vLLM takes Qwen2.5-VL's images
+    processor, model = load_processor(path), load_vision_model(path, torch.float32)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "A"}, {"type": "image"}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    unexpanded = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = processor(text=[text], images=[image(0, SIZES[0]), image(1, SIZES[2])], return_tensors="pt")
+    ids = full["input_ids"][0].tolist()
+    pad = model.config.image_token_id
+    assert ids.count(pad) == 4 + 8 and unexpanded.count(pad) == 2
+    assert collapse_image_runs(ids, pad) == unexpanded
+    prompt = ImagePrompt(ids, {}, [image(0, SIZES[0]), image(1, SIZES[2])])
+    check_expanded_prompts([SimpleNamespace(prompt_token_ids=ids)], [prompt])
+    with pytest.raises(RuntimeError, match="other tokens than the HF processor"):
+        check_expanded_prompts([SimpleNamespace(prompt_token_ids=ids + [pad])], [prompt])

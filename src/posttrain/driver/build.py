@@ -224,8 +224,11 @@ def build_run(cfg) -> Run:
     processor = (load_processor(model_dir, trust_remote_code=cfg.model.trust_remote_code)
                  if is_vision_dir(model_dir) else None)  # a vision-language model: prompts with images
     if processor is not None and cfg.rollout.name == "vllm":
-        raise ConfigError(f"model.path '{model_dir}' is a vision-language model: rollout.name=vllm does not take "
-                          "images yet; set rollout.name=hf")
+        from posttrain.rollout.vllm_vision import vllm_vision_family
+
+        refused = vllm_vision_family(model_dir)
+        if refused:
+            raise ConfigError(f"model.path '{model_dir}': {refused}")
     tokenizer = (processor.tokenizer if processor is not None
                  else load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code))
     if cfg.distillation.enabled:

@@ -11,6 +11,11 @@ gate_up_proj); the weights reach every tensor-parallel worker through
 policy sends its adapters alone (a peft directory named by a LoRA request,
 `rollout.lora_sync=adapter`) or the base with them merged in (`merged`).
 
+A vision-language model's prompts (ImagePrompts with `.images`) go to vLLM with their images as
+`multi_modal_data` and each image's run of tokens collapsed to its placeholder, which vLLM expands again
+(rollout/vllm_vision.py); the weights of the trainer's VLM (`model.language_model.*`, `model.visual.*`) map
+onto vLLM's through its model's own `load_weights`.
+
 Every vLLM import is inside a function: this module imports without vLLM.
 """
 
@@ -28,6 +33,12 @@ from posttrain.errors import ConfigError
 from posttrain.files.cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.hf import left_pad
+from posttrain.rollout.vllm_vision import (
+    collapse_image_runs,
+    images_without_torchvision,
+    takes_images,
+    vllm_vision_family,
+)
 
 WEIGHT_BUCKET_BYTES = 512 << 20  # weights travel to the engine in buckets of about this size
 
@@ -146,6 +157,28 @@ def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_tok
                          torch.tensor(truncated, dtype=torch.bool))
 
 
+def check_expanded_prompts(request_outputs, prompts) -> None:
+    """vLLM's expansion of each prompt with images is the prompt's own ids (the HF processor's), token for token:
+    else its samples would continue another prompt than the one the training passes score."""
+    for i, (req, p) in enumerate(zip(request_outputs, prompts)):
+        if getattr(p, "images", None) and list(req.prompt_token_ids or []) != list(p):
+            got = list(req.prompt_token_ids or [])
+            raise RuntimeError(f"vLLM expanded prompt {i}'s images into other tokens than the HF processor "
+                               f"({len(got)} tokens, not {len(p)}): its image processor resized them otherwise "
+                               "(check preprocessor_config.json's min/max pixels and vLLM's mm_processor_kwargs)")
+
+
+def image_token_id_of(model_dir) -> int:
+    """A vision-language model's image placeholder id (config.json's image_token_id)."""
+    import json
+
+    c = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    found = c.get("image_token_id", c.get("image_token_index"))
+    if not isinstance(found, int):
+        raise ConfigError(f"'{model_dir}' is a vision-language model whose config.json names no image_token_id")
+    return found
+
+
 def _sampled_logprobs(completion, want: bool) -> list[float]:
     """Log-prob of each sampled token (`logprobs` is a list of {token id: Logprob})."""
     if not want:
@@ -189,6 +222,19 @@ class VLLMRolloutEngine:
         lora_rank > 0: the policy's LoRA adapters arrive by `load_adapter` and every request applies them.
         device "cpu": vLLM's CPU build, which has no sleep mode; its KV cache is sized for
         `kv_cache_sequences` sequences (`cpu_kv_cache_bytes`) unless engine_kwargs sets kv_cache_memory_bytes."""
+        self.image_token_id = None  # a vision-language model's image placeholder: its prompts take images
+        vision = {}
+        if takes_images(model_dir):
+            refused = vllm_vision_family(model_dir)
+            if refused:
+                raise ConfigError(refused)
+            images_without_torchvision()
+            self.image_token_id = image_token_id_of(model_dir)
+            # images only (videos are refused before a rollout). The images are normalized by the processor, as
+            # the trainer's are, not on the device: vLLM's device normalization keeps its mean and std in buffers
+            # of the model that are no HF weight, so a dummy load (rollout.load_format=dummy*) leaves them random
+            # and no weight push mends them. vLLM's processor needs the tokenizer (skip_tokenizer_init off).
+            vision = {"limit_mm_per_prompt": {"video": 0}, "mm_device_do_normalize": False}
         from vllm import LLM
 
         self.eos_token_ids, self.pad_token_id = sorted(set(eos_token_ids)), pad_token_id
@@ -197,42 +243,65 @@ class VLLMRolloutEngine:
         self.can_seed_requests = device != "cpu"
         lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": 1} if lora_rank else {}
         # the log-probs of what was sampled, after temperature (and top-k/top-p): the trainer's are after temperature
-        extra = {"logprobs_mode": "processed_logprobs", **(engine_kwargs or {})}
+        extra = {"logprobs_mode": "processed_logprobs", **vision, **(engine_kwargs or {})}
         if device == "cpu" and "kv_cache_memory_bytes" not in extra:
             extra["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model_dir, max_model_len or 2048, kv_cache_sequences,
                                                                 dtype)
         self.llm = LLM(
             model=str(model_dir), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            enable_sleep_mode=self.can_sleep, trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
+            enable_sleep_mode=self.can_sleep, trust_remote_code=trust_remote_code,
+            skip_tokenizer_init=self.image_token_id is None,
             worker_extension_cls="posttrain.rollout.vllm_worker.WeightLoader", **lora, **extra,
         )
         self.lora_request = None  # the adapters of the newest load_adapter
         self.adapter_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-")) if lora_rank else None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        if any(getattr(p, "vision", None) for p in prompts):
-            raise ValueError("rollout.name=vllm does not take prompts with images yet: set rollout.name=hf for a "
-                             "vision-language model")
         from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
 
         # vLLM's CPU build cannot rewind a request's own generator (a seeded request cut by chunked prefill fails:
         # "CPU Generator does not use offset"): there the engine's seed, set at start, drives the sampling
         seed = next(self.seeds) if self.can_seed_requests else None
         sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, seed))
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
+        outs = self.llm.generate([self.tokens_prompt(p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.lora_request)
+        check_expanded_prompts(outs, prompts)
         return to_rollout_output(outs, prompts, params.n, self.pad_token_id, self.eos_token_ids, params.logprobs)
+
+    def tokens_prompt(self, prompt: list[int]):
+        """vLLM's prompt of `prompt`: its token ids, or for a prompt with images (an ImagePrompt: ids with each
+        image's placeholder expanded, as the HF processor's full call gives them) the ids with each run of image
+        tokens collapsed to one placeholder and the images, which vLLM's processor expands again."""
+        from vllm.inputs import TokensPrompt
+
+        images = getattr(prompt, "images", None)
+        if not images:
+            if getattr(prompt, "vision", None):
+                raise ValueError("rollout.name=vllm takes a prompt's images as images (ImagePrompt.images), "
+                                 "not only their tensors")
+            return TokensPrompt(prompt_token_ids=list(prompt))
+        if self.image_token_id is None:
+            raise ValueError("a prompt with images, but vLLM's model is text-only: point model.path at a "
+                             "vision-language model")
+        return TokensPrompt(prompt_token_ids=collapse_image_runs(list(prompt), self.image_token_id),
+                            multi_modal_data={"image": list(images)})
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New full weights (HF names) into every tensor-parallel worker, then
-        forget cached prefixes computed with the old ones."""
+        forget cached prefixes (and images' encoder outputs) computed with the old ones."""
         self.llm.collective_rpc("begin_posttrain_weights")
         for bucket in weight_buckets(weights):
             self.llm.collective_rpc("load_posttrain_weights", args=(pack_bucket(bucket),))
         self.llm.collective_rpc("finish_posttrain_weights")
         self.llm.reset_prefix_cache()
+        self.forget_encoder_outputs()
+
+    def forget_encoder_outputs(self) -> None:
+        """vLLM keeps an image's encoder output for the next request with the same image (a group's samples,
+        the next epoch's prompt): after new weights it would be the old tower's."""
+        if self.image_token_id is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def update_weights(self, model: torch.nn.Module) -> None:
         self.load_weights(model.state_dict().items())
@@ -251,6 +320,7 @@ class VLLMRolloutEngine:
         save_file(tensors, str(path / ADAPTER_WEIGHTS))
         (path / ADAPTER_CONFIG).write_text(config_json)
         self.lora_request = LoRARequest(f"posttrain-v{version}", version, str(path))
+        self.forget_encoder_outputs()  # adapters on the tower or projector (model.exclude_modules) change them
         if old is not None:
             remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
             if remove is not None:
