@@ -68,7 +68,13 @@ def test_vision_model_starts_as_the_embedded_model_on_text(tmp_path):
     from posttrain.models.loader import load_model
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.hf import HFRolloutEngine
-    from posttrain.tiny.vision_model import VisionSpec, batch_tensors, init_vision_model, language_model_names, vision_prompts
+    from posttrain.tiny.vision_model import (
+        VisionSpec,
+        batch_tensors,
+        init_vision_model,
+        language_model_names,
+        vision_prompts,
+    )
 
     torch.set_num_threads(1)
     assert language_model_names("model.layers.3.mlp.up_proj.weight") == "model.language_model.layers.3.mlp.up_proj.weight"
