@@ -24,10 +24,10 @@ Measured on 2 shared CPU cores (nice 19, one torch thread; seed 0): 1,079,616 pa
 tower), 4.3 MB of float32 weights. Warm-up: phase one 130 steps; dev accuracy 0.04 (step 150) -> 0.28 (390) ->
 0.41 (510) -> 0.52 (590), noisy (+-0.1 between evaluations); 176-181 s on a quiet machine, the same bytes twice
 (382 s with (8, 4, 4), another job beside it); seed 1: 137 + 540 steps, 193 s, test 0.473. Seed 0's test
-accuracy 0.488, which `posttrain train` on the preprocessed test rows reproduces as
-its step-0 validation score. GRPO from it (16 prompts x 8 samples, max 8 new tokens, 0.3 s a step):
-actor.lr=3e-5 gains, 0.488 -> 0.590 in 150 steps for seeds 0 and 1 alike (0.51, 0.54, 0.56, 0.61, 0.58, 0.59 every
-25 steps for seed 0); from the seed-1 model 0.484 -> 0.562 (peak 0.59); actor.lr=5e-5 0.488 -> 0.547, noisier.
+accuracy 0.488, which `posttrain train` on the preprocessed test rows reproduces as its step-0 validation score.
+GRPO from it (16 prompts x 8 samples, max 8 new tokens, 0.3 s a step): actor.lr=3e-5 gains, 0.488 -> 0.590 in
+150 steps for trainer.seed 0 and 1 alike (0.51, 0.54, 0.56, 0.61, 0.58, 0.59 every 25 steps for seed 0); from
+the seed-1 model 0.484 -> 0.562 (peak 0.59); actor.lr=5e-5 0.488 -> 0.547, noisier.
 actor.lr=1e-4 (the arith preset's) loses: 0.488 -> 0.22 in 20 steps (0.25 at 60); with
 actor.freeze_vision_tower=true it dips to 0.25 and climbs back to 0.43-0.48 by step 60-100. The embedded text
 model under the same settings gains 0.55 -> 0.77 (lr 1e-4, 30 steps) and 0.55 -> 0.83 (lr 3e-5, 150 steps).
