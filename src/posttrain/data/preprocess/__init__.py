@@ -8,6 +8,7 @@
     posttrain preprocess products --output-dir data/products   # a * b with the calculator tool (multi-turn)
     posttrain preprocess sliding-puzzle --output-dir data/sliding_puzzle   # seeds of the sliding-puzzle game
     posttrain preprocess guess-number --output-dir data/guess_number       # secrets of the number-guessing game
+    posttrain preprocess vision-digits --output-dir data/vision_digits     # 23 in an image, +45= in the text
     posttrain preprocess math --input raw/aime2024/data --split test --output-dir data/aime2024
     posttrain preprocess geo3k --input raw/geometry3k/data --output-dir data/geo3k   # verl's rows, with images
     posttrain preprocess clevr --train raw/clevr/data --test raw/clevr/valA/data --output-dir data/clevr-cogent
@@ -92,6 +93,12 @@ def _products(args) -> int:
 
     return _report(products.run(args.output_dir, args.num_train, args.num_test, args.seed, args.digits,
                                 not args.no_system_prompt))
+
+
+def _vision_digits(args) -> int:
+    from posttrain.data.preprocess import vision_digits
+
+    return _report(vision_digits.run(args.output_dir, args.num_train, args.num_test, args.seed))
 
 
 def _generated(subparsers, name: str, help: str, num_train: int, num_test: int):
@@ -194,6 +201,9 @@ def register(subparsers) -> None:
     gn.add_argument("--low", type=int, default=1, help="smallest secret (default 1; the game's low)")
     gn.add_argument("--high", type=int, default=16, help="largest secret (default 16; the game's high)")
     gn.set_defaults(func=_guess_number)
+
+    _generated(subparsers, "vision-digits", "the arith task with its first number drawn in a 56x28 image (the tiny "
+               "vision model's task; needs Pillow)", 2000, 200).set_defaults(func=_vision_digits)
 
 
 __all__ = ["register"]
