@@ -23,6 +23,7 @@ import torch
 
 from posttrain.errors import ConfigError, ModelError
 from posttrain.files.cache import ADAPTER_CONFIG
+from posttrain.models.loader import VISION_TOWERS
 
 PEFT_PREFIX = "base_model.model."  # peft's wrappers in front of the base model's names
 
@@ -74,8 +75,7 @@ def add_adapters(model: torch.nn.Module, s: LoraSettings, adapter_dir: str | Pat
 
 # a vision-language model's image encoder and the projection into the language model (Qwen-VL's visual with its
 # merger, LLaVA's vision_tower and multi_modal_projector, Idefics3's vision_model and connector, ...)
-VISION_PARTS = ("visual", "vision_tower", "vision_model", "vpm", "image_encoder", "multi_modal_projector",
-                "connector")
+VISION_PARTS = (*VISION_TOWERS, "multi_modal_projector", "connector")
 
 
 def vision_modules(model) -> str | None:
