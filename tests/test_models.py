@@ -157,7 +157,7 @@ def rebuild_says(said: str, out: Path) -> str:
     return "same" if same else "other"
 
 
-@pytest.mark.parametrize("task", ["arith", "tools", "games"])
+@pytest.mark.parametrize("task", ["arith", "tools", "games", "vision"])
 @pytest.mark.parametrize("weights", ["same", "other"])
 def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys, monkeypatch, task, weights):
     """`posttrain tiny-model --rebuild`'s last line, with the build replaced by a copy of the shipped model,
@@ -167,9 +167,10 @@ def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys,
     from safetensors.torch import save_file
 
     from posttrain.cli import main
-    from posttrain.tiny import games as tiny_games, tools as tiny_tools
+    from posttrain.tiny import games as tiny_games, tools as tiny_tools, vision_model as tiny_vision
 
-    shipped_dir = {"arith": shipped.EMBEDDED_DIR, "tools": shipped.TOOLS_DIR, "games": shipped.GAMES_DIR}[task]
+    shipped_dir = {"arith": shipped.EMBEDDED_DIR, "tools": shipped.TOOLS_DIR, "games": shipped.GAMES_DIR,
+                   "vision": shipped.VISION_DIR}[task]
 
     def build(out, seed=0, **_):
         shutil.copytree(shipped_dir, out, dirs_exist_ok=True)
@@ -184,6 +185,7 @@ def test_rebuild_says_whether_its_weights_are_the_shipped_ones(tmp_path, capsys,
     monkeypatch.setattr(arith, "build_tiny_model", build)
     monkeypatch.setattr(tiny_tools, "build_tools_model", build)
     monkeypatch.setattr(tiny_games, "build_games_model", build)
+    monkeypatch.setattr(tiny_vision, "build_vision_model", build)
     out = tmp_path / "m"
     assert main(["tiny-model", "--task", task, "--rebuild", "--output", str(out)]) == 0
     assert (weights_sha(out) == weights_sha(shipped_dir)) == (weights == "same")

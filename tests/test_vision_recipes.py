@@ -1,6 +1,6 @@
 """verl's Qwen2.5-VL GRPO scripts and NeMo-RL's vlm_grpo_3B.yaml, as their users run them: every key loads
-(translated, named unused, or refused in one line), and two GRPO steps run on a tiny random Qwen2.5-VL with local
-rows in the recipes' layouts (verl's geo3k rows under $HOME/data/geo3k, NeMo-RL's clevr-cogent under
+(translated, named unused, or refused in one line), and two GRPO steps run on the shipped tiny vision model (a
+Qwen2.5-VL, `posttrain tiny-model --task vision`) with local rows in the recipes' layouts (verl's geo3k rows under $HOME/data/geo3k, NeMo-RL's clevr-cogent under
 $POSTTRAIN_DATA), the CPU's engine (hf) in place of vLLM and the batch sizes scaled down by overrides after the
 script's own, as `$@` would pass them.
 
@@ -112,17 +112,18 @@ SMALL_VERL = ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh"])
-def test_verls_qwen2_5_vl_script_runs_two_steps_on_a_tiny_vlm(name, tmp_path):
-    """The script with $HOME a folder holding geo3k rows, its model a tiny random Qwen2.5-VL, `hf` as its engine
-    argument (vLLM's rollouts of images are another piece of work), the sizes scaled down."""
+def test_verls_qwen2_5_vl_script_runs_two_steps_on_the_tiny_vision_model(name, tmp_path):
+    """The script with $HOME a folder holding geo3k rows, its model the tiny vision model, `hf` as its engine
+    argument (the test environment has no vLLM; tests/test_vllm_vision.py runs that path), the sizes scaled
+    down."""
     from posttrain.driver.build import build_run
     from posttrain.driver.loop import train
-    from posttrain.tiny.vision import build_vlm_dir
+    from posttrain.models.shipped import vision_model
 
     home = tmp_path / "home"
     write_rows(geo3k_rows(4, "train"), home / "data" / "geo3k" / "train.parquet")
     write_rows(geo3k_rows(2, "test"), home / "data" / "geo3k" / "test.parquet")
-    model = build_vlm_dir(tmp_path / "model", "qwen2_5_vl", seed=3)
+    model = vision_model()
     run_dir = tmp_path / "run"
     args = [*script_args(name, home, engine="hf"), *SMALL_VERL, f"actor_rollout_ref.model.path={model}",
             f"trainer.default_local_dir={run_dir}"]
@@ -132,7 +133,8 @@ def test_verls_qwen2_5_vl_script_runs_two_steps_on_a_tiny_vlm(name, tmp_path):
     assert train(build_run(cfg))["steps"] == 2
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "actor/pg_loss" in m]
-    assert len(steps) == 2 and all(math.isfinite(m["actor/pg_loss"]) and m["actor/kl_loss"] >= 0 for m in steps)
+    # low_var_kl is >= 0 up to float32 rounding (-5e-9 seen where the adapters have not moved yet)
+    assert len(steps) == 2 and all(math.isfinite(m["actor/pg_loss"]) and m["actor/kl_loss"] >= -1e-6 for m in steps)
     assert any("val/score/mean" in m for m in metrics)  # verl's geo3k reward, by the rows' data_source
 
 
@@ -225,14 +227,14 @@ def clevr_rows(count: int, split: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_nemo_rls_vlm_grpo_3B_runs_two_steps_on_a_tiny_vlm(tmp_path, monkeypatch):
+def test_nemo_rls_vlm_grpo_3B_runs_two_steps_on_the_tiny_vision_model(tmp_path, monkeypatch):
     """vlm_grpo_3B.yaml as its user runs it from a NeMo-RL checkout (its prompt file examples/prompts/
-    clevr_cogent_cot.txt), the clevr-cogent named dataset under $POSTTRAIN_DATA, a tiny random Qwen2.5-VL as
+    clevr_cogent_cot.txt), the clevr-cogent named dataset under $POSTTRAIN_DATA, the tiny vision model as
     policy.model_name, hf generation, sizes scaled down: two steps scored by the file's reward functions, one
     reward worker (the weighted sum loaded there)."""
     from posttrain.driver.build import build_run
     from posttrain.driver.loop import train
-    from posttrain.tiny.vision import build_vlm_dir
+    from posttrain.models.shipped import vision_model
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("POSTTRAIN_DATA", str(tmp_path / "data"))
@@ -241,7 +243,7 @@ def test_nemo_rls_vlm_grpo_3B_runs_two_steps_on_a_tiny_vlm(tmp_path, monkeypatch
     prompts = tmp_path / "examples" / "prompts"
     prompts.mkdir(parents=True)
     (prompts / "clevr_cogent_cot.txt").write_text(clevr.PROMPT)  # NeMo-RL's file's text
-    model = build_vlm_dir(tmp_path / "model", "qwen2_5_vl", seed=4)
+    model = vision_model()
     small = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "grpo.max_num_steps=2",
              "grpo.val_period=2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
              "policy.logprob_batch_size=4", "policy.generation.max_new_tokens=6", "policy.generation.backend=hf",

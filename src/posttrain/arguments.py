@@ -149,22 +149,25 @@ def add_compare(sub) -> None:
 
 
 def add_tiny_model(sub) -> None:
-    """posttrain tiny-model [--task arith|tools|games]"""
+    """posttrain tiny-model [--task arith|tools|games|vision]"""
     tm = sub.add_parser("tiny-model", help="the embedded tiny model's directory (shipped with posttrain)",
                         description="Print the directory of an embedded tiny model (its weights ship inside "
                                     "posttrain), or copy it to --output; with --rebuild, build it anew with "
                                     "posttrain's own build code instead. --task tools: the tiny model warmed up on "
                                     "calculator calls (the multi-turn tool-use demonstration's start); --task games: "
-                                    "warmed up on number guessing (the multi-turn game demonstration's start).")
-    tm.add_argument("--task", choices=["arith", "tools", "games"], default="arith",
+                                    "warmed up on number guessing (the multi-turn game demonstration's start); --task "
+                                    "vision: a Qwen2.5-VL around it, warmed up to read the first number of a sum "
+                                    "from an image (the vision-language demonstration's start).")
+    tm.add_argument("--task", choices=["arith", "tools", "games", "vision"], default="arith",
                     help="arith: the default model (addition); tools: warmed up on products conversations with "
-                         "the calculator tool; games: warmed up on games of envs.games:GuessTheNumber")
+                         "the calculator tool; games: warmed up on games of envs.games:GuessTheNumber; vision: "
+                         "reads `23` in an image and adds `+45=` (posttrain preprocess vision-digits)")
     tm.add_argument("--output", help="copy (or with --rebuild, build) the directory here (new or empty); "
                                      "without it, print the shipped directory: model.path=$(posttrain tiny-model)")
     tm.add_argument("--rebuild", action="store_true",
                     help="build the model (arith: from scratch, about 100 s; tools: from the arith model, several "
-                         "minutes) instead of copying the shipped one, and say whether the result is the shipped "
-                         "model's bytes")
+                         "minutes; vision: about 3 minutes) instead of copying the shipped one, and say whether the "
+                         "result is the shipped model's bytes")
     tm.add_argument("--seed", type=int, default=0, help="the build's seed (the shipped models are 0)")
 
 

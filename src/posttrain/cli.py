@@ -169,13 +169,14 @@ def cmd_tiny_model(args) -> int:
 
     from posttrain.files.cache import directory_digest
     from posttrain.models import shipped
-    from posttrain.tiny import arith, games as tiny_games, tools as tiny_tools
+    from posttrain.tiny import arith, games as tiny_games, tools as tiny_tools, vision_model as tiny_vision
 
     # --task -> (what it is, the shipped directory or None, its checked directory, its build)
     tasks = {"arith": ("", shipped.EMBEDDED_DIR, lambda: arith.ensure_tiny_model(seed=args.seed),
                        arith.build_tiny_model),
              "tools": ("tool-using ", shipped.TOOLS_DIR, shipped.tools_model, tiny_tools.build_tools_model),
-             "games": ("number-guessing ", shipped.GAMES_DIR, shipped.games_model, tiny_games.build_games_model)}
+             "games": ("number-guessing ", shipped.GAMES_DIR, shipped.games_model, tiny_games.build_games_model),
+             "vision": ("vision ", shipped.VISION_DIR, shipped.vision_model, tiny_vision.build_vision_model)}
     what, shipped_dir, ready, build = tasks[args.task]
     if args.task != "arith" and args.seed != 0 and not args.rebuild:
         raise PosttrainError(f"the {what}tiny model ships for seed 0 only; build another with --rebuild --output DIR")

@@ -4,11 +4,13 @@ the bytes posttrain shipped (a few milliseconds).
     embedded/        the embedded tiny model (arithmetic; `posttrain train`'s default)
     embedded_tools/  the same model warmed up on calculator calls (the tool-use demonstration)
     embedded_games/  the same model warmed up on number guessing (the multi-turn game demonstration)
+    embedded_vision/ a Qwen2.5-VL around the same model, warmed up to read two digits in an image (vision-digits)
 
-The code that built them lives a floor higher, in tiny/ (tiny/arith.py, tiny/tools.py, tiny/games.py): it trains
-with the rollout engine and the data, which this room must not import. To replace a shipped model,
-rebuild it into its directory (`posttrain tiny-model [--task tools|games] --rebuild --output DIR`) and set
-its digest here to the one that command prints.
+The code that built them lives a floor higher, in tiny/ (tiny/arith.py, tiny/tools.py, tiny/games.py,
+tiny/vision_model.py): it trains with the rollout engine and the data, which this room must not import. To
+replace a shipped model, rebuild it into its directory
+(`posttrain tiny-model [--task tools|games|vision] --rebuild --output DIR`) and set its digest here to the one
+that command prints.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ TOOLS_DIGEST = "ca5c8aaee5b23c8ebb6508f7125c4678bdd22a0d203c014cd77c2663861cac5d
 GAMES_DIR = Path(__file__).with_name("embedded_games")
 # directory_digest(GAMES_DIR): the shipped number-guessing model's bytes, every file of it
 GAMES_DIGEST = "949836955e8c7c6cf5775ba5c68de48d17ddb4dd51a4e6748442f1a4476eeed2"
+VISION_DIR = Path(__file__).with_name("embedded_vision")
+# directory_digest(VISION_DIR): the shipped vision-digits model's bytes, every file of it
+VISION_DIGEST = "8a76cb7092616e056da0b028c10acee8945bf4fd44b075c6d8538778ce11d1ff"
 
 
 def embedded_model() -> Path:
@@ -45,6 +50,12 @@ def games_model() -> Path:
     """The shipped number-guessing tiny model's directory, checked against GAMES_DIGEST."""
     return checked_directory(GAMES_DIR, GAMES_DIGEST, "the number-guessing tiny model",
                              "posttrain tiny-model --task games --rebuild --output DIR")
+
+
+def vision_model() -> Path:
+    """The shipped tiny vision-language model's directory, checked against VISION_DIGEST."""
+    return checked_directory(VISION_DIR, VISION_DIGEST, "the tiny vision model",
+                             "posttrain tiny-model --task vision --rebuild --output DIR")
 
 
 def checked_directory(path: Path, digest: str, what: str, rebuild: str) -> Path:

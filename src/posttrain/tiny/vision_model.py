@@ -20,17 +20,13 @@ new shape (the answer tokens' loss, the vision tower frozen), until the greedy a
 arith *train* pairs reaches `sft_target_accuracy`: competent but imperfect, room for RL. Every batch draws fresh
 images. The RL rows (`posttrain preprocess vision-digits`) validate on the held-out test pairs.
 
-Measured on 2 shared CPU cores (nice 19, one torch thread; seed 0): 1,079,616 parameters (257,344 in the vision
-tower), 4.3 MB of float32 weights. Warm-up: phase one 130 steps; dev accuracy 0.04 (step 150) -> 0.28 (390) ->
-0.41 (510) -> 0.52 (590), noisy (+-0.1 between evaluations); 176-181 s on a quiet machine, the same bytes twice
-(382 s with (8, 4, 4), another job beside it); seed 1: 137 + 540 steps, 193 s, test 0.473. Seed 0's test
-accuracy 0.488, which `posttrain train` on the preprocessed test rows reproduces as its step-0 validation score.
-GRPO from it (16 prompts x 8 samples, max 8 new tokens, 0.3 s a step): actor.lr=3e-5 gains, 0.488 -> 0.590 in
-150 steps for trainer.seed 0 and 1 alike (0.51, 0.54, 0.56, 0.61, 0.58, 0.59 every 25 steps for seed 0); from
-the seed-1 model 0.484 -> 0.562 (peak 0.59); actor.lr=5e-5 0.488 -> 0.547, noisier.
-actor.lr=1e-4 (the arith preset's) loses: 0.488 -> 0.22 in 20 steps (0.25 at 60); with
-actor.freeze_vision_tower=true it dips to 0.25 and climbs back to 0.43-0.48 by step 60-100. The embedded text
-model under the same settings gains 0.55 -> 0.77 (lr 1e-4, 30 steps) and 0.55 -> 0.83 (lr 3e-5, 150 steps).
+The shipped model (seed 0; `posttrain tiny-model --task vision`): 1,079,616 parameters (257,344 in the vision
+tower), 4.3 MB of float32 weights; phase one 130 steps, phase two to step 590 (dev accuracy 0.04 at step 150,
+0.28 at 390, 0.41 at 510, 0.52 at 590, noisy: +-0.1 between evaluations), 126 s on the quiet 2-core CPU, the
+same bytes on every rebuild measured there; test accuracy 0.488, which `posttrain train` on the preprocessed
+test rows reproduces as its step-0 validation score. Seed 1: 137 + 540 steps, test 0.473. What GRPO does with
+it, and why the example's rate is 3e-5: docs/vision.md, "The tiny vision model learns" (bench/vision_learning.py).
+The m-RoPE sections: VisionSpec.
 """
 
 from __future__ import annotations
@@ -256,7 +252,7 @@ def build_vision_model(output_dir: str | Path, seed: int = 0, spec: VisionSpec =
         if phase == "read":
             if read_acc >= spec.sft_read_accuracy or step >= spec.sft_read_steps:
                 phase, read_steps = "answer", step
-                curve.append((step, round(float(loss), 4), read_acc, None))
+                curve.append((step, round(float(loss.detach()), 4), read_acc, None))
                 for name, p in model.named_parameters():
                     p.requires_grad_("visual" not in name)
                 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.sft_lm_lr,
@@ -269,9 +265,9 @@ def build_vision_model(output_dir: str | Path, seed: int = 0, spec: VisionSpec =
             model.eval()
             dev_acc = greedy_accuracy(model, processor, dev, dev_images)
             model.train()
-            curve.append((step, round(float(loss), 4), None, dev_acc))
+            curve.append((step, round(float(loss.detach()), 4), None, dev_acc))
             if progress:
-                print(f"posttrain: warming up the tiny vision model: step {step}, loss {float(loss):.3f}, "
+                print(f"posttrain: warming up the tiny vision model: step {step}, loss {float(loss.detach()):.3f}, "
                       f"dev accuracy {dev_acc:.3f} (target {spec.sft_target_accuracy}), "
                       f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
             if dev_acc >= spec.sft_target_accuracy:
