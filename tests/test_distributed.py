@@ -95,19 +95,26 @@ def cluster(ray_cluster):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("variant", ["plain", "ulysses", "lora", "lora-merged"])
+@pytest.mark.parametrize("variant", ["plain", "ulysses", "tensor-parallel", "lora", "lora-merged"])
 def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tmp_path, variant):
     """Same batch, same seed: log-probs, one PPO step (2 mini-batches x 2
     micro-batches, KL loss, entropy bonus) and a second step all match one
     process. With Ulysses both workers take the same rows, each half of every
-    sequence's positions, for the actor, the reference and the critic; with
+    sequence's positions, for the actor, the reference and the critic; at TP=2 both take the same rows, each
+    holding half of every layer and of the vocabulary (the critic's one-number head whole); with
     LoRA the sharded adapters train and the reference is the base (lora-merged: the rollout copies hold the
     base with the adapters merged in, gathered from the shards)."""
     from posttrain.distributed.group import WorkerGroup
 
     sequence_parallel = 2 if variant == "ulysses" else 1
+    tensor_parallel = 2 if variant == "tensor-parallel" else 1
     extra = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"] if "lora" in variant else []
+    extra += [f"actor.tensor_parallel_size={tensor_parallel}"]
     extra += ["rollout.lora_sync=merged"] if variant == "lora-merged" else []
+    if variant == "tensor-parallel":  # 4 heads, 2 of keys and values (tiny_model_dir's 1 does not split)
+        from posttrain.models.shipped import embedded_model
+
+        tiny_model_dir = embedded_model()
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "actor.entropy_coeff=0.01",
                                   "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=2",
                                   "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2",
@@ -120,6 +127,7 @@ def test_two_workers_update_equals_one_process(cluster, tiny_model_dir, data, tm
     group = WorkerGroup(spec, nnodes=1, per_node=2)
     try:
         assert [w["sequence_parallel"] for w in group.info] == [sequence_parallel] * 2
+        assert [w["tensor_parallel"] for w in group.info] == [tensor_parallel] * 2
         prompts = [[5 + i, 6, 7 + i % 3] for i in range(8)]
         for step in range(2):
             out = local.generate(prompts, SamplingParams(max_new_tokens=5, n=4, temperature=1.0))
@@ -257,6 +265,42 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
                 for x in read_metrics(run_dir) if "actor/pg_loss" in x]
 
     assert scores(straight) == scores(halves)
+
+
+@pytest.mark.ray
+def test_a_tp_2_checkpoint_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, data, tmp_path):
+    """PPO (a critic too) on two workers at TP=2, the embedded model, 4 steps saved every 2. The step-2 checkpoint,
+    resumed at TP=2, gives the straight run's steps 3-4 and its weights bit for bit; resumed at TP=1 (two FSDP2
+    workers: torch.distributed.checkpoint reshards the TP=2 shards) it loads and trains on to weights within
+    float rounding of the straight run's (other reduction orders)."""
+    import shutil
+
+    from posttrain.models.shipped import embedded_model
+
+    model = embedded_model()  # 4 heads, 2 of keys and values: TP=2 splits them
+    two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=2",
+           "algorithm.adv_estimator=gae", "critic.lr=1e-3")
+    straight = tmp_path / "straight"
+    train(build_run(load_config(None, small(model, data, straight, 4, *two, "actor.tensor_parallel_size=2"))))
+    ckpt = straight / "checkpoints" / "global_step_4"
+    want = exported(ckpt, tmp_path / "want")
+
+    def resumed(name: str, tp: int) -> Path:
+        run_dir = tmp_path / name
+        shutil.copytree(straight / "checkpoints" / "global_step_2", run_dir / "checkpoints" / "global_step_2")
+        summary = train(build_run(load_config(None, small(model, data, run_dir, 4, *two,
+                                                           f"actor.tensor_parallel_size={tp}"))))
+        assert summary["start_step"] == 2 and summary["steps"] == 4
+        return run_dir
+
+    same = resumed("tp2", 2)
+    got = exported(same / "checkpoints" / "global_step_4", tmp_path / "got")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    steps = [m for m in read_metrics(straight) if m.get("step", 0) > 2 and "actor/pg_loss" in m]
+    assert [m["actor/pg_loss"] for m in read_metrics(same) if "actor/pg_loss" in m] == \
+        [m["actor/pg_loss"] for m in steps]
+    other = exported(resumed("tp1", 1) / "checkpoints" / "global_step_4", tmp_path / "other")
+    assert max((want[k] - other[k]).abs().max().item() for k in want) < 1e-3
 
 
 @pytest.mark.ray

@@ -18,9 +18,11 @@ from posttrain.text.lines import one_line
 from posttrain.files.yamlfile import UnreadableYaml, load_yaml
 
 # Keys that may change between a run and its resumption: how long to run,
-# how often to validate and save, where to log, how to validate.
+# how often to validate and save, where to log, how to validate, how the layers are split over the workers
+# (torch.distributed.checkpoint reshards the saved shards to the new layout).
 MAY_DIFFER = ("trainer.", "data.val_files", "data.val_dataset_name", "data.val_batch_size", "data.val_max_samples",
-              "rollout.val_kwargs.", "reward.timeout_s", "profiler.")  # profiler.*: e.g. resume to profile a later step
+              "rollout.val_kwargs.", "reward.timeout_s", "profiler.",  # profiler.*: e.g. resume to profile a later step
+              "actor.tensor_parallel_size")
 MUST_MATCH = ("trainer.seed",)
 
 

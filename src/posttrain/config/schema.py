@@ -152,6 +152,10 @@ class ActorConfig(OptimizerConfig):
     # Ulysses sequence parallelism: groups of this many workers take the same rows and split each sequence's
     # positions (training/ulysses.py); it must divide the workers and the model's attention heads
     ulysses_sequence_parallel_size: int = 1
+    # tensor parallelism: groups of this many workers take the same rows and split each decoder layer's matmuls,
+    # the embedding and the output layer's vocabulary (training/tensor_parallel.py); FSDP2 shards over the groups.
+    # The reference, the critic and the teachers are split alike. It must divide the workers and the model's heads
+    tensor_parallel_size: int = 1
     use_torch_compile: bool = False  # the log-prob and entropy functions torch.compile'd (the model is not)
     entropy_from_logits_with_chunking: bool = False  # the entropy 2048 tokens at a time: smaller temporaries
     entropy_checkpointing: bool = False  # the entropy's temporaries recomputed in the backward instead of kept
@@ -331,5 +335,6 @@ def uses_lora(cfg: Config) -> bool:
 
 
 def data_parallel_groups(cfg: Config) -> int:
-    """Workers that take rows of their own: all of them, or their Ulysses groups."""
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
+    """Workers that take rows of their own: all of them, or their Ulysses or tensor-parallel groups."""
+    return (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // cfg.actor.ulysses_sequence_parallel_size
+            // max(1, cfg.actor.tensor_parallel_size))

@@ -37,6 +37,7 @@ def validate(cfg: Config, unused: Sequence[str] = ()) -> None:
     validate_ref(cfg)
     validate_trainer(cfg)
     validate_sequence_parallel(cfg)
+    validate_tensor_parallel(cfg)
     warn_unused(cfg, unused)
     validate_reward(cfg)
     validate_algorithm(cfg)
@@ -102,6 +103,23 @@ def validate_actor(cfg: Config) -> None:
 
 def validate_ref(cfg: Config) -> None:
     positive(cfg, "ref.log_prob_micro_batch_size")
+
+
+def validate_tensor_parallel(cfg: Config) -> None:
+    """actor.tensor_parallel_size: dividing the workers; what does not combine with it yet, named. The model's
+    heads and sizes are checked when it loads (training.tensor_parallel.check_plan)."""
+    size = cfg.actor.tensor_parallel_size
+    in_range(cfg, ">= 1", "actor.tensor_parallel_size")
+    if size == 1:
+        return
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    key = f"actor.tensor_parallel_size={size}"
+    need(world % size == 0, f"{key} must divide the {world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
+    for on, what in ((cfg.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size > 1"),
+                     (cfg.model.use_fused_kernels, "model.use_fused_kernels=true"),
+                     (uses_lora(cfg), "LoRA (model.lora_rank)"),
+                     (cfg.distillation.enabled, "distillation.enabled=true")):
+        need(not on, f"{key} with {what}: not supported together yet; set one of them off")
 
 
 def validate_sequence_parallel(cfg: Config) -> None:

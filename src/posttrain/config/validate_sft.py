@@ -46,6 +46,8 @@ def validate_sft(cfg: Config, given: set[str], unused: Sequence[str] = ()) -> No
     positive(cfg, "data.max_length")
     positive_or_null(cfg, "data.train_max_samples")
     validate_sequence_parallel(cfg)  # the group's workers take the same rows, each 1/P of their positions
+    need(cfg.actor.tensor_parallel_size == 1, f"actor.tensor_parallel_size={cfg.actor.tensor_parallel_size}: "
+         "posttrain sft does not split layers yet; set it to 1 (FSDP2 shards the model over the workers)")
     groups = data_parallel_groups(cfg)
     need(d.train_batch_size % groups == 0, f"data.train_batch_size={d.train_batch_size} rows must divide evenly "
           f"over the {groups} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple")

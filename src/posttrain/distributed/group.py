@@ -102,8 +102,9 @@ class WorkerGroup:
 
     @property
     def sp(self) -> int:
-        """Workers per sequence-parallel group: they take the same rows (Ulysses splits their positions)."""
-        return self.spec.sequence_parallel
+        """Workers that take the same rows: a Ulysses group (it splits their positions) or a tensor-parallel group
+        (it splits each layer)."""
+        return self.spec.sequence_parallel * self.spec.tensor_parallel
 
     def _per_row(self, verb: str, batch, *args):
         """A no-grad pass giving [N, R, ...] (or a tuple of such): rows balanced by tokens over the

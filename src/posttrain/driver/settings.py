@@ -46,7 +46,7 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
         log_prob_max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
         log_prob_budget_from_memory=cfg.model.log_prob_budget_from_memory,
         forward_prefetch=a.forward_prefetch, freeze_vision_tower=a.freeze_vision_tower,
-        sequence_parallel=a.ulysses_sequence_parallel_size, lora=lora_settings(cfg), temperature=r.temperature,
+        sequence_parallel=a.ulysses_sequence_parallel_size, tensor_parallel=a.tensor_parallel_size, lora=lora_settings(cfg), temperature=r.temperature,
         mixed_precision=mixed_precision(cfg, device), reduce_dtype=a.mixed_precision.reduce_dtype,
         seed=cfg.trainer.seed, collective_timeout_s=cfg.trainer.collective_timeout_s,
         threads=split_threads(cfg, device)[0], ref=ref_spec(cfg), rollout=rollout_spec(cfg, device), critic=critic,

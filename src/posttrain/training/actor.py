@@ -17,6 +17,7 @@ from posttrain.algorithms.rollout_corr import RolloutCorrection, correct, mismat
 from posttrain.training.logprobs import PassOptions, compute_device, log_probs_and_entropy, topk_stats
 from posttrain.training.microbatch import micro_batches, row_stats
 from posttrain.training.tally import Tally, step_values
+from posttrain.training.tensor_parallel import clip_grad_norm
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,11 @@ class UpdateSettings:
     bypass_correction: RolloutCorrection | None = None
     distill: DistillSettings | None = None  # on-policy distillation: the batch has the teacher's log-probs
 
-    def pass_options(self, compile: bool | None = None, sp=None) -> PassOptions:
+    def pass_options(self, compile: bool | None = None, sp=None, tp=None) -> PassOptions:
         """How this actor's passes run (`compile`: another role's use_torch_compile, e.g. the reference's;
-        `sp`: this worker's sequence-parallel group)."""
+        `sp`: this worker's sequence-parallel group; `tp`: its tensor-parallel place)."""
         return PassOptions(self.remove_padding, self.share_prompt, self.fused_kernels, self.entropy_chunking,
-                           self.entropy_checkpointing, self.torch_compile if compile is None else compile, sp)
+                           self.entropy_checkpointing, self.torch_compile if compile is None else compile, sp, tp)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas,
@@ -149,7 +150,7 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
     return float((mask.sum(-1) > 0).sum())
 
 
-def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Tensor, dict]:
+def micro_loss(model, mb, s: UpdateSettings, device, sp=None, tp=None) -> tuple[torch.Tensor, dict]:
     """Loss of one micro-batch (with grad) and its detached metrics (0-d tensors, read by the caller once
     per update: tally.py).
 
@@ -164,7 +165,8 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None) -> tuple[torch.Ten
         log_prob, entropy_tok, *topk = topk_stats(model, mb, device, s.temperature, s.pass_options(sp=sp),
                                                   mb.teacher_topk_ids, entropy_grad=s.entropy_coeff != 0)
     else:
-        log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature, s.pass_options(sp=sp),
+        log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature,
+                                                      s.pass_options(sp=sp, tp=tp),
                                                       entropy_grad=s.entropy_coeff != 0)  # [n, R] each
     old_log_prob = mb.old_log_probs.to(device) if mb.old_log_probs is not None else log_prob.detach()
     loss_entry = policy_loss(s.loss_mode)
@@ -262,7 +264,7 @@ def is_weights(mb, log_prob: torch.Tensor, mask: torch.Tensor, bypass: RolloutCo
 
 
 def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[float] | None = None,
-                  world_size: int = 1, sp=None) -> dict[str, float]:
+                  world_size: int = 1, sp=None, tp=None) -> dict[str, float]:
     """`ppo_epochs` passes over `batch` in mini-batches; one optimizer step per
     mini-batch, gradients accumulated over its micro-batches. A mini-batch
     whose gradient norm is not finite is skipped (no weight change).
@@ -274,11 +276,12 @@ def update_policy(model, optimizer, batch, s: UpdateSettings, mini_totals: list[
     Data parallel (world_size > 1, a sharded model): `batch` holds this
     worker's rows of every mini-batch (mini_batch_size / world_size each) and
     `mini_totals[k]` the `loss_units` of the whole mini-batch k, so the
-    gradients, averaged over workers by FSDP, equal the single-process ones.
+    gradients, averaged over workers by FSDP, equal the single-process ones. Tensor parallelism (`tp`,
+    training/tensor_parallel.py): the ranks of a TP group hold the same rows and each computes the whole loss.
     """
     device = compute_device(model)
     s = pinned_loss_scale(s, batch)
-    return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device, sp), s.mini_batch_size,
+    return run_updates(model, optimizer, batch, lambda mb: micro_loss(model, mb, s, device, sp, tp), s.mini_batch_size,
                        s.micro_batch_size, s.ppo_epochs, s.loss_agg_mode, s.grad_clip, mini_totals, world_size,
                        sp_size=sp.size if sp is not None else 1,
                        prefix="actor", remove_padding=s.remove_padding, max_tokens=s.micro_max_tokens)
@@ -349,7 +352,7 @@ def run_updates(model, optimizer, batch, loss_fn, mini_batch_size: int, micro_ba
                 # so sums / counted, averaged over them, is its own value however it is cut up
                 tally.add(m, w)
                 bar.update(1)
-            grad_norm = full_value(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+            grad_norm = full_value(clip_grad_norm(params, grad_clip))  # torch's, or per mesh with TP
             ok, loss_value, norm = step_values(mini_loss, grad_norm, world_size, params[0].device)  # one read
             if ok:
                 optimizer.step()

@@ -30,6 +30,7 @@ class PassOptions:
     entropy_checkpointing: bool = False  # actor.entropy_checkpointing: the entropy recomputed in the backward
     compile: bool = False  # actor.use_torch_compile (ref's for its pass): log-prob and entropy torch.compile'd
     sp: object = None  # training.ulysses.SequenceParallel: this worker's positions of each sequence only
+    tp: object = None  # training.tensor_parallel.TensorParallel: the logits are this rank's vocabulary columns
 
 
 def compute_device(model: torch.nn.Module) -> torch.device:
@@ -131,7 +132,14 @@ def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOp
 
 
 def _stats(logits, tokens, options: PassOptions, with_entropy: bool, entropy_grad: bool):
-    """logits [n, T, V], tokens [n, T] -> (log p(token) [n, T], entropy [n, T] or None)."""
+    """logits [n, T, V], tokens [n, T] -> (log p(token) [n, T], entropy [n, T] or None). With options.tp the
+    logits are this rank's columns of the vocabulary (training/tensor_parallel.py)."""
+    if options.tp is not None:
+        from posttrain.training.tensor_parallel import vocab_parallel_stats
+
+        log_prob, entropy = vocab_parallel_stats(logits, tokens, options.tp)
+        keep = with_entropy and entropy_grad and torch.is_grad_enabled()
+        return log_prob, (entropy if keep else entropy.detach()) if with_entropy else None
     if with_entropy and not (entropy_grad and torch.is_grad_enabled()) and not options.compile:
         return log_prob_and_entropy(logits, tokens)  # the entropy as a metric: from the same log-softmax
     if not with_entropy and not options.compile and not (torch.is_grad_enabled() and logits.requires_grad):

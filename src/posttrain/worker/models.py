@@ -46,17 +46,44 @@ def load_policy(spec: WorkerSpec, kwargs: dict, rank: int):
     return tokenizer, policy, eos
 
 
-def place_policy(spec: WorkerSpec, policy: torch.nn.Module, sharded: bool) -> None:
-    """Shard the policy (FSDP2, the spec's mixed precision, offload, checkpointing), or checkpoint its
-    activations in one process."""
+def tensor_parallel_mesh(spec: WorkerSpec, world_size: int, device: torch.device):
+    """-> the workers' 2-D DeviceMesh (("dp", "tp"): groups of spec.tensor_parallel consecutive ranks split each
+    layer, FSDP2 shards over the groups) with tensor parallelism, else None."""
+    if spec.tensor_parallel <= 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world_size // spec.tensor_parallel, spec.tensor_parallel),
+                            mesh_dim_names=("dp", "tp"))
+
+
+def split_layers(model: torch.nn.Module, mesh):
+    """With `mesh` (tensor_parallel_mesh), split `model`'s layers over its TP group (training/tensor_parallel.py).
+    -> (this rank's TensorParallel or None, the mesh FSDP2 shards over: the data-parallel one, or None: all)."""
+    if mesh is None:
+        return None, None
+    from posttrain.errors import ConfigError
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+
+    try:
+        return apply_tensor_parallel(model, mesh["tp"]), mesh["dp"]
+    except ValueError as e:
+        raise ConfigError(f"actor.tensor_parallel_size={mesh['tp'].size()}: {e}") from None
+
+
+def place_policy(spec: WorkerSpec, policy: torch.nn.Module, sharded: bool, mesh=None):
+    """Split the policy's layers over its TP group (with `mesh`) and shard it (FSDP2, the spec's mixed precision,
+    offload, checkpointing), or checkpoint its activations in one process. -> its TensorParallel or None."""
     from posttrain.training.parallelize import parallelize
 
+    tp, dp_mesh = split_layers(policy, mesh)
     if sharded:
-        parallelize(policy, param_dtype=spec.mixed_precision, activation_checkpointing=spec.gradient_checkpointing,
-                    offload_params=spec.param_offload, forward_prefetch=spec.forward_prefetch,
-                    reduce_dtype=spec.reduce_dtype)
+        parallelize(policy, dp_mesh, param_dtype=spec.mixed_precision,
+                    activation_checkpointing=spec.gradient_checkpointing, offload_params=spec.param_offload,
+                    forward_prefetch=spec.forward_prefetch, reduce_dtype=spec.reduce_dtype)
     elif spec.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+    return tp
 
 
 def ref_cast_dtype(spec: WorkerSpec, sharded: bool) -> tuple[torch.dtype | None, str]:
@@ -91,9 +118,11 @@ def cast_ref(spec: WorkerSpec, ref: torch.nn.Module | None, sharded: bool, rank:
     return cast_linear_weights(ref, dtype, room)
 
 
-def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0) -> tuple[torch.nn.Module | None, dict]:
+def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, mesh=None
+                ) -> tuple[torch.nn.Module | None, dict]:
     """-> (the reference, None where unneeded or with LoRA: the policy with its adapters off; the teachers of
-    on-policy distillation by routing key, None with one), frozen, placed as the policy is; the reference's
+    on-policy distillation by routing key, None with one), frozen, placed as the policy is (split over the TP
+    group with `mesh`); the reference's
     Linear weights in autocast's dtype where ref.cast_weights applies (cast_ref)."""
     from posttrain.models import load_model
     from posttrain.training.parallelize import parallelize
@@ -101,15 +130,17 @@ def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0) ->
     ref, teachers = None, {}
     if spec.ref.needed and spec.lora is None:
         ref = load_model(spec.model_dir, **kwargs).requires_grad_(False).eval()
+        _, dp_mesh = split_layers(ref, mesh)
         if sharded:
-            parallelize(ref, param_dtype=spec.mixed_precision, offload_params=spec.ref.param_offload,
+            parallelize(ref, dp_mesh, param_dtype=spec.mixed_precision, offload_params=spec.ref.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
     if spec.ref.needed:
         cast_ref(spec, ref, sharded, rank)
     for t in spec.teachers:
         teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
+        _, dp_mesh = split_layers(teachers[t.key], mesh)
         if sharded:
-            parallelize(teachers[t.key], param_dtype=spec.mixed_precision, offload_params=t.param_offload,
+            parallelize(teachers[t.key], dp_mesh, param_dtype=spec.mixed_precision, offload_params=t.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
     return ref, teachers
 
@@ -122,8 +153,9 @@ def optimizer_of(model: torch.nn.Module, s: WorkerSpec | CriticSpec):
     return optimizer, scheduler
 
 
-def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool):
-    """-> (the critic: a value model, placed as the policy is; its optimizer; its LR scheduler)."""
+def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool, mesh=None):
+    """-> (the critic: a value model, placed as the policy is (its layers split over the TP group with `mesh`, its
+    one-number head whole); its optimizer; its LR scheduler)."""
     from posttrain.models import load_value_model
     from posttrain.training.parallelize import parallelize
 
@@ -137,9 +169,10 @@ def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool):
             f"the critic model in '{c.model_dir}' has a vocabulary of {config.vocab_size} tokens, "
             f"fewer than the actor's tokenizer ({len(tokenizer)}): the critic reads the actor's token ids, "
             "so critic.model.path must share the actor's tokenizer")
+    _, dp_mesh = split_layers(critic, mesh)
     if sharded:
-        parallelize(critic, param_dtype=spec.mixed_precision, activation_checkpointing=c.gradient_checkpointing,
-                    offload_params=c.param_offload)
+        parallelize(critic, dp_mesh, param_dtype=spec.mixed_precision,
+                    activation_checkpointing=c.gradient_checkpointing, offload_params=c.param_offload)
     elif c.gradient_checkpointing:
         critic.gradient_checkpointing_enable()
     return (critic, *optimizer_of(critic, c))

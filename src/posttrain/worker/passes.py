@@ -23,10 +23,11 @@ def teacher_spec(spec: WorkerSpec, key: str | None) -> TeacherSpec:
     return next(t for t in spec.teachers if t.key == key or len(spec.teachers) == 1)
 
 
-def log_probs(spec: WorkerSpec, batch, which: str, teacher: str | None, policy, ref, teachers: dict, sp
-              ) -> torch.Tensor:
+def log_probs(spec: WorkerSpec, batch, which: str, teacher: str | None, policy, ref, teachers: dict, sp,
+              tp=None) -> torch.Tensor:
     """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher (`which`; of key
-    `teacher` when there are several). `sp`: training.ulysses.SequenceParallel, or None."""
+    `teacher` when there are several). `sp`: training.ulysses.SequenceParallel, or None; `tp`: this worker's
+    training.tensor_parallel.TensorParallel (every model split alike), or None."""
     from posttrain.models.lora import base_only
 
     lora_ref = which == "ref" and spec.lora is not None  # the reference is the base: the policy, adapters off
@@ -37,7 +38,7 @@ def log_probs(spec: WorkerSpec, batch, which: str, teacher: str | None, policy, 
         model = {"policy": policy, "ref": policy if lora_ref else ref}[which]
         size, budget = {"policy": (spec.log_prob_micro_batch_size, spec.log_prob_max_tokens),
                         "ref": (spec.ref.log_prob_micro_batch_size, spec.ref.log_prob_max_tokens)}[which]
-    options = spec.update.pass_options(compile=None if which == "policy" else spec.ref.torch_compile, sp=sp)
+    options = spec.update.pass_options(compile=None if which == "policy" else spec.ref.torch_compile, sp=sp, tp=tp)
     # the token counts stand for the memory only on trimmed, length-ordered micro-batches (remove_padding)
     if budget is None and which != "teacher" and sp is None and options.remove_padding \
             and budget_from_memory(spec, model):

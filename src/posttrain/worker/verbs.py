@@ -57,6 +57,7 @@ class Worker:
         self.policy = self.ref = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
+        self.tp = None  # training.tensor_parallel.TensorParallel, with tensor_parallel > 1
         self.rollout = None  # worker.rollout.Rollout: the engine, local or in a process of its own
 
     # ------------------------------------------------------------ building
@@ -73,12 +74,13 @@ class Worker:
         self.tokenizer, self.policy, eos = models.load_policy(s, kwargs, self.rank)
         # the hf engine's own model is made before sharding: it is whole
         copy = make_rollout_copy(s, self.policy, kwargs) if has_rollout_copy(s, self.sharded) else None
-        models.place_policy(s, self.policy, self.sharded)
-        self.ref, self.teachers = models.load_frozen(s, kwargs, self.sharded, self.rank)
+        mesh = models.tensor_parallel_mesh(s, self.world_size, device) if self.sharded else None
+        self.tp = models.place_policy(s, self.policy, self.sharded, mesh)
+        self.ref, self.teachers = models.load_frozen(s, kwargs, self.sharded, self.rank, mesh)
         self.optimizer, self.scheduler = models.optimizer_of(self.policy, s)
         if s.critic is not None:
             self.critic, self.critic_optimizer, self.critic_scheduler = models.load_critic(
-                s, kwargs, self.tokenizer, self.sharded)
+                s, kwargs, self.tokenizer, self.sharded, mesh)
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self.sp = models.sequence_parallel(s.sequence_parallel, self.rank, self.world_size,
                                                (self.policy, self.ref, self.critic, *self.teachers.values()))
@@ -89,7 +91,13 @@ class Worker:
         return {**self.info(), "device": str(device), "pad_token_id": self.tokenizer.pad_token_id,
                 "device_name": flops["device_name"], "peak_flops": flops["peak_flops"],
                 "sequence_parallel": self.sp.size if self.sp else 1, "sharded": self.sharded,
+                "tensor_parallel": self.tp.size if self.tp else 1,
                 "peak_key": flops["peak_key"]}
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The workers whose gradients FSDP2 averages: all of them, or one per TP group."""
+        return self.world_size // (self.tp.size if self.tp else 1)
 
     @property
     def engine(self):
@@ -131,7 +139,8 @@ class Worker:
     def compute_log_probs(self, batch, which: str = "policy", teacher: str | None = None) -> torch.Tensor:
         """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher (of key
         `teacher` when there are several)."""
-        return passes.log_probs(self.spec, batch, which, teacher, self.policy, self.ref, self.teachers, self.sp)
+        return passes.log_probs(self.spec, batch, which, teacher, self.policy, self.ref, self.teachers, self.sp,
+                                self.tp)
 
     def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
         """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
@@ -140,15 +149,15 @@ class Worker:
 
     def compute_values(self, batch) -> torch.Tensor:
         """-> the critic's values [N, R] of batch's response positions."""
-        return passes.values(self.spec, batch, self.critic, self.sp)
+        return passes.values(self.spec, batch, self.critic, self.sp)  # its head is whole: no vocabulary split
 
     def train_step(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One PPO update over `batch` (this worker's rows of every mini-batch,
         in order), then one LR-scheduler step. `mini_totals`: the whole
         mini-batches' loss denominators, when the rows are split over workers."""
         with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
-            metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update,
-                                    mini_totals=mini_totals, world_size=self.world_size, sp=self.sp)
+            metrics = update_policy(self.policy, self.optimizer, batch, self.spec.update, mini_totals=mini_totals,
+                                    world_size=self.data_parallel_size, sp=self.sp, tp=self.tp)
         self.scheduler.step()
         return metrics
 
@@ -178,7 +187,7 @@ class Worker:
 
         with self.autocast(), optimizer_state_on_device(self.critic_optimizer, self.spec.critic.optimizer_offload):
             metrics = update_critic(self.critic, self.critic_optimizer, batch, self.spec.critic.update,
-                                    mini_totals=mini_totals, world_size=self.world_size, sp=self.sp)
+                                    mini_totals=mini_totals, world_size=self.data_parallel_size, sp=self.sp)
         self.critic_scheduler.step()
         return metrics
 

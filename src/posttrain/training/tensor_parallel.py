@@ -1,0 +1,187 @@
+"""Tensor parallelism for a model that knows nothing of it: each decoder layer's matmuls split over the ranks of a
+TP group (Megatron's layout, through torch's DTensor `parallelize_module`), the vocabulary split for the embedding
+and the output layer, and the log-probs and entropy computed from each rank's share of the vocabulary.
+
+    tp = apply_tensor_parallel(model, mesh["tp"])   # in place; -> TensorParallel (the group, this rank's columns)
+    logits = model(ids).logits                      # [.., V/tp]: this rank's columns of the vocabulary
+    log_p, entropy = vocab_parallel_stats(logits, tokens, tp)   # as log_softmax over the whole would give
+
+The plan (PLANS, by the config's model_type): in each decoder layer the attention's q, k and v projections and the
+MLP's gate and up projections are split by output features (column-wise: each rank holds its share of the heads
+and of the intermediate features, and computes them from the whole input), the attention's output and the MLP's
+down projection by input features (row-wise: each rank's partial product, summed over the group). One sum per
+attention and one per MLP, forward and backward. The embedding is split by vocabulary rows (each rank looks up
+the tokens it holds, the rest summed in), the output layer by vocabulary columns, its logits left split: a
+[tokens, vocabulary] tensor is never whole on one rank. The norms, the rotary embedding and the attention itself
+run on each rank as before, on its heads. A vocabulary that does not divide by the group's size is split as
+torch.chunk splits it (the last rank holds fewer columns).
+
+The model code is untouched: Hugging Face's attention reshapes its projections with -1 heads, so a rank's share of
+the heads goes through as it is. Models whose layers hold their sizes elsewhere are refused by `check_plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# the decoder layer's Linear layers, by the direction they are split
+COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+# model_type -> the families that share Llama's layer layout (Qwen3's q/k norms act per head: each rank its own)
+PLANS = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "mistral": "llama"}
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This rank's place in its TP group: the group, its size and rank, and the vocabulary's columns it holds
+    ([start, start + width) of `vocab_size`)."""
+
+    group: object
+    size: int
+    rank: int
+    vocab_size: int
+    start: int
+    width: int
+
+
+def vocab_share(vocab_size: int, size: int, rank: int) -> tuple[int, int]:
+    """(first column, columns) of `rank`'s share of a vocabulary split over `size` ranks as torch.chunk splits it
+    (DTensor's Shard): ceil(V / size) each, the last ranks fewer (or none)."""
+    chunk = -(-vocab_size // size)
+    start = min(rank * chunk, vocab_size)
+    return start, min(chunk, vocab_size - start)
+
+
+def check_plan(config, size: int) -> list[str]:
+    """What stops `config`'s model from being split over `size` ranks: -> the problems, one line each ([]: none)."""
+    if getattr(config, "vision_config", None) is not None:
+        return ["a vision-language model is not split yet; set the tensor-parallel size to 1"]
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = getattr(config, "model_type", None)
+    if kind not in PLANS:
+        return [f"model_type {kind!r} has no tensor-parallel plan (posttrain has plans for "
+                f"{', '.join(sorted(PLANS))}); set the tensor-parallel size to 1"]
+    out = []
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, key, None)
+        if value is not None and value % size:
+            out.append(f"the model's {key}={value} does not divide by the tensor-parallel size {size}")
+    return out
+
+
+def layer_plan(model: torch.nn.Module) -> dict:
+    """{module path: its ParallelStyle} for `model` (a causal LM laid out as Llama)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from posttrain.training.parallelize import decoder_layers
+
+    layers = decoder_layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    plan = {}
+    for i in range(len(layers)):
+        plan.update({f"{prefix}.{i}.{name}": ColwiseParallel() for name in COLWISE})
+        plan.update({f"{prefix}.{i}.{name}": RowwiseParallel() for name in ROWWISE})
+    embed = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
+    plan[embed] = RowwiseParallel(input_layouts=Replicate())  # vocabulary rows: each rank looks up its tokens
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:  # a causal LM's output layer (a value model's one-number head stays whole)
+        name = next(name for name, module in model.named_modules() if module is head)
+        plan[name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)  # logits stay split
+    return plan
+
+
+def apply_tensor_parallel(model: torch.nn.Module, mesh) -> TensorParallel:
+    """Split `model`'s layers over `mesh` (a 1-D DeviceMesh: the TP group) in place, its tied output layer tied
+    again (a value model's head, one number a position, stays whole on every rank). -> this rank's
+    TensorParallel. Raises ValueError naming what does not divide (check_plan)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    problems = check_plan(model.config, mesh.size())
+    if problems:
+        raise ValueError("; ".join(problems))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    parallelize_module(model, mesh, layer_plan(model))
+    if tied:  # each style made its own Parameter of the one weight: one again, or the two would train apart
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    vocab = model.get_input_embeddings().weight.shape[0]
+    rank = mesh.get_local_rank()
+    start, width = vocab_share(vocab, mesh.size(), rank)
+    return TensorParallel(mesh.get_group(), mesh.size(), rank, vocab, start, width)
+
+
+class _VocabParallelStats(torch.autograd.Function):
+    """log p(token) and the entropy from each rank's columns of the logits; the gradient of either with respect to
+    this rank's columns, in closed form (no collective in the backward: the loss is the same on every rank of the
+    group, and the output layer's backward sums the ranks' shares of the hidden states' gradient)."""
+
+    @staticmethod
+    def forward(ctx, logits, tokens, tp: TensorParallel):
+        top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+        shifted = logits - top.unsqueeze(-1)
+        exp = shifted.exp()
+        local = tokens - tp.start
+        mine = (local >= 0) & (local < tp.width)
+        index = local.clamp(0, max(tp.width - 1, 0)).unsqueeze(-1)
+        picked = shifted.gather(-1, index).squeeze(-1) if tp.width else torch.zeros_like(top)
+        # sum e^s, s(token) where this rank holds it, sum e^s s: summed over the group
+        sums = torch.stack([exp.sum(-1), torch.where(mine, picked, 0.0), (exp * shifted).sum(-1)])
+        dist.all_reduce(sums, group=tp.group)
+        z, picked, weighted = sums
+        log_z = z.log()
+        entropy = log_z - weighted / z  # -sum p log p with p = e^s / z
+        ctx.save_for_backward(shifted, log_z, entropy, index, mine)
+        return picked - log_z, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_prob, grad_entropy):
+        shifted, log_z, entropy, index, mine = ctx.saved_tensors
+        log_p = shifted - log_z.unsqueeze(-1)
+        p = log_p.exp()
+        # d log p(t) / dx_j = [j == t] - p_j;  d H / dx_j = -p_j (log p_j + H)
+        onehot = torch.zeros_like(p)
+        if p.shape[-1]:
+            onehot.scatter_(-1, index, mine.unsqueeze(-1).to(p.dtype))
+        grad = (onehot - p) * grad_log_prob.unsqueeze(-1)
+        grad = grad - p * (log_p + entropy.unsqueeze(-1)) * grad_entropy.unsqueeze(-1)
+        return grad, None, None
+
+
+def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over parameters that live on different meshes (a TP-split layer's DTensors
+    beside the norms' plain tensors, which every rank of the group holds whole and alike): each mesh's norm taken
+    whole, then combined. -> the total norm (a tensor). Parameters all of one kind go to torch's function."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in params:
+        if p.grad is not None:
+            groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    if len(groups) <= 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = min(1.0, max_norm / (float(total) + 1e-6))
+    if coef < 1.0:
+        for group in groups.values():
+            for p in group:
+                p.grad.mul_(coef)
+    return total
+
+
+def vocab_parallel_stats(logits: torch.Tensor, tokens: torch.Tensor, tp: TensorParallel):
+    """logits [.., V/tp] (this rank's columns, float32), tokens [..] (ids of the whole vocabulary) -> (log p(token),
+    entropy), each [..], as log_softmax over the whole vocabulary gives them, on every rank of the group."""
+    return _VocabParallelStats.apply(logits, tokens, tp)
+
+
+__all__ = ["PLANS", "TensorParallel", "apply_tensor_parallel", "check_plan", "clip_grad_norm", "layer_plan", "vocab_parallel_stats",
+           "vocab_share"]

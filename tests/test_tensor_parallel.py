@@ -1,0 +1,108 @@
+"""Tensor parallelism (training/tensor_parallel.py) on the CPU: gloo process groups of 2 to 4 ranks in float32,
+each rank a process of its own (tests/tp_ranks.py), against one process."""
+
+import pytest
+import torch
+from transformers import Qwen2Config
+
+from posttrain.training.tensor_parallel import check_plan, vocab_share
+
+from tp_ranks import spawn, stats_case, stats_rank, tiny_case, update_rank, update_settings
+
+
+def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
+    assert [vocab_share(259, 2, r) for r in range(2)] == [(0, 130), (130, 129)]
+    assert [vocab_share(7, 3, r) for r in range(3)] == [(0, 3), (3, 3), (6, 1)]
+    assert [vocab_share(4, 3, r) for r in range(3)] == [(0, 2), (2, 2), (4, 0)]  # the last rank holds none
+    for vocab, size in ((259, 2), (7, 3), (4, 3), (151936, 8)):
+        parts = [p for r in range(size) for p in [vocab_share(vocab, size, r)]]
+        assert [len(c) for c in torch.arange(vocab).chunk(size)] == [w for _, w in parts if w]
+
+
+def test_what_does_not_divide_is_named():
+    config = Qwen2Config(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=384)
+    assert check_plan(config, 2) == []
+    assert check_plan(config, 4) == ["the model's num_key_value_heads=2 does not divide by the tensor-parallel "
+                                     "size 4"]
+    assert check_plan(Qwen2Config(num_attention_heads=6, num_key_value_heads=6, intermediate_size=102), 4) == [
+        "the model's num_attention_heads=6 does not divide by the tensor-parallel size 4",
+        "the model's num_key_value_heads=6 does not divide by the tensor-parallel size 4",
+        "the model's intermediate_size=102 does not divide by the tensor-parallel size 4"]
+    gpt2 = type("C", (), {"model_type": "gpt2"})()
+    assert "model_type 'gpt2' has no tensor-parallel plan" in check_plan(gpt2, 2)[0]
+
+
+@pytest.mark.parametrize("world, vocab", [(2, 7), (3, 4)])
+def test_log_probs_entropy_and_their_gradient_from_a_split_vocabulary(world, vocab):
+    """Each rank's columns of the logits (7 over 2 ranks: 4 + 3; 4 over 3: 2 + 2 + 0, a rank with none): log p of
+    the tokens, the entropy and the gradient of a loss of both with respect to each rank's columns equal those of
+    log_softmax over the whole logits (autograd), on every rank."""
+    logits, tokens, a, b = stats_case(vocab=vocab)
+    full = logits.clone().requires_grad_(True)
+    log_p = torch.log_softmax(full, -1)
+    want_lp, want_ent = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+    (a * want_lp + b * want_ent).sum().backward()
+    for lp, ent, grad, start in spawn(stats_rank, world, vocab):
+        torch.testing.assert_close(lp, want_lp.detach(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(ent, want_ent.detach(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(grad, full.grad[..., start:start + grad.shape[-1]], atol=1e-6, rtol=1e-6)
+
+
+def one_process_update():
+    torch.set_num_threads(1)
+    from posttrain.training.actor import update_policy
+
+    model, batch = tiny_case()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return update_policy(model, optimizer, batch, update_settings()), model.state_dict()
+
+
+def test_an_update_at_tp_2_equals_one_process():
+    """The tiny model (vocabulary 259, split unevenly) in 2 ranks at TP=2: two mini-batches of SGD with an entropy
+    bonus give the one-process loss, gradient norm and weights; each rank holds about half the weights (the norms
+    whole on both)."""
+    want, weights = one_process_update()
+    ranks = spawn(update_rank, 2, 2)
+    for metrics, got, held, whole_bytes in ranks:
+        for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert set(got) == set(weights)
+        for name, value in weights.items():
+            torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+        assert 0.5 <= held / whole_bytes <= 0.52, held / whole_bytes
+    print(f"TP=2: each rank holds {ranks[0][2] / 2**20:.2f} of the model's {ranks[0][3] / 2**20:.2f} MiB")
+
+
+@pytest.mark.slow
+def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process():
+    """A 2 x 2 mesh: FSDP2 over the data-parallel pair, TP=2 within each; each data-parallel rank its half of every
+    mini-batch. The weights after the update and the gradient norm are one process's; the metrics averaged over
+    the data-parallel ranks are too; each rank holds about a quarter of the weights."""
+    want, weights = one_process_update()
+    ranks = spawn(update_rank, 4, 2)
+    for key in ("actor/loss", "actor/pg_loss", "actor/entropy"):
+        mean = sum(m[key] for m, *_ in ranks) / 4
+        assert mean == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    for metrics, got, held, whole_bytes in ranks:
+        assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+        for name, value in weights.items():
+            torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+        assert 0.25 <= held / whole_bytes <= 0.27, held / whole_bytes
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["trainer.n_gpus_per_node=3"], r"actor.tensor_parallel_size=2 must divide the 3 workers"),
+    (["actor.ulysses_sequence_parallel_size=2"], r"with actor.ulysses_sequence_parallel_size > 1: not supported "
+                                                 r"together yet"),
+    (["model.lora_rank=4"], r"with LoRA \(model.lora_rank\): not supported together yet"),
+    (["model.use_fused_kernels=true"], r"with model.use_fused_kernels=true: not supported together yet"),
+])
+def test_what_does_not_combine_with_tensor_parallelism_is_refused_in_one_line(extra, message):
+    from posttrain.config import load_config
+    from posttrain.errors import ConfigError
+
+    base = ["actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2", "rollout.n=2", "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=2"]
+    assert load_config(None, base).actor.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [*base, *extra])

@@ -1,0 +1,126 @@
+"""What each rank of tests/test_tensor_parallel.py runs, in processes of its own (gloo, float32, one thread), and
+the launcher: spawn(fn, world, *args) -> each rank's result (what fn returned, saved by torch.save)."""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _run(rank: int, world: int, workdir: str, fn, args) -> None:
+    sys.path.insert(0, str(TESTS))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank, world_size=world)
+    try:
+        out = fn(rank, world, *args)
+        torch.save(out, f"{workdir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args) -> list:
+    """Run fn(rank, world, *args) in `world` fresh processes joined in one gloo group. -> their results, by rank;
+    AssertionError naming the ranks that failed."""
+    with tempfile.TemporaryDirectory(prefix="tp-ranks-") as workdir:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_run, args=(r, world, workdir, fn, args)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=600)
+        failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+        assert not failed, f"ranks {failed} failed (exit codes {[procs[r].exitcode for r in failed]})"
+        return [torch.load(os.path.join(workdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def stats_case(seed: int = 0, vocab: int = 7):
+    """Random logits [3, 5, vocab], tokens [3, 5], and the weights of log p and entropy in a loss."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, vocab, generator=g) * 3
+    tokens = torch.randint(0, vocab, (3, 5), generator=g)
+    return logits, tokens, torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+
+
+def stats_rank(rank: int, world: int, vocab: int):
+    """This rank's columns of stats_case's logits through vocab_parallel_stats: -> (log p, entropy, the gradient of
+    sum(a log p + b entropy) with respect to its columns, its first column)."""
+    from posttrain.training.tensor_parallel import TensorParallel, vocab_parallel_stats, vocab_share
+
+    logits, tokens, a, b = stats_case(vocab=vocab)
+    start, width = vocab_share(vocab, world, rank)
+    mine = logits[..., start:start + width].clone().requires_grad_(True)
+    tp = TensorParallel(dist.group.WORLD, world, rank, vocab, start, width)
+    log_p, entropy = vocab_parallel_stats(mine, tokens, tp)
+    (a * log_p + b * entropy).sum().backward()
+    return log_p.detach(), entropy.detach(), mine.grad, start
+
+
+def tiny_case():
+    """The embedded tiny model (vocabulary 259: split 130 + 129 over two ranks) and a batch of 8 rows (4 prompts x
+    2 samples) with random advantages."""
+    from posttrain.models import shipped
+    from posttrain.models.loader import load_model
+    from test_gpu_passes import batch_of
+
+    model = load_model(shipped.embedded_model())
+    batch = batch_of(259, rows=8, n=2)
+    batch.advantages = torch.randn(batch.responses.shape, generator=torch.Generator().manual_seed(3)) * \
+        batch.response_mask
+    return model, batch
+
+
+def update_settings():
+    from posttrain.training.actor import UpdateSettings
+
+    # two mini-batches of 4 rows, micro-batches of 2, an entropy bonus (its gradient through the split vocabulary)
+    return UpdateSettings(mini_batch_size=4, micro_batch_size=2, entropy_coeff=0.01, grad_clip=1.0)
+
+
+def whole(model) -> dict:
+    """The model's state dict, every DTensor gathered whole."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def local_bytes(model) -> int:
+    """Bytes of the parameters this rank holds (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in model.parameters())
+
+
+def update_rank(rank: int, world: int, tp_size: int):
+    """One update (update_policy, SGD) of tiny_case's model split over a (world / tp_size) x tp_size mesh (data
+    parallel x TP; FSDP2 over the data-parallel ranks when there are several): -> (its metrics, the whole weights
+    after it, the bytes of parameters this rank holds, the whole model's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.training.actor import loss_units, update_policy
+    from posttrain.training.parallelize import parallelize
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+
+    model, batch = tiny_case()
+    whole_bytes = local_bytes(model)
+    dp_size = world // tp_size
+    mesh = init_device_mesh("cpu", (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    tp = apply_tensor_parallel(model, mesh["tp"])
+    s = update_settings()
+    totals = None
+    if dp_size > 1:
+        parallelize(model, mesh["dp"])
+        dp = mesh["dp"].get_local_rank()
+        # each data-parallel rank its share of every mini-batch; the whole mini-batch's units beside them
+        minis = [list(range(k, k + s.mini_batch_size)) for k in range(0, len(batch), s.mini_batch_size)]
+        share = s.mini_batch_size // dp_size
+        totals = [loss_units(batch.response_mask[m], s.loss_agg_mode) for m in minis]
+        batch = batch.select([i for m in minis for i in m[dp * share:(dp + 1) * share]])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=dp_size, tp=tp)
+    return metrics, whole(model), local_bytes(model), whole_bytes
