@@ -187,13 +187,27 @@ def test_megatron_is_refused_with_the_fsdp2_switch_unless_disabled():
     assert cfg.actor.ppo_mini_batch_size == 32 // 4
 
 
+def test_tensor_parallelism_maps_and_what_it_does_not_combine_with_is_refused():
+    """policy.dtensor_cfg.tensor_parallel_size is actor.tensor_parallel_size; with context parallelism, or with
+    sequence_parallel=true (the norms split along the sequence), it is refused in one line naming both keys."""
+    cfg = load_config(BASE, [*"policy.model_name=m data.dataset_name=null cluster.gpus_per_node=2".split(),
+                             "policy.dtensor_cfg.tensor_parallel_size=2"])
+    assert cfg.actor.tensor_parallel_size == 2 and cfg.trainer.n_gpus_per_node == 2
+    with pytest.raises(ConfigError, match=r"^policy.dtensor_cfg.tensor_parallel_size=2 with policy.dtensor_cfg."
+                                          r"context_parallel_size=2 \(.*\): tensor and context parallelism"):
+        layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.context_parallel_size=2")
+    with pytest.raises(ConfigError, match=r"^policy.dtensor_cfg.sequence_parallel=True .* set it to false"):
+        layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true")
+    assert layer(BASE, "policy.dtensor_cfg.sequence_parallel=true")["actor.tensor_parallel_size"] == 1
+
+
 def test_what_posttrain_cannot_honour_is_refused_in_one_line():
     cases = {
         "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true": "recompute_kv_cache_after_weight_updates=True",
         "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
         "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .*turns after the first need an environment",
         "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
-        "policy.dtensor_cfg.tensor_parallel_size=2": "tensor_parallel_size=2",
+        "policy.dtensor_cfg.custom_parallel_plan=my.plan": r"custom_parallel_plan=my.plan .* set it to null",
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
         "++policy.scheduler=[{name: CosineAnnealingLR}]": r"scheduler.*T_max is fixed.*actor.lr_scheduler_type=cosine",
         "++policy.scheduler=[{name: ExponentialLR}]": r"\['ExponentialLR'\] .* then a constant LR or a cosine$",
@@ -598,7 +612,8 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
 
     path = tmp_path / "distillation_math.yaml"
     path.write_text(json.dumps(examples()["configs"]["distillation_math.yaml"]))  # JSON is YAML
-    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2 .*set it to 1"):
+    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2 with policy\.dtensor_cfg\."
+                                          r"context_parallel_size=2 .*set one of them to 1"):
         load_config(str(path), [])
     single = ["policy.dtensor_cfg.tensor_parallel_size=1"]
     cfg = load_config(str(path), single)
