@@ -271,6 +271,23 @@ def test_the_workers_own_sharded_setup_at_world_size_1_matches_an_unsharded_work
 
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_the_tensor_parallel_path_at_tp_1_on_one_gpu_equals_one_process():
+    """training/tensor_parallel.py's plans on a mesh of one GPU (NCCL, float32, TF32 off): one update through the
+    vocabulary-parallel log-probs equals the plain update on the same GPU. Several GPUs (TP=2 and up) have not run:
+    tests/test_tensor_parallel.py runs them on the CPU."""
+    from test_tensor_parallel import one_process_update
+    from tp_ranks import spawn, update_rank
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want, weights = one_process_update(device="cuda")
+    (metrics, got, _, _), = spawn(update_rank, 1, 1, "tiny", "cuda", backend="nccl")
+    assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
+    worst = max((got[k] - weights[k]).abs().max().item() for k in weights)
+    assert worst < 1e-5, worst
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_optimizer_offload_on_cuda_keeps_the_state_on_the_cpu_and_the_same_updates(trained_tiny_model_dir):
     torch.backends.cuda.matmul.allow_tf32 = False
     batch = update_batch(trained_tiny_model_dir)

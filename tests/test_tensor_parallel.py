@@ -48,21 +48,36 @@ def test_log_probs_entropy_and_their_gradient_from_a_split_vocabulary(world, voc
         torch.testing.assert_close(grad, full.grad[..., start:start + grad.shape[-1]], atol=1e-6, rtol=1e-6)
 
 
-def one_process_update():
+def one_process_update(family: str = "tiny", device: str = "cpu"):
     torch.set_num_threads(1)
     from posttrain.training.actor import update_policy
 
-    model, batch = tiny_case()
+    model, batch = tiny_case(family)
+    model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return update_policy(model, optimizer, batch, update_settings()), model.state_dict()
+    metrics = update_policy(model, optimizer, batch, update_settings())
+    return metrics, {k: v.cpu() for k, v in model.state_dict().items()}
 
 
-def test_an_update_at_tp_2_equals_one_process():
-    """The tiny model (vocabulary 259, split unevenly) in 2 ranks at TP=2: two mini-batches of SGD with an entropy
-    bonus give the one-process loss, gradient norm and weights; each rank holds about half the weights (the norms
-    whole on both)."""
+def test_the_tensor_parallel_path_at_tp_1_equals_one_process():
+    """The same plans on a mesh of one (a 1 x 1 data-parallel x TP mesh, gloo): every layer a DTensor, the log-probs
+    through the vocabulary-parallel path; the update is the plain one's. tests/test_gpu.py runs it on a GPU."""
     want, weights = one_process_update()
-    ranks = spawn(update_rank, 2, 2)
+    (metrics, got, held, whole_bytes), = spawn(update_rank, 1, 1)
+    assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+    assert held == whole_bytes
+    for name, value in weights.items():
+        torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama", "qwen3", "gemma3_text"])
+def test_an_update_at_tp_2_equals_one_process(family):
+    """The tiny model (Qwen2, tied output layer) and random Llama, Qwen3 (q/k norms) and Gemma3 (q/k norms, a scaled
+    embedding, tied) models, vocabulary 259 (split unevenly), in 2 ranks at TP=2: two mini-batches of SGD with an
+    entropy bonus give the one-process loss, gradient norm and weights; each rank holds about half the weights
+    (the norms whole on both)."""
+    want, weights = one_process_update(family)
+    ranks = spawn(update_rank, 2, 2, family)
     for metrics, got, held, whole_bytes in ranks:
         for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key

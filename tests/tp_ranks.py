@@ -13,10 +13,13 @@ import torch.multiprocessing as mp
 TESTS = Path(__file__).resolve().parent
 
 
-def _run(rank: int, world: int, workdir: str, fn, args) -> None:
+def _run(rank: int, world: int, workdir: str, fn, args, backend: str) -> None:
     sys.path.insert(0, str(TESTS))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank, world_size=world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group(backend, init_method=f"file://{workdir}/init", rank=rank, world_size=world)
     try:
         out = fn(rank, world, *args)
         torch.save(out, f"{workdir}/rank{rank}.pt")
@@ -24,12 +27,12 @@ def _run(rank: int, world: int, workdir: str, fn, args) -> None:
         dist.destroy_process_group()
 
 
-def spawn(fn, world: int, *args) -> list:
-    """Run fn(rank, world, *args) in `world` fresh processes joined in one gloo group. -> their results, by rank;
-    AssertionError naming the ranks that failed."""
+def spawn(fn, world: int, *args, backend: str = "gloo") -> list:
+    """Run fn(rank, world, *args) in `world` fresh processes joined in one process group (gloo; nccl: one GPU a rank).
+    -> their results, by rank; AssertionError naming the ranks that failed."""
     with tempfile.TemporaryDirectory(prefix="tp-ranks-") as workdir:
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_run, args=(r, world, workdir, fn, args)) for r in range(world)]
+        procs = [ctx.Process(target=_run, args=(r, world, workdir, fn, args, backend)) for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
@@ -61,14 +64,29 @@ def stats_rank(rank: int, world: int, vocab: int):
     return log_p.detach(), entropy.detach(), mine.grad, start
 
 
-def tiny_case():
-    """The embedded tiny model (vocabulary 259: split 130 + 129 over two ranks) and a batch of 8 rows (4 prompts x
-    2 samples) with random advantages."""
+# model_type -> its config's extra settings, for a seeded random model of each family with a plan
+FAMILIES = {"llama": {}, "qwen3": {"head_dim": 16},
+            "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8}}
+
+
+def tiny_case(family: str = "tiny"):
+    """The embedded tiny model ("tiny") or a seeded random model of `family` (FAMILIES: 2 layers, hidden 64, 4 heads,
+    2 of keys and values), vocabulary 259 (split 130 + 129 over two ranks), and a batch of 8 rows (4 prompts x 2
+    samples) with random advantages."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from posttrain.models import shipped
     from posttrain.models.loader import load_model
     from test_gpu_passes import batch_of
 
-    model = load_model(shipped.embedded_model())
+    if family == "tiny":
+        model = load_model(shipped.embedded_model())
+    else:
+        config = AutoConfig.for_model(family, vocab_size=259, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=256, **FAMILIES[family])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).float()
     batch = batch_of(259, rows=8, n=2)
     batch.advantages = torch.randn(batch.responses.shape, generator=torch.Generator().manual_seed(3)) * \
         batch.response_mask
@@ -96,20 +114,22 @@ def local_bytes(model) -> int:
     return sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in model.parameters())
 
 
-def update_rank(rank: int, world: int, tp_size: int):
+def update_rank(rank: int, world: int, tp_size: int, family: str = "tiny", device: str = "cpu"):
     """One update (update_policy, SGD) of tiny_case's model split over a (world / tp_size) x tp_size mesh (data
-    parallel x TP; FSDP2 over the data-parallel ranks when there are several): -> (its metrics, the whole weights
-    after it, the bytes of parameters this rank holds, the whole model's)."""
+    parallel x TP; FSDP2 over the data-parallel ranks when there are several) on `device` (cuda: this rank's GPU):
+    -> (its metrics, the whole weights after it (on the CPU), the bytes of parameters this rank holds, the whole
+    model's)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from posttrain.training.actor import loss_units, update_policy
     from posttrain.training.parallelize import parallelize
     from posttrain.training.tensor_parallel import apply_tensor_parallel
 
-    model, batch = tiny_case()
+    model, batch = tiny_case(family)
+    model = model.to(torch.device(device, torch.cuda.current_device()) if device == "cuda" else device)
     whole_bytes = local_bytes(model)
     dp_size = world // tp_size
-    mesh = init_device_mesh("cpu", (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
     tp = apply_tensor_parallel(model, mesh["tp"])
     s = update_settings()
     totals = None
@@ -123,4 +143,4 @@ def update_rank(rank: int, world: int, tp_size: int):
         batch = batch.select([i for m in minis for i in m[dp * share:(dp + 1) * share]])
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=dp_size, tp=tp)
-    return metrics, whole(model), local_bytes(model), whole_bytes
+    return metrics, {k: v.cpu() for k, v in whole(model).items()}, local_bytes(model), whole_bytes

@@ -30,8 +30,12 @@ import torch.distributed as dist
 # the decoder layer's Linear layers, by the direction they are split
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
-# model_type -> the families that share Llama's layer layout (Qwen3's q/k norms act per head: each rank its own)
-PLANS = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "mistral": "llama"}
+# norms over each head's features (Qwen3, Gemma3) that run on a rank's share of the heads: their weight is whole on
+# every rank, its gradient summed over the group (the heads are dimension 2 of [batch, tokens, heads, head_dim])
+HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+# model_type -> the families that share Llama's layer layout (Qwen3's and Gemma3's q/k norms act per head: each
+# rank on its own heads; Gemma3's scaled embedding and its logits' soft cap act element by element)
+PLANS = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "mistral": "llama", "gemma3_text": "llama"}
 
 
 @dataclass(frozen=True)
@@ -75,16 +79,19 @@ def check_plan(config, size: int) -> list[str]:
 def layer_plan(model: torch.nn.Module) -> dict:
     """{module path: its ParallelStyle} for `model` (a causal LM laid out as Llama)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     from posttrain.training.parallelize import decoder_layers
 
     layers = decoder_layers(model)
     prefix = next(name for name, module in model.named_modules() if module is layers)
     plan = {}
-    for i in range(len(layers)):
+    for i, layer in enumerate(layers):
         plan.update({f"{prefix}.{i}.{name}": ColwiseParallel() for name in COLWISE})
         plan.update({f"{prefix}.{i}.{name}": RowwiseParallel() for name in ROWWISE})
+        names = dict(layer.named_modules())
+        plan.update({f"{prefix}.{i}.{name}": SequenceParallel(sequence_dim=2, use_local_output=True)
+                     for name in HEAD_NORMS if name in names})
     embed = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
     plan[embed] = RowwiseParallel(input_layouts=Replicate())  # vocabulary rows: each rank looks up its tokens
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
