@@ -335,7 +335,8 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
 
 LOSSES = {"k1-pg": ["loss_mode=k1", "use_policy_gradient=true"],
           "kl_topk": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],
-          "kl_topk-ulysses": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}  # each half the positions
+          "kl_topk-ulysses": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],  # each half the positions
+          "kl_topk-tp": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}  # each half of every layer
 
 
 @pytest.mark.ray
@@ -344,10 +345,17 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
                                                                       trained_tiny_model_dir, loss):
     """On-policy distillation with FSDP2 workers: the teacher sharded as the reference is; its log-probs (and with
     a top-k loss its 8 likeliest tokens) and a distillation update (the reverse KL's policy gradient, or NeMo-RL's
-    mixed top-k KL; 2 mini-batches x 2 micro-batches) equal one process's."""
+    mixed top-k KL; 2 mini-batches x 2 micro-batches) equal one process's. At TP=2 (the embedded model taught by
+    its number-guessing variant: heads that split) the teacher's top-k comes from each worker's half of the
+    vocabulary, and the student's log-probs at those ids too."""
     from posttrain.distributed.group import WorkerGroup
+    from posttrain.models.shipped import embedded_model, games_model
 
+    tp = 2 if loss.endswith("-tp") else 1
+    if tp > 1:
+        tiny_model_dir, trained_tiny_model_dir = embedded_model(), games_model()
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "trainer.n_gpus_per_node=2",
+                                  f"actor.tensor_parallel_size={tp}",
                                   "algorithm.use_kl_in_reward=False", "actor.use_kl_loss=False",
                                   "distillation.enabled=true",
                                   f"distillation.teacher_models.t.model_path={trained_tiny_model_dir}",
@@ -363,18 +371,21 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
         batch = RolloutBatch.from_rollout(out, 4, ["arith"] * 8, ["0"] * 8, [{}] * 8, [""] * 32)
         batch.old_log_probs = local.compute_log_probs(batch, "policy")
         batch.teacher_log_probs = local.compute_log_probs(batch, "teacher")
-        assert torch.allclose(group.compute_log_probs(batch, "teacher"), batch.teacher_log_probs, atol=1e-5)
+        # on the responses' tokens (past a row's end a trimmed micro-batch leaves 0s, and micro-batches group rows
+        # by the workers' shares)
+        real = batch.response_mask.bool()
+        assert torch.allclose(group.compute_log_probs(batch, "teacher")[real], batch.teacher_log_probs[real], atol=1e-5)
         # 5 rows (a teacher's share of a step's rows) over 2 workers: made up with a copy, dropped again
-        five = batch.select([0, 3, 8, 9, 30])
-        assert torch.allclose(group.compute_log_probs(five, "teacher"), batch.teacher_log_probs[[0, 3, 8, 9, 30]],
-                              atol=1e-5)
+        rows = [0, 3, 8, 9, 30]
+        five = batch.select(rows)
+        assert torch.allclose(group.compute_log_probs(five, "teacher")[real[rows]], batch.teacher_log_probs[rows][
+            real[rows]], atol=1e-5)
         if loss.startswith("kl_topk"):
             sampled, batch.teacher_topk_log_probs, batch.teacher_topk_ids = local.compute_teacher_topk(batch, 8)
             got = group.compute_teacher_topk(batch, 8)
-            assert torch.allclose(sampled, batch.teacher_log_probs, atol=1e-5)
-            assert torch.allclose(got[0], sampled, atol=1e-5) and torch.allclose(got[1], batch.teacher_topk_log_probs,
-                                                                                  atol=1e-5)
-            real = batch.response_mask.bool()
+            assert torch.allclose(sampled[real], batch.teacher_log_probs[real], atol=1e-5)
+            assert torch.allclose(got[0][real], sampled[real], atol=1e-5)
+            assert torch.allclose(got[1][real], batch.teacher_topk_log_probs[real], atol=1e-5)
             assert torch.equal(got[2][real], batch.teacher_topk_ids[real])
         assert not torch.allclose(batch.teacher_log_probs, batch.old_log_probs, atol=1e-2)  # another model
         batch.advantages = torch.zeros(batch.responses.shape)  # the reward plays no part (use_task_rewards=false)

@@ -7,7 +7,7 @@ from transformers import Qwen2Config
 
 from posttrain.training.tensor_parallel import check_plan, vocab_share
 
-from tp_ranks import spawn, stats_case, stats_rank, tiny_case, update_rank, update_settings
+from tp_ranks import spawn, stats_case, stats_rank, tiny_case, topk_rank, update_rank, update_settings
 
 
 def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
@@ -45,6 +45,27 @@ def test_log_probs_entropy_and_their_gradient_from_a_split_vocabulary(world, voc
     for lp, ent, grad, start in spawn(stats_rank, world, vocab):
         torch.testing.assert_close(lp, want_lp.detach(), atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(ent, want_ent.detach(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(grad, full.grad[..., start:start + grad.shape[-1]], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("world, vocab, k", [(2, 7, 3), (3, 4, 3)])
+def test_the_top_k_and_log_probs_at_ids_from_a_split_vocabulary(world, vocab, k):
+    """Distillation's pieces at TP (training/logprobs.py's top-k passes): the k likeliest tokens and their log-probs
+    from every rank's columns (k above a rank's 2 columns, and a rank with none: 4 over 3), log p at the token and
+    at those ids, the entropy, and the gradient of a loss of all of them, as over the whole logits."""
+    logits, tokens, a, b = stats_case(vocab=vocab)
+    full = logits.clone().requires_grad_(True)
+    log_p = torch.log_softmax(full, -1)
+    want_values, want_ids = log_p.detach().topk(k, dim=-1)
+    ids = torch.cat([tokens.unsqueeze(-1), want_ids], -1)
+    at = log_p.gather(-1, ids)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    ((a.unsqueeze(-1) * at).sum() + (b * entropy).sum()).backward()
+    for values, got_ids, got_at, got_entropy, grad, start in spawn(topk_rank, world, vocab, k):
+        torch.testing.assert_close(values, want_values, atol=1e-6, rtol=1e-6)
+        assert torch.equal(got_ids, want_ids)
+        torch.testing.assert_close(got_at, at.detach(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(got_entropy, entropy.detach(), atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(grad, full.grad[..., start:start + grad.shape[-1]], atol=1e-6, rtol=1e-6)
 
 

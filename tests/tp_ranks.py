@@ -69,6 +69,24 @@ FAMILIES = {"llama": {}, "qwen3": {"head_dim": 16},
             "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8}}
 
 
+def topk_rank(rank: int, world: int, vocab: int, k: int):
+    """This rank's columns of stats_case's logits: -> (vocab_parallel_topk's log-probs and ids; vocab_parallel_at's
+    log p at [token, the top-k ids] and entropy; the gradient of sum(a . log p at them + b entropy) with respect to
+    this rank's columns; its first column)."""
+    from posttrain.training.tensor_parallel import (TensorParallel, vocab_parallel_at, vocab_parallel_topk,
+                                                    vocab_share)
+
+    logits, tokens, a, b = stats_case(vocab=vocab)
+    start, width = vocab_share(vocab, world, rank)
+    mine = logits[..., start:start + width].clone().requires_grad_(True)
+    tp = TensorParallel(dist.group.WORLD, world, rank, vocab, start, width)
+    values, ids = vocab_parallel_topk(mine.detach(), k, tp)
+    at, entropy = vocab_parallel_at(mine, torch.cat([tokens.unsqueeze(-1), ids], -1), tp)
+    (a.unsqueeze(-1) * at).sum().backward(retain_graph=True)
+    (b * entropy).sum().backward()
+    return values, ids, at.detach(), entropy.detach(), mine.grad, start
+
+
 def tiny_case(family: str = "tiny"):
     """The embedded tiny model ("tiny") or a seeded random model of `family` (FAMILIES: 2 layers, hidden 64, 4 heads,
     2 of keys and values), vocabulary 259 (split 130 + 129 over two ranks), and a batch of 8 rows (4 prompts x 2

@@ -117,8 +117,7 @@ def validate_tensor_parallel(cfg: Config) -> None:
     need(world % size == 0, f"{key} must divide the {world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
     for on, what in ((cfg.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size > 1"),
                      (cfg.model.use_fused_kernels, "model.use_fused_kernels=true"),
-                     (uses_lora(cfg), "LoRA (model.lora_rank)"),
-                     (cfg.distillation.enabled, "distillation.enabled=true")):
+                     (uses_lora(cfg), "LoRA (model.lora_rank)")):
         need(not on, f"{key} with {what}: not supported together yet; set one of them off")
 
 

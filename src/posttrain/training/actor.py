@@ -162,7 +162,7 @@ def micro_loss(model, mb, s: UpdateSettings, device, sp=None, tp=None) -> tuple[
     topk = None
     # the entropy is reported either way; it is in the graph only as a bonus in the loss
     if s.distill is not None and s.distill.uses_topk:  # also the student's log-probs at the teacher's top-k ids
-        log_prob, entropy_tok, *topk = topk_stats(model, mb, device, s.temperature, s.pass_options(sp=sp),
+        log_prob, entropy_tok, *topk = topk_stats(model, mb, device, s.temperature, s.pass_options(sp=sp, tp=tp),
                                                   mb.teacher_topk_ids, entropy_grad=s.entropy_coeff != 0)
     else:
         log_prob, entropy_tok = log_probs_and_entropy(model, mb, device, s.temperature,

@@ -201,6 +201,12 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     [n, R, k], sum of p log p [n, R] with its gradient)."""
     if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
         return _sequence_parallel_topk(model, mb, device, temperature, options.sp, topk_ids, entropy_grad)
+    if options.tp is not None:  # this rank's columns of the vocabulary (training/tensor_parallel.py)
+        from posttrain.training.tensor_parallel import vocab_parallel_at
+
+        ids = torch.cat([mb.responses.to(device).unsqueeze(-1), topk_ids.to(device).long()], -1)
+        at, entropy = vocab_parallel_at(_response_logits(model, mb, device, temperature, options), ids, options.tp)
+        return at[..., 0], entropy if entropy_grad else entropy.detach(), at[..., 1:], -entropy
     log_p = _response_log_p(model, mb, device, temperature, options)  # [n, R, V]
     log_prob = log_p.gather(-1, mb.responses.to(device).unsqueeze(-1)).squeeze(-1)
     neg_entropy = (log_p.exp() * log_p).sum(-1)
@@ -224,12 +230,16 @@ def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entrop
     return log_prob, -neg_entropy if entropy_grad else -neg_entropy.detach(), topk, neg_entropy
 
 
+def _response_logits(model, mb, device, temperature, options: PassOptions) -> torch.Tensor:
+    """The logits [n, R, V] (with TP this rank's columns) that predict `mb`'s response tokens, over the temperature."""
+    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
+    return response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model),
+                           layout=getattr(mb, "layout", None), vision=getattr(mb, "vision", None) or None)
+
+
 def _response_log_p(model, mb, device, temperature, options: PassOptions) -> torch.Tensor:
     """log-softmax [n, R, V] of the logits that predict `mb`'s response tokens (over the temperature)."""
-    args = (mb.input_ids.to(device), mb.attention_mask.to(device), mb.position_ids.to(device), mb.response_length)
-    logits = response_logits(model, *args, temperature, options.share_prompt and can_share_prompt(model),
-                             layout=getattr(mb, "layout", None), vision=getattr(mb, "vision", None) or None)
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(_response_logits(model, mb, device, temperature, options), dim=-1)
 
 
 @torch.no_grad()
@@ -249,10 +259,17 @@ def compute_topk_log_probs(model, batch, k: int, micro_batch_size: int, temperat
     try:
         for _, mb in micro_batches(batch, micro_batch_size, options.remove_padding, max_tokens):
             mb = mb.to(device)
-            log_p = _response_log_p(model, mb, device, temperature, options)
             width = mb.response_length
-            log_probs[mb.rows, :width] = log_p.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
-            values, ids = log_p.topk(k, dim=-1)
+            if options.tp is not None:  # this rank's columns: the k best of every rank's k
+                from posttrain.training.tensor_parallel import vocab_parallel_stats, vocab_parallel_topk
+
+                logits = _response_logits(model, mb, device, temperature, options)
+                log_probs[mb.rows, :width] = vocab_parallel_stats(logits, mb.responses, options.tp)[0]
+                values, ids = vocab_parallel_topk(logits, k, options.tp)
+            else:
+                log_p = _response_log_p(model, mb, device, temperature, options)
+                log_probs[mb.rows, :width] = log_p.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
+                values, ids = log_p.topk(k, dim=-1)
             top_lp[mb.rows, :width], top_ids[mb.rows, :width] = values, ids.to(torch.int32)
     finally:
         model.train(was_training)

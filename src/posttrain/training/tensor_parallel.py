@@ -122,41 +122,80 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh) -> TensorParallel:
 
 
 class _VocabParallelStats(torch.autograd.Function):
-    """log p(token) and the entropy from each rank's columns of the logits; the gradient of either with respect to
-    this rank's columns, in closed form (no collective in the backward: the loss is the same on every rank of the
-    group, and the output layer's backward sums the ranks' shares of the hidden states' gradient)."""
+    """log p at some token ids and the entropy, from each rank's columns of the logits; the gradient of both with
+    respect to this rank's columns in closed form (no collective in the backward: the loss is the same on every
+    rank of the group, and the output layer's backward sums the ranks' shares of the hidden states' gradient)."""
 
     @staticmethod
-    def forward(ctx, logits, tokens, tp: TensorParallel):
+    def forward(ctx, logits, ids, tp: TensorParallel):
         top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
         shifted = logits - top.unsqueeze(-1)
         exp = shifted.exp()
-        local = tokens - tp.start
+        local = ids - tp.start  # [.., m]
         mine = (local >= 0) & (local < tp.width)
-        index = local.clamp(0, max(tp.width - 1, 0)).unsqueeze(-1)
-        picked = shifted.gather(-1, index).squeeze(-1) if tp.width else torch.zeros_like(top)
-        # sum e^s, s(token) where this rank holds it, sum e^s s: summed over the group
-        sums = torch.stack([exp.sum(-1), torch.where(mine, picked, 0.0), (exp * shifted).sum(-1)])
+        index = local.clamp(0, max(tp.width - 1, 0))
+        picked = shifted.gather(-1, index) if tp.width else torch.zeros(ids.shape, dtype=logits.dtype,
+                                                                        device=logits.device)
+        # sum e^s, sum e^s s, and s at each id where this rank holds it: summed over the group
+        sums = torch.cat([exp.sum(-1, keepdim=True), (exp * shifted).sum(-1, keepdim=True),
+                          torch.where(mine, picked, 0.0)], -1)
         dist.all_reduce(sums, group=tp.group)
-        z, picked, weighted = sums
+        z, weighted, picked = sums[..., 0], sums[..., 1], sums[..., 2:]
         log_z = z.log()
         entropy = log_z - weighted / z  # -sum p log p with p = e^s / z
         ctx.save_for_backward(shifted, log_z, entropy, index, mine)
-        return picked - log_z, entropy
+        return picked - log_z.unsqueeze(-1), entropy
 
     @staticmethod
-    def backward(ctx, grad_log_prob, grad_entropy):
+    def backward(ctx, grad_log_p, grad_entropy):
         shifted, log_z, entropy, index, mine = ctx.saved_tensors
         log_p = shifted - log_z.unsqueeze(-1)
         p = log_p.exp()
         # d log p(t) / dx_j = [j == t] - p_j;  d H / dx_j = -p_j (log p_j + H)
-        onehot = torch.zeros_like(p)
+        grad = -p * grad_log_p.sum(-1, keepdim=True)
         if p.shape[-1]:
-            onehot.scatter_(-1, index, mine.unsqueeze(-1).to(p.dtype))
-        grad = (onehot - p) * grad_log_prob.unsqueeze(-1)
+            grad = grad.scatter_add(-1, index, grad_log_p * mine.to(p.dtype))
         grad = grad - p * (log_p + entropy.unsqueeze(-1)) * grad_entropy.unsqueeze(-1)
         return grad, None, None
+
+
+def vocab_parallel_at(logits: torch.Tensor, ids: torch.Tensor, tp: TensorParallel):
+    """logits [.., V/tp] (this rank's columns, float32), ids [.., m] (of the whole vocabulary) -> (log p at each id
+    [.., m], entropy [..]), as log_softmax over the whole vocabulary gives them, on every rank of the group, with
+    their gradient."""
+    return _VocabParallelStats.apply(logits, ids, tp)
+
+
+def vocab_parallel_stats(logits: torch.Tensor, tokens: torch.Tensor, tp: TensorParallel):
+    """logits [.., V/tp] (this rank's columns, float32), tokens [..] (ids of the whole vocabulary) -> (log p(token),
+    entropy), each [..], as log_softmax over the whole vocabulary gives them, on every rank of the group."""
+    log_p, entropy = _VocabParallelStats.apply(logits, tokens.unsqueeze(-1), tp)
+    return log_p.squeeze(-1), entropy
+
+
+@torch.no_grad()
+def vocab_parallel_topk(logits: torch.Tensor, k: int, tp: TensorParallel):
+    """The k likeliest tokens from each rank's columns of the logits [.., V/tp]: -> (their log-probs [.., k], most
+    likely first, their ids [.., k] in the whole vocabulary), the same on every rank (each rank's own k gathered,
+    then the k best of them)."""
+    top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+    z = (logits - top.unsqueeze(-1)).exp().sum(-1)
+    dist.all_reduce(z, group=tp.group)
+    log_p = logits - (top + z.log()).unsqueeze(-1)
+    mine = min(k, tp.width)
+    values = log_p.new_full((*log_p.shape[:-1], k), -torch.inf)
+    ids = torch.zeros((*log_p.shape[:-1], k), dtype=torch.long, device=log_p.device)
+    if mine:
+        values[..., :mine], local = log_p.topk(mine, dim=-1)
+        ids[..., :mine] = local + tp.start
+    gathered_values = [torch.empty_like(values) for _ in range(tp.size)]
+    gathered_ids = [torch.empty_like(ids) for _ in range(tp.size)]
+    dist.all_gather(gathered_values, values.contiguous(), group=tp.group)
+    dist.all_gather(gathered_ids, ids.contiguous(), group=tp.group)
+    best, where = torch.cat(gathered_values, -1).topk(k, dim=-1)
+    return best, torch.cat(gathered_ids, -1).gather(-1, where)
 
 
 def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
@@ -184,11 +223,5 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
     return total
 
 
-def vocab_parallel_stats(logits: torch.Tensor, tokens: torch.Tensor, tp: TensorParallel):
-    """logits [.., V/tp] (this rank's columns, float32), tokens [..] (ids of the whole vocabulary) -> (log p(token),
-    entropy), each [..], as log_softmax over the whole vocabulary gives them, on every rank of the group."""
-    return _VocabParallelStats.apply(logits, tokens, tp)
-
-
-__all__ = ["PLANS", "TensorParallel", "apply_tensor_parallel", "check_plan", "clip_grad_norm", "layer_plan", "vocab_parallel_stats",
-           "vocab_share"]
+__all__ = ["PLANS", "TensorParallel", "apply_tensor_parallel", "check_plan", "clip_grad_norm", "layer_plan",
+           "vocab_parallel_at", "vocab_parallel_stats", "vocab_parallel_topk", "vocab_share"]

@@ -76,11 +76,11 @@ def memory_budget(model, compute_dtype: str | None = None, fraction: float = 0.5
                                config.num_hidden_layers, kv_width, dtype.itemsize, fraction)
 
 
-def teacher_topk(spec: WorkerSpec, batch, k: int, teacher: str | None, teachers: dict, sp):
+def teacher_topk(spec: WorkerSpec, batch, k: int, teacher: str | None, teachers: dict, sp, tp=None):
     """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k likeliest
-    tokens' log-probs [N, R, k] and ids [N, R, k])."""
+    tokens' log-probs [N, R, k] and ids [N, R, k]). `tp`: the teacher is split as the policy is."""
     t = teacher_spec(spec, teacher)
-    options = spec.update.pass_options(compile=False, sp=sp)
+    options = spec.update.pass_options(compile=False, sp=sp, tp=tp)
     with autocast_of(spec):
         return compute_topk_log_probs(teachers[t.key], batch, k, t.log_prob_micro_batch_size, spec.temperature,
                                       options=options, max_tokens=t.log_prob_max_tokens)

@@ -145,7 +145,7 @@ class Worker:
     def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
         """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
         likeliest tokens' log-probs [N, R, k] and ids [N, R, k])."""
-        return passes.teacher_topk(self.spec, batch, k, teacher, self.teachers, self.sp)
+        return passes.teacher_topk(self.spec, batch, k, teacher, self.teachers, self.sp, self.tp)
 
     def compute_values(self, batch) -> torch.Tensor:
         """-> the critic's values [N, R] of batch's response positions."""
