@@ -268,6 +268,35 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
 
 
 @pytest.mark.ray
+def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_path):
+    """NeMo-RL's grpo_math_1B.yaml (as stored from its repository) with policy.dtensor_cfg.tensor_parallel_size=2
+    and two workers, as its TP recipes set it: the embedded model split over both, two GRPO steps on arith rows."""
+    import json
+
+    from posttrain.data.preprocess import arith
+    from posttrain.models.shipped import embedded_model
+
+    examples = json.loads((Path(__file__).parent / "data" / "nemo_rl" / "examples_7ea279a.json").read_text())
+    path = tmp_path / "grpo_math_1B.yaml"
+    path.write_text(json.dumps(examples["configs"]["grpo_math_1B.yaml"]))  # JSON is YAML
+    train_file, test_file = arith.run(tmp_path / "data", num_train=16, num_test=4)
+    cfg = load_config(str(path), [
+        "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2",
+        f"trainer.ray_address={cluster['address']}", "trainer.device=cpu", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
+        "grpo.max_num_steps=2", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
+        "policy.logprob_batch_size=4", "policy.max_total_sequence_length=64", "policy.generation.backend=hf",
+        "policy.precision=float32", "grpo.val_period=2", "checkpointing.enabled=false",
+        f"logger.log_dir={tmp_path / 'logs'}", f"model.path={embedded_model()}", f"trainer.run_dir={tmp_path / 'run'}",
+        "trainer.val_before_train=false", "data.system_prompt_file=null", f"data.train_files=[{train_file}]",
+        f"data.val_files=[{test_file}]", "data.max_response_length=4", "reward.num_workers=0",
+        "data.prompt_file=null"])
+    assert (cfg.actor.tensor_parallel_size, cfg.trainer.n_gpus_per_node) == (2, 2)
+    assert train(build_run(cfg))["steps"] == 2
+    steps = [m for m in read_metrics(tmp_path / "run") if "actor/pg_loss" in m]
+    assert len(steps) == 2 and all(m["actor/grad_norm"] > 0 for m in steps)
+
+
+@pytest.mark.ray
 def test_a_tp_2_checkpoint_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, data, tmp_path):
     """PPO (a critic too) on two workers at TP=2, the embedded model, 4 steps saved every 2. The step-2 checkpoint,
     resumed at TP=2, gives the straight run's steps 3-4 and its weights bit for bit; resumed at TP=1 (two FSDP2
