@@ -15,6 +15,7 @@ refused, with the refusal's line (its "(in FILE (NeMo-RL's layout))" left out).
 
     python bench/nemo_rl_configs.py --nemo-rl ~/RL                # the commit read, the table
     python bench/nemo_rl_configs.py --nemo-rl ~/RL --recipes      # and examples/configs/recipes/llm/grpo-*.yaml
+    python bench/nemo_rl_configs.py --nemo-rl ~/RL --tensor-parallel   # and every file that sets dtensor TP > 1
     python bench/nemo_rl_configs.py --nemo-rl ~/RL --generate tests/data/nemo_rl   # the tests' data, below
 
 `--generate DIR` writes DIR/examples_COMMIT.json: each top-level file's tree as
@@ -164,10 +165,29 @@ def checkout_of(path: str) -> Path:
     return root
 
 
+def tensor_parallel_files(checkout: Path) -> list[str]:
+    """Every config under examples/configs whose policy trains with DTensor tensor parallelism (a size above 1),
+    its `defaults:` merged in."""
+    out = []
+    for path in sorted(checkout.glob("examples/configs/**/*.yaml")):
+        try:
+            tree = nemo_rl.load_tree(str(path))
+        except Exception:  # noqa: BLE001 - a file that does not load as a config is not one of them
+            continue
+        dtensor = (tree.get("policy") or {}).get("dtensor_cfg") or {}
+        size = dtensor.get("tensor_parallel_size")
+        if isinstance(size, int) and size > 1 and dtensor.get("enabled") is not False:
+            out.append(str(path.relative_to(checkout)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nemo-rl", required=True, metavar="DIR", help="a NeMo-RL checkout")
     ap.add_argument("--recipes", action="store_true", help=f"also {RECIPES}, in a table of their own")
+    ap.add_argument("--tensor-parallel", action="store_true",
+                    help="also every examples/configs/**/*.yaml whose policy.dtensor_cfg.tensor_parallel_size is "
+                         "above 1, in a table of their own")
     ap.add_argument("--generate", metavar="DIR", help="write DIR/examples_COMMIT.json for the tests")
     args = ap.parse_args()
     checkout = checkout_of(args.nemo_rl)
@@ -187,6 +207,10 @@ def main() -> None:
         recipes = sorted(str(p.relative_to(checkout)) for p in checkout.glob(RECIPES))
         print(f"\n## {RECIPES}\n")
         print("\n".join(table(checkout, recipes)), flush=True)
+    if args.tensor_parallel:
+        split = tensor_parallel_files(checkout)
+        print(f"\n## examples/configs/**/*.yaml with policy.dtensor_cfg.tensor_parallel_size > 1 ({len(split)})\n")
+        print("\n".join(table(checkout, split)), flush=True)
     if args.generate:
         Path(args.generate).mkdir(parents=True, exist_ok=True)
         out = generate(checkout, top, commit, args.generate)
