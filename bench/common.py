@@ -14,6 +14,7 @@ against the sum).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -135,6 +136,28 @@ def versions() -> str:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def learning_parser(description: str, settings: dict, default: str, steps_help: str) -> argparse.ArgumentParser:
+    """The arguments of the learning benches (env_learning.py, vision_learning.py): which settings (a comma list
+    of `settings`' names), seeds, steps, the training-score window, the work directory, a JSON log."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--settings", default=default, help=f"comma list of {', '.join(settings)}")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, help=steps_help)
+    p.add_argument("--window", type=int, default=10, help="steps of the training-score windows (default 10)")
+    p.add_argument("--workdir", type=Path)
+    p.add_argument("--json", type=Path, help="append each run's figures as a JSON line")
+    return p
+
+
+def chosen_settings(text: str, settings: dict) -> list[str]:
+    """--settings' comma list, each a name of `settings` (else the bench stops naming the unknown ones)."""
+    chosen = text.split(",")
+    bad = [s for s in chosen if s not in settings]
+    if bad:
+        raise SystemExit(f"unknown {bad}; choose from {', '.join(settings)}")
+    return chosen
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

@@ -24,7 +24,6 @@ Under the table, each run's training score (guess: the share of training games w
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import markdown_table  # noqa: E402
+from common import chosen_settings, learning_parser, markdown_table  # noqa: E402
 from rollout_mismatch import posttrain, record, run_train  # noqa: E402
 
 MT = "rollout.multi_turn."
@@ -115,19 +114,11 @@ def windows(runs: list[dict], k: int) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="guess,single,hints", help=f"comma list of {', '.join(SETTINGS)}")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, help="trainer.total_training_steps (default: the run's 100)")
+    p = learning_parser(__doc__.splitlines()[0], SETTINGS, "guess,single,hints",
+                        "trainer.total_training_steps (default: the run's 100)")
     p.add_argument("--num-test", type=int, default=256, help="guess: held-out games (default 256)")
-    p.add_argument("--window", type=int, default=10, help="steps of the training-score windows (default 10)")
-    p.add_argument("--workdir", type=Path)
-    p.add_argument("--json", type=Path, help="append each run's figures as a JSON line")
     args = p.parse_args(argv)
-    settings = args.settings.split(",")
-    bad = [s for s in settings if s not in SETTINGS]
-    if bad:
-        raise SystemExit(f"unknown {bad}; choose from {', '.join(SETTINGS)}")
+    settings = chosen_settings(args.settings, SETTINGS)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="env-learning-"))
     runs = [record(run_one(s, seed, workdir / f"{s}-{seed}", args.steps, args.num_test), "tiny", args.json)
             for s in settings for seed in args.seeds]

@@ -19,7 +19,6 @@ on the same steps; under it, each run's held-out scores and its training score o
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import markdown_table  # noqa: E402
+from common import chosen_settings, learning_parser, markdown_table  # noqa: E402
 from rollout_mismatch import posttrain, record, run_train  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "tiny_vision_digits.yaml")
@@ -89,18 +88,10 @@ def ratio(runs: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="vision,text", help=f"comma list of {', '.join(SETTINGS)}")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, help="trainer.total_training_steps (default: the example's 150)")
-    p.add_argument("--window", type=int, default=10, help="steps of the training-score windows (default 10)")
-    p.add_argument("--workdir", type=Path)
-    p.add_argument("--json", type=Path, help="append each run's figures as a JSON line")
+    p = learning_parser(__doc__.splitlines()[0], SETTINGS, "vision,text",
+                        "trainer.total_training_steps (default: the example's 150)")
     args = p.parse_args(argv)
-    settings = args.settings.split(",")
-    bad = [s for s in settings if s not in SETTINGS]
-    if bad:
-        raise SystemExit(f"unknown {bad}; choose from {', '.join(SETTINGS)}")
+    settings = chosen_settings(args.settings, SETTINGS)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vision-learning-"))
     runs = [record(run_one(s, seed, workdir, args.steps), "tiny", args.json) for s in settings for seed in args.seeds]
     print(table(runs))

@@ -35,6 +35,7 @@ from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.hf import left_pad
 from posttrain.rollout.vllm_vision import (
     collapse_image_runs,
+    image_token_id_of,
     images_without_torchvision,
     takes_images,
     vllm_vision_family,
@@ -166,17 +167,6 @@ def check_expanded_prompts(request_outputs, prompts) -> None:
             raise RuntimeError(f"vLLM expanded prompt {i}'s images into other tokens than the HF processor "
                                f"({len(got)} tokens, not {len(p)}): its image processor resized them otherwise "
                                "(check preprocessor_config.json's min/max pixels and vLLM's mm_processor_kwargs)")
-
-
-def image_token_id_of(model_dir) -> int:
-    """A vision-language model's image placeholder id (config.json's image_token_id)."""
-    import json
-
-    c = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    found = c.get("image_token_id", c.get("image_token_index"))
-    if not isinstance(found, int):
-        raise ConfigError(f"'{model_dir}' is a vision-language model whose config.json names no image_token_id")
-    return found
 
 
 def _sampled_logprobs(completion, want: bool) -> list[float]:

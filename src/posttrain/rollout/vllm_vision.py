@@ -25,6 +25,8 @@ import os
 import sys
 import types
 
+from posttrain.errors import ConfigError
+
 IMAGES_ENV = "POSTTRAIN_VLLM_IMAGES"  # "1": the engine's model takes images (read by vLLM's worker processes)
 
 # the model classes whose prompts `collapse_image_runs` knows (Qwen-VL's placeholders)
@@ -54,6 +56,15 @@ def vllm_vision_family(model_dir) -> str | None:
         return None
     return (f"rollout.name=vllm takes prompts with images for Qwen2.5-VL models only ({', '.join(archs) or 'this model'}"
             f" is not: its image placeholders are not collapsed for vLLM yet); set rollout.name=hf")
+
+
+def image_token_id_of(model_dir) -> int:
+    """A vision-language model's image placeholder id (config.json's image_token_id)."""
+    c = _config(model_dir)
+    found = c.get("image_token_id", c.get("image_token_index"))
+    if not isinstance(found, int):
+        raise ConfigError(f"'{model_dir}' is a vision-language model whose config.json names no image_token_id")
+    return found
 
 
 def collapse_image_runs(ids: list[int], image_token_id: int) -> list[int]:

@@ -121,6 +121,14 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh) -> TensorParallel:
     return TensorParallel(mesh.get_group(), mesh.size(), rank, vocab, start, width)
 
 
+def group_max(logits: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """The largest logit at each position over the whole vocabulary (every rank's columns) [..]: the shift that
+    keeps the exponentials of a split log-softmax finite (a rank with no columns adds -inf)."""
+    top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+    return top
+
+
 class _VocabParallelStats(torch.autograd.Function):
     """log p at some token ids and the entropy, from each rank's columns of the logits; the gradient of both with
     respect to this rank's columns in closed form (no collective in the backward: the loss is the same on every
@@ -128,8 +136,7 @@ class _VocabParallelStats(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, ids, tp: TensorParallel):
-        top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+        top = group_max(logits, tp)
         shifted = logits - top.unsqueeze(-1)
         exp = shifted.exp()
         local = ids - tp.start  # [.., m]
@@ -179,8 +186,7 @@ def vocab_parallel_topk(logits: torch.Tensor, k: int, tp: TensorParallel):
     """The k likeliest tokens from each rank's columns of the logits [.., V/tp]: -> (their log-probs [.., k], most
     likely first, their ids [.., k] in the whole vocabulary), the same on every rank (each rank's own k gathered,
     then the k best of them)."""
-    top = logits.max(dim=-1).values if tp.width else logits.new_full(logits.shape[:-1], -torch.inf)
-    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+    top = group_max(logits, tp)
     z = (logits - top.unsqueeze(-1)).exp().sum(-1)
     dist.all_reduce(z, group=tp.group)
     log_p = logits - (top + z.log()).unsqueeze(-1)
