@@ -38,6 +38,7 @@ def test_the_gpu_suite_runs_dry_on_the_cpu_and_prints_its_table_last(tmp_path):
     lines = done.stdout.strip().splitlines()
     assert any(x.startswith("| qwen2.5-1.5b |") for x in lines) and any(x.startswith("| qwen2.5-0.5b |") for x in lines)
     assert (tmp_path / "out" / "summary.md").read_text().strip().splitlines()[-1] == lines[-1]
+    assert any(x.startswith("| several GPUs") and "not run: 0 GPU" in x for x in lines)
     check_speed(res, lines)
 
 
@@ -74,6 +75,15 @@ def load_bench_gpu(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_summary_says_several_gpus_have_not_run_unless_they_did():
+    sys.path.insert(0, str(ROOT / "bench"))
+    suite = load_bench_gpu("suite")
+    tests = {"passed": 3, "failed": 0, "skipped": 0, "seconds": 9.0, "cases": []}
+    one = suite.table({"environment": {"device": "H200", "device_count": 1}, "tests": tests})
+    assert "| several GPUs (tensor parallelism at TP > 1, FSDP2 over devices) | not run: 1 GPU here" in one
+    assert "several GPUs" not in suite.table({"environment": {"device": "H200", "device_count": 8}, "tests": tests})
 
 
 def test_the_busy_time_is_the_union_of_the_intervals():

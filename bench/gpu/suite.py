@@ -117,6 +117,7 @@ def environment(dry_run: bool) -> dict:
         env["device"] = torch.cuda.get_device_name(0)
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         env["device_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1)
+        env["device_count"] = torch.cuda.device_count()
     else:
         env["device"] = "cpu"
     try:
@@ -420,6 +421,10 @@ def table(res: dict) -> str:
         rows.append(["`pytest -m gpu`", f"{t.get('passed', 0)} passed, {t.get('failed', 0)} failed, "
                      f"{t.get('skipped', 0)} skipped" + (f" (failed: {', '.join(bad)})" if bad else ""),
                      f"{t['seconds']} s"])
+        if env.get("device_count", 0) < 2:  # the tests run the multi-GPU code paths on one device at most
+            rows.append(["several GPUs (tensor parallelism at TP > 1, FSDP2 over devices)",
+                         f"not run: {env.get('device_count', 0)} GPU here; the TP path ran at TP = 1 on one GPU, "
+                         "TP = 2 only on the CPU (gloo)", "-"])
     d = res.get("default")
     if d:
         rows.append(["embedded default (`posttrain train`)",
