@@ -269,8 +269,9 @@ def test_sharded_checkpoints_resume_exactly_with_two_workers(cluster, tiny_model
 
 @pytest.mark.ray
 def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_path):
-    """NeMo-RL's grpo_math_1B.yaml (as stored from its repository) with policy.dtensor_cfg.tensor_parallel_size=2
-    and two workers, as its TP recipes set it: the embedded model split over both, two GRPO steps on arith rows."""
+    """NeMo-RL's grpo_math_1B.yaml (as stored from its repository) with policy.dtensor_cfg.tensor_parallel_size=2,
+    sequence_parallel=true and two workers, as its TP recipes set them: the embedded model split over both (its
+    norms and residual stream by positions too), two GRPO steps on arith rows."""
     import json
 
     from posttrain.data.preprocess import arith
@@ -281,8 +282,8 @@ def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_pat
     path.write_text(json.dumps(examples["configs"]["grpo_math_1B.yaml"]))  # JSON is YAML
     train_file, test_file = arith.run(tmp_path / "data", num_train=16, num_test=4)
     cfg = load_config(str(path), [
-        "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2",
-        f"trainer.ray_address={cluster['address']}", "trainer.device=cpu", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
+        "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true",
+        "cluster.gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.device=cpu", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
         "grpo.max_num_steps=2", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
         "policy.logprob_batch_size=4", "policy.max_total_sequence_length=64", "policy.generation.backend=hf",
         "policy.precision=float32", "grpo.val_period=2", "checkpointing.enabled=false",
@@ -290,7 +291,11 @@ def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_pat
         "trainer.val_before_train=false", "data.system_prompt_file=null", f"data.train_files=[{train_file}]",
         f"data.val_files=[{test_file}]", "data.max_response_length=4", "reward.num_workers=0",
         "data.prompt_file=null"])
-    assert (cfg.actor.tensor_parallel_size, cfg.trainer.n_gpus_per_node) == (2, 2)
+    assert (cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel, cfg.trainer.n_gpus_per_node) == (2, True, 2)
+    from posttrain.driver.settings import worker_spec
+
+    spec = worker_spec(cfg, str(embedded_model()), None, "cpu", 2)  # what each worker splits its models by
+    assert (spec.tensor_parallel, spec.tensor_sequence_parallel, spec.tensor_parallel_plan) == (2, True, None)
     assert train(build_run(cfg))["steps"] == 2
     steps = [m for m in read_metrics(tmp_path / "run") if "actor/pg_loss" in m]
     assert len(steps) == 2 and all(m["actor/grad_norm"] > 0 for m in steps)

@@ -280,7 +280,7 @@ def test_the_tensor_parallel_path_at_tp_1_on_one_gpu_equals_one_process():
 
     torch.backends.cuda.matmul.allow_tf32 = False
     want, weights = one_process_update(device="cuda")
-    (metrics, got, _, _), = spawn(update_rank, 1, 1, "tiny", "cuda", backend="nccl")
+    [(metrics, got, _, _)], = spawn(update_rank, 1, 1, [("tiny", {})], "cuda", backend="nccl")
     assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
     worst = max((got[k] - weights[k]).abs().max().item() for k in weights)
     assert worst < 1e-5, worst

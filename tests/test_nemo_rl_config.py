@@ -188,17 +188,18 @@ def test_megatron_is_refused_with_the_fsdp2_switch_unless_disabled():
 
 
 def test_tensor_parallelism_maps_and_what_it_does_not_combine_with_is_refused():
-    """policy.dtensor_cfg.tensor_parallel_size is actor.tensor_parallel_size; with context parallelism, or with
-    sequence_parallel=true (the norms split along the sequence), it is refused in one line naming both keys."""
+    """policy.dtensor_cfg.tensor_parallel_size is actor.tensor_parallel_size, sequence_parallel is
+    actor.sequence_parallel; with context parallelism it is refused in one line naming both keys."""
     cfg = load_config(BASE, [*"policy.model_name=m data.dataset_name=null cluster.gpus_per_node=2".split(),
                              "policy.dtensor_cfg.tensor_parallel_size=2"])
     assert cfg.actor.tensor_parallel_size == 2 and cfg.trainer.n_gpus_per_node == 2
     with pytest.raises(ConfigError, match=r"^policy.dtensor_cfg.tensor_parallel_size=2 with policy.dtensor_cfg."
                                           r"context_parallel_size=2 \(.*\): tensor and context parallelism"):
         layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.context_parallel_size=2")
-    with pytest.raises(ConfigError, match=r"^policy.dtensor_cfg.sequence_parallel=True .* set it to false"):
-        layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true")
-    assert layer(BASE, "policy.dtensor_cfg.sequence_parallel=true")["actor.tensor_parallel_size"] == 1
+    both = layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true")
+    assert both["actor.tensor_parallel_size"] == 2 and both["actor.sequence_parallel"] is True
+    plan = layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.custom_parallel_plan=my.plan")
+    assert plan["actor.tensor_parallel_plan"] == "my.plan"
 
 
 def test_what_posttrain_cannot_honour_is_refused_in_one_line():
@@ -207,7 +208,6 @@ def test_what_posttrain_cannot_honour_is_refused_in_one_line():
         "policy.generation.backend=sglang": r"generates with vllm \(GPUs\) or hf",
         "grpo.max_rollout_turns=3": "grpo.max_rollout_turns=3 .*turns after the first need an environment",
         "loss_fn.use_cispo=true": "use_cispo=True .* set it to false",
-        "policy.dtensor_cfg.custom_parallel_plan=my.plan": r"custom_parallel_plan=my.plan .* set it to null",
         "++grpo.num_promtps_per_step=3": "not supported by posttrain; did you mean 'grpo.num_prompts_per_step'",
         "++policy.scheduler=[{name: CosineAnnealingLR}]": r"scheduler.*T_max is fixed.*actor.lr_scheduler_type=cosine",
         "++policy.scheduler=[{name: ExponentialLR}]": r"\['ExponentialLR'\] .* then a constant LR or a cosine$",
@@ -442,10 +442,10 @@ def test_engine_knobs_are_accepted_and_nemo_keys_alone_work_on_posttrains_defaul
     vllm = layer(BASE, "policy.generation.backend=vllm", "++policy.generation.vllm_cfg.use_tqdm=false",
                  "++cluster.master_port_range_low=1400")
     assert vllm["rollout.max_model_len"] == 64 and vllm["rollout.gpu_memory_utilization"] == 0.6
-    # sequence parallelism without tensor parallelism: no effect (NeMo-RL warns so); with it, refused
-    assert layer(BASE, "++policy.dtensor_cfg.sequence_parallel=true") == layer(BASE)
-    with pytest.raises(ConfigError, match="tensor_parallel_size=2|sequence_parallel=True"):
-        layer(BASE, "++policy.dtensor_cfg.sequence_parallel=true", "policy.dtensor_cfg.tensor_parallel_size=2")
+    # sequence parallelism without tensor parallelism: no effect, and a warning says so (as NeMo-RL's)
+    with pytest.warns(UserWarning, match="actor.sequence_parallel=true has no effect without tensor parallelism"):
+        load_config(None, ["policy.dtensor_cfg.sequence_parallel=true", "grpo.max_num_steps=3", "model.path=m",
+                           "trainer.device=cpu"])
     cfg = load_config(None, ["grpo.max_num_steps=3", "grpo.num_generations_per_prompt=2", "trainer.device=cpu",
                              "model.path=m"])
     assert cfg.trainer.total_training_steps == 3 and cfg.rollout.n == 2 and cfg.trainer.device == "cpu"

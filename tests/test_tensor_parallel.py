@@ -7,7 +7,7 @@ from transformers import Qwen2Config
 
 from posttrain.training.tensor_parallel import check_plan, vocab_share
 
-from tp_ranks import spawn, stats_case, stats_rank, tiny_case, topk_rank, update_rank, update_settings
+from tp_ranks import plan_errors, spawn, stats_case, stats_rank, tiny_case, topk_rank, update_rank, update_settings
 
 
 def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
@@ -84,29 +84,47 @@ def test_the_tensor_parallel_path_at_tp_1_equals_one_process():
     """The same plans on a mesh of one (a 1 x 1 data-parallel x TP mesh, gloo): every layer a DTensor, the log-probs
     through the vocabulary-parallel path; the update is the plain one's. tests/test_gpu.py runs it on a GPU."""
     want, weights = one_process_update()
-    (metrics, got, held, whole_bytes), = spawn(update_rank, 1, 1)
+    [(metrics, got, held, whole_bytes)], = spawn(update_rank, 1, 1)
     assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
     assert held == whole_bytes
     for name, value in weights.items():
         torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["tiny", "llama", "qwen3", "gemma3_text"])
-def test_an_update_at_tp_2_equals_one_process(family):
-    """The tiny model (Qwen2, tied output layer) and random Llama, Qwen3 (q/k norms) and Gemma3 (q/k norms, a scaled
-    embedding, tied) models, vocabulary 259 (split unevenly), in 2 ranks at TP=2: two mini-batches of SGD with an
-    entropy bonus give the one-process loss, gradient norm and weights; each rank holds about half the weights
-    (the norms whole on both)."""
+# (family, options) at TP=2, all in one pair of processes: the tiny model (Qwen2, tied output layer) and random
+# Llama, Qwen3 (q/k norms) and Gemma3 (q/k norms, a scaled embedding, four norms a layer, tied) models; the fused
+# log-prob path (training/fused.py) and sequence parallelism (the norms and the residual stream split over the
+# positions), each against the plain one-process update
+TP2_CASES = [("tiny", {}), ("llama", {}), ("qwen3", {}), ("gemma3_text", {}), ("tiny", {"fused": True}),
+             ("tiny", {"sequence_parallel": True}), ("qwen3", {"sequence_parallel": True}),
+             ("gemma3_text", {"sequence_parallel": True, "fused": True}), ("tiny", {"plan": "tp_plans.qwen_plan"})]
+
+
+@pytest.fixture(scope="module")
+def tp2_ranks():
+    ranks = spawn(update_rank, 2, 2, TP2_CASES)
+    print(f"TP=2: each rank holds {ranks[0][0][2] / 2**20:.2f} of the model's {ranks[0][0][3] / 2**20:.2f} MiB")
+    return ranks
+
+
+@pytest.mark.parametrize("case", range(len(TP2_CASES)),
+                         ids=[f + "".join(f"-{k}" for k in o) for f, o in TP2_CASES])
+def test_an_update_at_tp_2_equals_one_process(tp2_ranks, case):
+    """vocabulary 259 (split unevenly), 2 ranks at TP=2: two mini-batches of SGD with an entropy bonus give the
+    one-process loss, gradient norm and weights; each rank holds about half the weights (the norms whole on
+    both)."""
+    family, options = TP2_CASES[case]
     want, weights = one_process_update(family)
-    ranks = spawn(update_rank, 2, 2, family)
-    for metrics, got, held, whole_bytes in ranks:
+    for rank in tp2_ranks:
+        metrics, got, held, whole_bytes = rank[case]
+        mine, positions = metrics.pop("norm_positions")  # with SP each rank's norms run on its half of them
+        assert mine == (-(-positions // 2) if options.get("sequence_parallel") else positions), (mine, positions)
         for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
         assert set(got) == set(weights)
         for name, value in weights.items():
             torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
         assert 0.5 <= held / whole_bytes <= 0.52, held / whole_bytes
-    print(f"TP=2: each rank holds {ranks[0][2] / 2**20:.2f} of the model's {ranks[0][3] / 2**20:.2f} MiB")
 
 
 @pytest.mark.slow
@@ -115,7 +133,7 @@ def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process():
     mini-batch. The weights after the update and the gradient norm are one process's; the metrics averaged over
     the data-parallel ranks are too; each rank holds about a quarter of the weights."""
     want, weights = one_process_update()
-    ranks = spawn(update_rank, 4, 2)
+    ranks = [r[0] for r in spawn(update_rank, 4, 2)]
     for key in ("actor/loss", "actor/pg_loss", "actor/entropy"):
         mean = sum(m[key] for m, *_ in ranks) / 4
         assert mean == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
@@ -126,12 +144,24 @@ def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process():
         assert 0.25 <= held / whole_bytes <= 0.27, held / whole_bytes
 
 
+def test_a_plan_of_the_users_own_is_checked():
+    """actor.tensor_parallel_plan (NeMo-RL's custom_parallel_plan) that leaves the vocabulary whole, is not a dict,
+    or cannot be imported: one line each. (tests/tp_plans.py's good plan runs in the TP=2 cases above.)"""
+    whole_head, not_a_plan, missing = spawn(plan_errors, 1)[0]
+    assert whole_head.startswith("the tensor-parallel plan 'tp_plans.whole_head_plan' leaves the output layer's "
+                                 "vocabulary whole")
+    assert "'tp_plans.not_a_plan' is not a dict {module path: ParallelStyle}" in not_a_plan
+    assert missing == ("the tensor-parallel plan 'tp_plans_missing.plan': no module named 'tp_plans_missing'; "
+                       "install it, or put its directory on PYTHONPATH")
+
+
 @pytest.mark.parametrize("extra, message", [
     (["trainer.n_gpus_per_node=3"], r"actor.tensor_parallel_size=2 must divide the 3 workers"),
     (["actor.ulysses_sequence_parallel_size=2"], r"with actor.ulysses_sequence_parallel_size > 1: not supported "
                                                  r"together yet"),
     (["model.lora_rank=4"], r"with LoRA \(model.lora_rank\): not supported together yet"),
-    (["model.use_fused_kernels=true"], r"with model.use_fused_kernels=true: not supported together yet"),
+    (["actor.sequence_parallel=true", "actor.tensor_parallel_plan=my.plan"],
+     r"^actor.sequence_parallel=true with actor.tensor_parallel_plan=my.plan: the plan decides every layout"),
 ])
 def test_what_does_not_combine_with_tensor_parallelism_is_refused_in_one_line(extra, message):
     from posttrain.config import load_config

@@ -111,11 +111,12 @@ def tiny_case(family: str = "tiny"):
     return model, batch
 
 
-def update_settings():
+def update_settings(fused: bool = False):
     from posttrain.training.actor import UpdateSettings
 
     # two mini-batches of 4 rows, micro-batches of 2, an entropy bonus (its gradient through the split vocabulary)
-    return UpdateSettings(mini_batch_size=4, micro_batch_size=2, entropy_coeff=0.01, grad_clip=1.0)
+    return UpdateSettings(mini_batch_size=4, micro_batch_size=2, entropy_coeff=0.01, grad_clip=1.0,
+                          fused_kernels=fused)
 
 
 def whole(model) -> dict:
@@ -125,22 +126,35 @@ def whole(model) -> dict:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
 
 
-def local_bytes(model) -> int:
-    """Bytes of the parameters this rank holds (a DTensor's local shard)."""
+def local_of(t):
+    """A DTensor's local shard, or the tensor."""
     from torch.distributed.tensor import DTensor
 
-    return sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in model.parameters())
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
-def update_rank(rank: int, world: int, tp_size: int, family: str = "tiny", device: str = "cpu"):
+def local_bytes(model) -> int:
+    """Bytes of the parameters this rank holds (a DTensor's local shard)."""
+    return sum(local_of(p).nbytes for p in model.parameters())
+
+
+def update_rank(rank: int, world: int, tp_size: int, cases=(("tiny", {}),), device: str = "cpu") -> list:
+    """one_update for each (family, options) of `cases` in turn, in the same processes: -> their results."""
+    return [one_update(rank, world, tp_size, family, device, **options) for family, options in cases]
+
+
+def one_update(rank: int, world: int, tp_size: int, family: str = "tiny", device: str = "cpu", fused: bool = False,
+               sequence_parallel: bool = False, plan: str | None = None):
     """One update (update_policy, SGD) of tiny_case's model split over a (world / tp_size) x tp_size mesh (data
-    parallel x TP; FSDP2 over the data-parallel ranks when there are several) on `device` (cuda: this rank's GPU):
-    -> (its metrics, the whole weights after it (on the CPU), the bytes of parameters this rank holds, the whole
-    model's)."""
+    parallel x TP; FSDP2 over the data-parallel ranks when there are several) on `device` (cuda: this rank's GPU);
+    `fused`: log-probs from the hidden states a chunk at a time (training/fused.py); `sequence_parallel`: the
+    activations between the matmuls split over the positions too; `plan`: a custom plan's name (tests/tp_plans.py)
+    in place of posttrain's: -> (its metrics, the whole weights after it (on
+    the CPU), the bytes of parameters this rank holds, the whole model's)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from posttrain.training.actor import loss_units, update_policy
-    from posttrain.training.parallelize import parallelize
+    from posttrain.training.parallelize import decoder_layers, parallelize
     from posttrain.training.tensor_parallel import apply_tensor_parallel
 
     model, batch = tiny_case(family)
@@ -148,8 +162,8 @@ def update_rank(rank: int, world: int, tp_size: int, family: str = "tiny", devic
     whole_bytes = local_bytes(model)
     dp_size = world // tp_size
     mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    tp = apply_tensor_parallel(model, mesh["tp"])
-    s = update_settings()
+    tp = apply_tensor_parallel(model, mesh["tp"], sequence_parallel, plan)
+    s = update_settings(fused)
     totals = None
     if dp_size > 1:
         parallelize(model, mesh["dp"])
@@ -160,5 +174,29 @@ def update_rank(rank: int, world: int, tp_size: int, family: str = "tiny", devic
         totals = [loss_units(batch.response_mask[m], s.loss_agg_mode) for m in minis]
         batch = batch.select([i for m in minis for i in m[dp * share:(dp + 1) * share]])
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    seen = []  # (positions this rank's first norm ran on, the whole sequence's) per forward
+    norm = decoder_layers(model)[0].input_layernorm
+    hook = norm.register_forward_hook(lambda m, args, out: seen.append(
+        (local_of(out).shape[1], out.shape[1])))
     metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=dp_size, tp=tp)
+    hook.remove()
+    metrics["norm_positions"] = seen[0]
     return metrics, {k: v.cpu() for k, v in whole(model).items()}, local_bytes(model), whole_bytes
+
+
+def plan_errors(rank: int, world: int) -> list[str]:
+    """What apply_tensor_parallel says of tests/tp_plans.py's bad plans and of a module that is not there."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.errors import ConfigError
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+
+    out = []
+    for plan in ("tp_plans.whole_head_plan", "tp_plans.not_a_plan", "tp_plans_missing.plan"):
+        model, _ = tiny_case()
+        try:
+            apply_tensor_parallel(model, init_device_mesh("cpu", (world,)), plan=plan)
+            out.append("")
+        except (ValueError, ConfigError) as e:
+            out.append(str(e))
+    return out

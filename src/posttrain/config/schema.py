@@ -156,6 +156,13 @@ class ActorConfig(OptimizerConfig):
     # the embedding and the output layer's vocabulary (training/tensor_parallel.py); FSDP2 shards over the groups.
     # The reference, the critic and the teachers are split alike. It must divide the workers and the model's heads
     tensor_parallel_size: int = 1
+    # with tensor parallelism, the activations between the matmuls (the residual stream, the layers' norms) split
+    # over the positions too (Megatron's and NeMo-RL's sequence parallelism): 1/TP of them per worker, no more bytes
+    sequence_parallel: bool = False
+    # with tensor parallelism, a plan of your own in place of posttrain's (NeMo-RL's custom_parallel_plan):
+    # "package.module.NAME" or "file.py:NAME", a dict {module path (`*`: any one name): ParallelStyle} or a function
+    # returning one; it must split the output layer's vocabulary. Any model family
+    tensor_parallel_plan: Optional[str] = None
     use_torch_compile: bool = False  # the log-prob and entropy functions torch.compile'd (the model is not)
     entropy_from_logits_with_chunking: bool = False  # the entropy 2048 tokens at a time: smaller temporaries
     entropy_checkpointing: bool = False  # the entropy's temporaries recomputed in the backward instead of kept

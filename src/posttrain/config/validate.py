@@ -111,12 +111,18 @@ def validate_tensor_parallel(cfg: Config) -> None:
     size = cfg.actor.tensor_parallel_size
     in_range(cfg, ">= 1", "actor.tensor_parallel_size")
     if size == 1:
+        for key in ("sequence_parallel", "tensor_parallel_plan"):
+            if getattr(cfg.actor, key):
+                warnings.warn(f"actor.{key}={getattr(cfg.actor, key)} has no effect without tensor parallelism "
+                              "(actor.tensor_parallel_size=1)".replace("=True ", "=true "), stacklevel=3)
         return
+    need(not (cfg.actor.sequence_parallel and cfg.actor.tensor_parallel_plan), "actor.sequence_parallel=true with "
+         f"actor.tensor_parallel_plan={cfg.actor.tensor_parallel_plan}: the plan decides every layout; set "
+         "sequence_parallel to false (put SequenceParallel styles in the plan for it)")
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     key = f"actor.tensor_parallel_size={size}"
     need(world % size == 0, f"{key} must divide the {world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
     for on, what in ((cfg.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size > 1"),
-                     (cfg.model.use_fused_kernels, "model.use_fused_kernels=true"),
                      (uses_lora(cfg), "LoRA (model.lora_rank)")):
         need(not on, f"{key} with {what}: not supported together yet; set one of them off")
 

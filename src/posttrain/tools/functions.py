@@ -30,9 +30,9 @@ def canonical_spec(spec: str) -> str:
     return spec.strip()
 
 
-def import_function(spec: str, where: str = "tool function", want_class: bool = False):
-    """The function a spec names (want_class: the class); ConfigError '<where> '<spec>': <what is wrong>; <fix>'
-    when there is none."""
+def import_function(spec: str, where: str = "tool function", want_class: bool = False, want_any: bool = False):
+    """The function a spec names (want_class: the class; want_any: whatever object it names); ConfigError
+    '<where> '<spec>': <what is wrong>; <fix>' when there is none."""
     spec = spec.strip() if isinstance(spec, str) else spec
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"{where} {spec!r} is not a function's name; write it as {FORMS}")
@@ -53,6 +53,8 @@ def import_function(spec: str, where: str = "tool function", want_class: bool = 
             raise ConfigError(f"{where} '{spec}': {module.__name__} has no '{attr}' (its functions: "
                               f"{', '.join(defined) or 'none'}); fix the name")
         obj = getattr(obj, part)
+    if want_any:
+        return obj
     if want_class:
         if not inspect.isclass(obj):
             raise ConfigError(f"{where} '{spec}' is a {type(obj).__name__}, not a class; name the class")

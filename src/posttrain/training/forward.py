@@ -25,7 +25,7 @@ from posttrain.training.fused import stats_head
 
 def forward_responses(model, input_ids, attention_mask, position_ids, response_length: int,
                       share_prompt: bool = False, targets: torch.Tensor | None = None,
-                      temperature: float = 1.0, layout=None, vision: list | None = None) -> torch.Tensor:
+                      temperature: float = 1.0, layout=None, vision: list | None = None, tp=None) -> torch.Tensor:
     """The model's output (`.logits`: vocabulary logits, or a value head's
     outputs) at the positions that predict each response token. -> [N, R, C]
 
@@ -37,7 +37,8 @@ def forward_responses(model, input_ids, attention_mask, position_ids, response_l
     distribution and its entropy, the logits never whole. `layout`: the
     micro-batch's plan (microbatch.Layout), or None (found here). `vision`: a vision-language model's rows'
     image tensors (rollout/vision.py; {} for a row without), or None: then its positions are the model's own
-    (3-D for Qwen-VL) and each distinct prompt's images run once through the image encoder.
+    (3-D for Qwen-VL) and each distinct prompt's images run once through the image encoder. `tp`: with `targets`,
+    the model's TP group (its output layer gives this rank's vocabulary columns: training/tensor_parallel.py).
     """
     rows_vision = vision if vision and any(vision) else None
     if rows_vision is not None:  # [3, N, P+R] for a model with 3-D positions
@@ -45,7 +46,7 @@ def forward_responses(model, input_ids, attention_mask, position_ids, response_l
         position_ids = found if found is not None else position_ids
     if share_prompt:
         out = _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length, targets,
-                                     temperature, layout, rows_vision)
+                                     temperature, layout, rows_vision, tp)
         if out is not None:
             return out
     # the last token predicts nothing we score, and no earlier position attends to it: it is left out
@@ -53,18 +54,18 @@ def forward_responses(model, input_ids, attention_mask, position_ids, response_l
     if layout is not None:
         mask = planned_mask(model, mask, layout.padded, cached=False)
     images = join_vision(rows_vision, input_ids.device) if rows_vision is not None else {}
-    with _head(model, targets, temperature):
+    with _head(model, targets, temperature, tp=tp):
         out = model(input_ids=input_ids[:, :-1], attention_mask=mask, position_ids=position_ids[..., :-1],
                     use_cache=False, logits_to_keep=response_length, **images)
     return out.logits[:, -response_length:, :]  # position t predicts token t+1
 
 
-def _head(model, targets, temperature, rows=None):
-    return contextlib.nullcontext() if targets is None else stats_head(model, targets, temperature, rows)
+def _head(model, targets, temperature, rows=None, tp=None):
+    return contextlib.nullcontext() if targets is None else stats_head(model, targets, temperature, rows, tp)
 
 
 def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, response_length: int, targets=None,
-                           temperature: float = 1.0, layout=None, vision: list | None = None):
+                           temperature: float = 1.0, layout=None, vision: list | None = None, tp=None):
     """`forward_responses` with each distinct prompt run once; None when no
     two rows share a prompt (the plain pass is as cheap). `vision`: the rows'
     images (the distinct prompts' run through the image encoder once)."""
@@ -89,7 +90,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     head_mask = attention_mask[first, :prompt_width]
     if layout is not None:
         head_mask = planned_mask(model, head_mask, layout.padded_prompts, cached=True)
-    with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse):
+    with _head(model, targets[:, :1] if fused else None, temperature, rows=inverse, tp=tp):
         head = model(input_ids=input_ids[first, :prompt_width], attention_mask=head_mask,
                      position_ids=position_ids[..., first, :prompt_width], use_cache=True, logits_to_keep=1, **images)
     cache = cache_of(head)  # [U, ...] -> [N, ...]; the backward sums the rows' gradients per prompt
@@ -102,7 +103,7 @@ def _shared_prompt_forward(model, input_ids, attention_mask, position_ids, respo
     if response_length == 1:
         return first_token
     # response position t predicts token t+1; the last response token predicts nothing we score: left out
-    with _head(model, targets[:, 1:] if fused else None, temperature):
+    with _head(model, targets[:, 1:] if fused else None, temperature, tp=tp):
         tail = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=attention_mask[:, :-1],
                      position_ids=position_ids[..., prompt_width:-1], use_cache=True, **{CACHE: cache},
                      logits_to_keep=response_length - 1)

@@ -26,12 +26,17 @@ from posttrain.errors import ConfigError
 CHUNK_ELEMENTS = 1 << 26  # logits per chunk (256 MiB in float32): 440 tokens of a 152k vocabulary
 
 
-def chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+def chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, tp=None):
     """hidden [T, H], targets [T] -> (log p(target) [T], entropy [T]) of
-    softmax(head(hidden) / temperature), in float32."""
-    logits = head(hidden).float()  # [T, V]
+    softmax(head(hidden) / temperature), in float32. With `tp` (training/tensor_parallel.py) the head gives this
+    rank's columns of the vocabulary, and both come from every rank's."""
+    logits = head(hidden).float()  # [T, V] ([T, V/tp] with tp)
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    if tp is not None:
+        from posttrain.training.tensor_parallel import vocab_parallel_stats
+
+        return vocab_parallel_stats(logits, targets, tp)
     log_z = torch.logsumexp(logits, dim=-1)  # [T]
     log_prob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # as losses.entropy_from_logits
@@ -43,13 +48,14 @@ class StatsHead(torch.nn.Module):
     logits [B, T, V] it returns [N, T, 2], the log-prob of `targets` [N, T]
     and the entropy at each position. `rows` [N] (optional) picks the row of
     the hidden states each target row reads (a prompt's KV run once for its
-    samples: forward._shared_prompt_forward)."""
+    samples: forward._shared_prompt_forward). `tp`: the head is split over a TP group (training/tensor_parallel.py),
+    each rank's chunk of logits its columns of the vocabulary."""
 
     def __init__(self, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
-                 rows: torch.Tensor | None = None, chunk_elements: int | None = None):
+                 rows: torch.Tensor | None = None, chunk_elements: int | None = None, tp=None):
         super().__init__()
-        self.head, self.targets, self.temperature, self.rows = head, targets, temperature, rows
-        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+        self.head, self.targets, self.temperature, self.rows, self.tp = head, targets, temperature, rows, tp
+        vocab = tp.width if tp is not None else getattr(head, "out_features", None) or head.weight.shape[0]
         self.chunk = max(1, (chunk_elements or CHUNK_ELEMENTS) // vocab)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [N, T, 2]
@@ -62,9 +68,9 @@ class StatsHead(torch.nn.Module):
             h, y = flat[start:start + self.chunk], targets[start:start + self.chunk]
             if torch.is_grad_enabled() and h.requires_grad:  # keep the chunk's input, not its logits
                 pieces.append(torch.stack(checkpoint(chunk_stats, self.head, h, y, self.temperature,
-                                                     use_reentrant=False), -1))
+                                                     self.tp, use_reentrant=False), -1))
             else:
-                pieces.append(torch.stack(chunk_stats(self.head, h, y, self.temperature), -1))
+                pieces.append(torch.stack(chunk_stats(self.head, h, y, self.temperature, self.tp), -1))
         return torch.cat(pieces).reshape(n, t, 2)
 
 
@@ -82,10 +88,10 @@ def check_fusable(model) -> None:
 
 
 @contextlib.contextmanager
-def stats_head(model, targets: torch.Tensor, temperature: float = 1.0, rows: torch.Tensor | None = None):
-    """Within the block, `model(...).logits` is StatsHead's [N, T, 2]."""
+def stats_head(model, targets: torch.Tensor, temperature: float = 1.0, rows: torch.Tensor | None = None, tp=None):
+    """Within the block, `model(...).logits` is StatsHead's [N, T, 2] (`tp`: the model's TP group, or None)."""
     head = model.get_output_embeddings()
-    model.set_output_embeddings(StatsHead(head, targets, temperature, rows))
+    model.set_output_embeddings(StatsHead(head, targets, temperature, rows, tp=tp))
     try:
         yield
     finally:

@@ -124,7 +124,7 @@ def log_probs_and_entropy(model, mb, device, temperature: float, options: PassOp
     vision = getattr(mb, "vision", None) or None  # a vision-language model's rows' images
     if options.fused:
         out = forward_responses(model, *args, share, targets=tokens, temperature=temperature,
-                                layout=layout, vision=vision)  # [n, R, 2]
+                                layout=layout, vision=vision, tp=options.tp)  # [n, R, 2]
         entropy = out[..., 1] if entropy_grad else out[..., 1].detach()
         return out[..., 0], entropy if with_entropy else None
     logits = response_logits(model, *args, temperature, share, layout=layout, vision=vision)  # [n, R, V]

@@ -16,6 +16,13 @@ the tokens it holds, the rest summed in), the output layer by vocabulary columns
 run on each rank as before, on its heads. A vocabulary that does not divide by the group's size is split as
 torch.chunk splits it (the last rank holds fewer columns).
 
+With sequence parallelism (`sequence_parallel=True`, Megatron's and NeMo-RL's name) the activations between the
+matmuls are split too: the embedding's sum and each row-wise layer's are reduce-scattered over the sequence
+(dimension 1) instead of all-reduced, the residual stream and the layers' norms run on each rank's share of the
+positions, and the attention's and the MLP's input is gathered whole before their column-wise matmuls. The same
+bytes move (a reduce-scatter and an all-gather make one all-reduce); each rank holds 1/tp of the activations
+outside the matmuls. The final norm gathers its input first and runs whole, as the output layer reads it.
+
 The model code is untouched: Hugging Face's attention reshapes its projections with -1 heads, so a rank's share of
 the heads goes through as it is. Models whose layers hold their sizes elsewhere are refused by `check_plan`.
 """
@@ -59,13 +66,14 @@ def vocab_share(vocab_size: int, size: int, rank: int) -> tuple[int, int]:
     return start, min(chunk, vocab_size - start)
 
 
-def check_plan(config, size: int) -> list[str]:
-    """What stops `config`'s model from being split over `size` ranks: -> the problems, one line each ([]: none)."""
-    if getattr(config, "vision_config", None) is not None:
+def check_plan(config, size: int, custom: bool = False) -> list[str]:
+    """What stops `config`'s model from being split over `size` ranks (`custom`: by a plan of the user's, for any
+    family): -> the problems, one line each ([]: none)."""
+    if getattr(config, "vision_config", None) is not None and not custom:
         return ["a vision-language model is not split yet; set the tensor-parallel size to 1"]
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     kind = getattr(config, "model_type", None)
-    if kind not in PLANS:
+    if kind not in PLANS and not custom:
         return [f"model_type {kind!r} has no tensor-parallel plan (posttrain has plans for "
                 f"{', '.join(sorted(PLANS))}); set the tensor-parallel size to 1"]
     out = []
@@ -76,24 +84,44 @@ def check_plan(config, size: int) -> list[str]:
     return out
 
 
-def layer_plan(model: torch.nn.Module) -> dict:
-    """{module path: its ParallelStyle} for `model` (a causal LM laid out as Llama)."""
+def layer_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> dict:
+    """{module path: its ParallelStyle} for `model` (a causal LM laid out as Llama); `sequence_parallel`: the
+    activations between the matmuls split over the sequence too (the module's docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
 
     from posttrain.training.parallelize import decoder_layers
 
     layers = decoder_layers(model)
     prefix = next(name for name, module in model.named_modules() if module is layers)
+    # with sequence parallelism a row-wise sum is reduce-scattered over the positions, kept a DTensor for the norms
+    split = dict(output_layouts=Shard(1), use_local_output=False) if sequence_parallel else {}
+    gather = dict(desired_input_layouts=(Replicate(),), use_local_output=True)  # whole positions, a plain tensor
     plan = {}
     for i, layer in enumerate(layers):
         plan.update({f"{prefix}.{i}.{name}": ColwiseParallel() for name in COLWISE})
-        plan.update({f"{prefix}.{i}.{name}": RowwiseParallel() for name in ROWWISE})
+        plan.update({f"{prefix}.{i}.{name}": RowwiseParallel(**split) for name in ROWWISE})
         names = dict(layer.named_modules())
         plan.update({f"{prefix}.{i}.{name}": SequenceParallel(sequence_dim=2, use_local_output=True)
                      for name in HEAD_NORMS if name in names})
+        if sequence_parallel:  # the layer's own norms on each rank's positions; attention and MLP read them whole
+            plan.update({f"{prefix}.{i}.{name}": SequenceParallel() for name, _ in layer.named_children()
+                         if "norm" in name})
+            plan[f"{prefix}.{i}.self_attn"] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()}, use_local_output=True)
+            plan[f"{prefix}.{i}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), **gather)
+    if sequence_parallel:  # the final norm gathers the positions and runs whole: the output layer reads them all
+        base = prefix.rsplit(".", 1)[0] if "." in prefix else ""
+        final = f"{base}.norm" if base else "norm"
+        if final not in dict(model.named_modules()):
+            raise ValueError(f"sequence parallelism needs the final norm at {final!r}, which "
+                             f"{type(model).__name__} does not have; set sequence parallelism off")
+        plan[final] = PrepareModuleInput(input_layouts=(Shard(1),), **gather)
     embed = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
-    plan[embed] = RowwiseParallel(input_layouts=Replicate())  # vocabulary rows: each rank looks up its tokens
+    # vocabulary rows: each rank looks up its tokens, the rest summed in (scattered over the positions with SP)
+    plan[embed] = RowwiseParallel(input_layouts=Replicate(), **split)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:  # a causal LM's output layer (a value model's one-number head stays whole)
         name = next(name for name, module in model.named_modules() if module is head)
@@ -101,18 +129,57 @@ def layer_plan(model: torch.nn.Module) -> dict:
     return plan
 
 
-def apply_tensor_parallel(model: torch.nn.Module, mesh) -> TensorParallel:
+def custom_plan(spec: str, model: torch.nn.Module) -> dict:
+    """The plan `spec` names ("package.module.NAME" or "file.py:NAME", NeMo-RL's custom_parallel_plan): a dict
+    {module path (`*` for any one name): ParallelStyle}, or a function returning one (called with the model when
+    it takes an argument). ValueError (ConfigError) naming what is wrong."""
+    import inspect
+
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from posttrain.tools.functions import import_function
+
+    plan = import_function(spec, "the tensor-parallel plan", want_any=True)
+    if callable(plan) and not isinstance(plan, dict):
+        plan = plan(model) if inspect.signature(plan).parameters else plan()
+    if not isinstance(plan, dict) or not plan or not all(isinstance(k, str) and isinstance(v, ParallelStyle)
+                                                         for k, v in plan.items()):
+        raise ValueError(f"the tensor-parallel plan '{spec}' is not a dict {{module path: ParallelStyle}} (nor a "
+                         "function returning one); give one as NeMo-RL's examples/custom_parallel does")
+    return plan
+
+
+def _vocabulary_split(head: torch.nn.Module, spec: str) -> None:
+    """A custom plan's output layer must split the vocabulary (its weight Shard(0)); its logits are handed on as
+    this rank's columns (a DTensor output made local)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    weight = head.weight
+    if not (isinstance(weight, DTensor) and weight.placements == (Shard(0),)):
+        raise ValueError(f"the tensor-parallel plan '{spec}' leaves the output layer's vocabulary whole; posttrain "
+                         "takes log-probs from each rank's columns: split it (ColwiseParallel(output_layouts="
+                         "Shard(-1)) for the output layer)")
+    head.register_forward_hook(lambda module, args, out: out.to_local() if isinstance(out, DTensor) else out)
+
+
+def apply_tensor_parallel(model: torch.nn.Module, mesh, sequence_parallel: bool = False,
+                          plan: str | None = None) -> TensorParallel:
     """Split `model`'s layers over `mesh` (a 1-D DeviceMesh: the TP group) in place, its tied output layer tied
-    again (a value model's head, one number a position, stays whole on every rank). -> this rank's
-    TensorParallel. Raises ValueError naming what does not divide (check_plan)."""
+    again (a value model's head, one number a position, stays whole on every rank); `sequence_parallel`: the
+    activations between the matmuls split over the positions too; `plan`: a custom plan's name (custom_plan) in
+    place of posttrain's. -> this rank's TensorParallel. Raises ValueError naming what does not divide
+    (check_plan) or what is wrong with the plan."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    problems = check_plan(model.config, mesh.size())
+    problems = check_plan(model.config, mesh.size(), custom=plan is not None)
     if problems:
         raise ValueError("; ".join(problems))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = head is not None and head.weight is model.get_input_embeddings().weight
-    parallelize_module(model, mesh, layer_plan(model))
+    parallelize_module(model, mesh, layer_plan(model, sequence_parallel) if plan is None else
+                       custom_plan(plan, model))
+    if plan is not None and head is not None:
+        _vocabulary_split(head, plan)
     if tied:  # each style made its own Parameter of the one weight: one again, or the two would train apart
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -229,5 +296,6 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
     return total
 
 
-__all__ = ["PLANS", "TensorParallel", "apply_tensor_parallel", "check_plan", "clip_grad_norm", "layer_plan",
+__all__ = ["PLANS", "TensorParallel", "apply_tensor_parallel", "check_plan", "clip_grad_norm", "custom_plan",
+           "layer_plan",
            "vocab_parallel_at", "vocab_parallel_stats", "vocab_parallel_topk", "vocab_share"]

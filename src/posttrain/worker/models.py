@@ -57,16 +57,19 @@ def tensor_parallel_mesh(spec: WorkerSpec, world_size: int, device: torch.device
                             mesh_dim_names=("dp", "tp"))
 
 
-def split_layers(model: torch.nn.Module, mesh):
-    """With `mesh` (tensor_parallel_mesh), split `model`'s layers over its TP group (training/tensor_parallel.py).
-    -> (this rank's TensorParallel or None, the mesh FSDP2 shards over: the data-parallel one, or None: all)."""
+def split_layers(model: torch.nn.Module, mesh, spec: WorkerSpec):
+    """With `mesh` (tensor_parallel_mesh), split `model`'s layers over its TP group (training/tensor_parallel.py;
+    the activations between them too with the spec's tensor_sequence_parallel; by its tensor_parallel_plan if
+    any). -> (this rank's TensorParallel or
+    None, the mesh FSDP2 shards over: the data-parallel one, or None: all)."""
     if mesh is None:
         return None, None
     from posttrain.errors import ConfigError
     from posttrain.training.tensor_parallel import apply_tensor_parallel
 
     try:
-        return apply_tensor_parallel(model, mesh["tp"]), mesh["dp"]
+        return apply_tensor_parallel(model, mesh["tp"], spec.tensor_sequence_parallel,
+                                     spec.tensor_parallel_plan), mesh["dp"]
     except ValueError as e:
         raise ConfigError(f"actor.tensor_parallel_size={mesh['tp'].size()}: {e}") from None
 
@@ -76,7 +79,7 @@ def place_policy(spec: WorkerSpec, policy: torch.nn.Module, sharded: bool, mesh=
     offload, checkpointing), or checkpoint its activations in one process. -> its TensorParallel or None."""
     from posttrain.training.parallelize import parallelize
 
-    tp, dp_mesh = split_layers(policy, mesh)
+    tp, dp_mesh = split_layers(policy, mesh, spec)
     if sharded:
         parallelize(policy, dp_mesh, param_dtype=spec.mixed_precision,
                     activation_checkpointing=spec.gradient_checkpointing, offload_params=spec.param_offload,
@@ -130,7 +133,7 @@ def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, me
     ref, teachers = None, {}
     if spec.ref.needed and spec.lora is None:
         ref = load_model(spec.model_dir, **kwargs).requires_grad_(False).eval()
-        _, dp_mesh = split_layers(ref, mesh)
+        _, dp_mesh = split_layers(ref, mesh, spec)
         if sharded:
             parallelize(ref, dp_mesh, param_dtype=spec.mixed_precision, offload_params=spec.ref.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
@@ -138,7 +141,7 @@ def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, me
         cast_ref(spec, ref, sharded, rank)
     for t in spec.teachers:
         teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
-        _, dp_mesh = split_layers(teachers[t.key], mesh)
+        _, dp_mesh = split_layers(teachers[t.key], mesh, spec)
         if sharded:
             parallelize(teachers[t.key], dp_mesh, param_dtype=spec.mixed_precision, offload_params=t.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
@@ -169,7 +172,7 @@ def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool, mesh=N
             f"the critic model in '{c.model_dir}' has a vocabulary of {config.vocab_size} tokens, "
             f"fewer than the actor's tokenizer ({len(tokenizer)}): the critic reads the actor's token ids, "
             "so critic.model.path must share the actor's tokenizer")
-    _, dp_mesh = split_layers(critic, mesh)
+    _, dp_mesh = split_layers(critic, mesh, spec)
     if sharded:
         parallelize(critic, dp_mesh, param_dtype=spec.mixed_precision,
                     activation_checkpointing=c.gradient_checkpointing, offload_params=c.param_offload)

@@ -124,6 +124,8 @@ class WorkerSpec:
     freeze_vision_tower: bool = False  # a vision-language model's image encoder does not train
     sequence_parallel: int = 1  # Ulysses: workers per group that split each sequence's positions
     tensor_parallel: int = 1  # workers per group that split each layer's matmuls (training/tensor_parallel.py)
+    tensor_sequence_parallel: bool = False  # with tensor_parallel: the activations between them split by position
+    tensor_parallel_plan: str | None = None  # a plan of the user's in place of posttrain's (actor.tensor_parallel_plan)
     lora: LoraSettings | None = None  # adapters train, the base is frozen (and is the reference)
     temperature: float = 1.0  # the rollout's: log-probs are taken at the temperature that sampled
     # compute dtype over float32 weights and optimizer, e.g. "bfloat16" on GPUs: the dtype of FSDP2's

@@ -68,6 +68,8 @@ RENAMES = {
     "policy.dtensor_cfg.activation_checkpointing": "model.enable_gradient_checkpointing",
     "policy.dtensor_cfg.context_parallel_size": "actor.ulysses_sequence_parallel_size",
     "policy.dtensor_cfg.tensor_parallel_size": "actor.tensor_parallel_size",
+    "policy.dtensor_cfg.sequence_parallel": "actor.sequence_parallel",
+    "policy.dtensor_cfg.custom_parallel_plan": "actor.tensor_parallel_plan",
     "policy.optimizer.kwargs.lr": "actor.lr",
     "policy.optimizer.kwargs.weight_decay": "actor.weight_decay",
     "policy.optimizer.kwargs.betas": "actor.betas",
@@ -96,9 +98,7 @@ OFF = {
     "checkpointing.save_optimizer": (True,),  # posttrain always saves it: resume is exact
     "policy.hf_config_overrides": ({}, None),
     "policy.tokenizer.chat_template": (None, "default"),
-    "policy.dtensor_cfg.sequence_parallel": (False,),
     "policy.dtensor_cfg.expert_parallel_size": (1,),
-    "policy.dtensor_cfg.custom_parallel_plan": (None,),
     "policy.generation.stop_token_ids": (None, []), "policy.generation.stop_strings": (None, []),
     "policy.generation.vllm_cfg.pipeline_parallel_size": (1,),
     "policy.generation.vllm_cfg.expert_parallel_size": (1,),

@@ -93,8 +93,6 @@ def policy(f: Leaves, out: dict, origin: str) -> None:
         raise ConfigError(f"policy.dtensor_cfg.tensor_parallel_size={tp} with policy.dtensor_cfg."
                           f"context_parallel_size={cp} ({origin}): tensor and context parallelism together are not "
                           "supported yet; set one of them to 1")
-    if tp == 1:  # with tensor parallelism, sequence_parallel=true is refused (OFF): the norms are not split yet
-        f.get("policy.dtensor_cfg.sequence_parallel")  # without tensor parallelism no effect (NeMo-RL warns so)
     if f.get("policy.dtensor_cfg.cpu_offload", False):
         out["actor.param_offload"] = out["actor.optimizer_offload"] = True
     _generation(f, out, origin)
