@@ -48,8 +48,8 @@ EXAMPLE_OUTCOMES = {
     "sft_vlm_3B": "data.train.dataset_name",
     "sft_openmathinstruct2": "policy.tokenizer.name", "sft_openmathinstruct2_megatron": "policy.tokenizer.name",
     "dpo": "dpo", "rm": "rm",
-    "distillation_math": "policy.dtensor_cfg.tensor_parallel_size",  # with it and context_parallel_size at 1
-    "distillation_math_megatron": "policy.dtensor_cfg.tensor_parallel_size",  # and the FSDP2 switch
+    "distillation_math": LOADS,  # tensor parallel 2 x context parallel (Ulysses) 2
+    "distillation_math_megatron": SWITCHED,
     "xtoken_off_policy_distillation": "teachers", "xtoken_multiteacher_off_policy_distillation": "teachers",
     "audio_grpo_3B_megatron": "policy.generation.vllm_cfg.limit_mm_per_prompt.audio",  # with the FSDP2 switch
     "vlm_grpo_3B": LOADS, "vlm_grpo_3B_megatron": SWITCHED,  # its environment's reward_functions: reward.functions
@@ -189,13 +189,18 @@ def test_megatron_is_refused_with_the_fsdp2_switch_unless_disabled():
 
 def test_tensor_parallelism_maps_and_what_it_does_not_combine_with_is_refused():
     """policy.dtensor_cfg.tensor_parallel_size is actor.tensor_parallel_size, sequence_parallel is
-    actor.sequence_parallel; with context parallelism it is refused in one line naming both keys."""
+    actor.sequence_parallel, custom_parallel_plan is actor.tensor_parallel_plan; beside context parallelism (Ulysses)
+    it loads where the workers divide by both, else one line names both keys."""
     cfg = load_config(BASE, [*"policy.model_name=m data.dataset_name=null cluster.gpus_per_node=2".split(),
                              "policy.dtensor_cfg.tensor_parallel_size=2"])
     assert cfg.actor.tensor_parallel_size == 2 and cfg.trainer.n_gpus_per_node == 2
-    with pytest.raises(ConfigError, match=r"^policy.dtensor_cfg.tensor_parallel_size=2 with policy.dtensor_cfg."
-                                          r"context_parallel_size=2 \(.*\): tensor and context parallelism"):
-        layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.context_parallel_size=2")
+    both = ["policy.model_name=m", "data.dataset_name=null", "policy.dtensor_cfg.tensor_parallel_size=2",
+            "policy.dtensor_cfg.context_parallel_size=2"]
+    cfg = load_config(BASE, [*both, "cluster.gpus_per_node=4"])
+    assert (cfg.actor.tensor_parallel_size, cfg.actor.ulysses_sequence_parallel_size) == (2, 2)
+    with pytest.raises(ConfigError, match=r"^actor.tensor_parallel_size=2 x actor.ulysses_sequence_parallel_size=2 "
+                                          r"must divide the 2 workers"):
+        load_config(BASE, [*both, "cluster.gpus_per_node=2"])
     both = layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true")
     assert both["actor.tensor_parallel_size"] == 2 and both["actor.sequence_parallel"] is True
     plan = layer(BASE, "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.custom_parallel_plan=my.plan")
@@ -602,9 +607,10 @@ def test_chat_template_kwargs_pass_on_as_one_mapping(tmp_path):
 
 def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tiny_model_dir):
     """distillation_math.yaml: distillation.* read as grpo.*'s layout, loss_fn.* the KL over the teacher's top-k
-    logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. With the policy's tensor parallel
-    size at 1 it loads; on one worker (context parallelism 1) it runs two steps on the tiny model, distilled from its number-guessing variant, one sample a
-    prompt as the file says; the loss is the top-k KL alone, logged beside the reward it does not train on."""
+    logits (kl_type, mixed_kl_weight, zero_outside_topk), teacher.* the teacher. It loads as it is (tensor parallel
+    2 beside context parallel 2: Ulysses); on one worker (both at 1) it runs two steps on the tiny model, distilled
+    from its number-guessing variant, one sample a prompt as the file says; the loss is the top-k KL alone, logged
+    beside the reward it does not train on. (TP x Ulysses: tests/test_tensor_parallel.py.)"""
     from posttrain.driver.build import build_run
     from posttrain.data.preprocess import arith
     from posttrain.driver.loop import train
@@ -612,9 +618,8 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
 
     path = tmp_path / "distillation_math.yaml"
     path.write_text(json.dumps(examples()["configs"]["distillation_math.yaml"]))  # JSON is YAML
-    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2 with policy\.dtensor_cfg\."
-                                          r"context_parallel_size=2 .*set one of them to 1"):
-        load_config(str(path), [])
+    as_is = load_config(str(path), [])
+    assert (as_is.actor.tensor_parallel_size, as_is.actor.ulysses_sequence_parallel_size) == (2, 2)
     single = ["policy.dtensor_cfg.tensor_parallel_size=1"]
     cfg = load_config(str(path), single)
     assert cfg.actor.ulysses_sequence_parallel_size == 2  # its context parallelism: Ulysses, 2 workers a sequence

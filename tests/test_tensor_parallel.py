@@ -127,18 +127,41 @@ def test_an_update_at_tp_2_equals_one_process(tp2_ranks, case):
         assert 0.5 <= held / whole_bytes <= 0.52, held / whole_bytes
 
 
+@pytest.fixture(scope="module")
+def four_ranks():
+    """2 x 2 data-parallel x TP, then Ulysses 2 x TP 2 (each pair of TP groups splits the positions), then the
+    same with Qwen3's q/k norms, in one set of four processes."""
+    return spawn(update_rank, 4, 2, [("tiny", {}), ("tiny", {"ulysses": 2}), ("qwen3", {"ulysses": 2})])
+
+
 @pytest.mark.slow
-def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process():
+def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process(four_ranks):
     """A 2 x 2 mesh: FSDP2 over the data-parallel pair, TP=2 within each; each data-parallel rank its half of every
     mini-batch. The weights after the update and the gradient norm are one process's; the metrics averaged over
     the data-parallel ranks are too; each rank holds about a quarter of the weights."""
     want, weights = one_process_update()
-    ranks = [r[0] for r in spawn(update_rank, 4, 2)]
+    ranks = [r[0] for r in four_ranks]
     for key in ("actor/loss", "actor/pg_loss", "actor/entropy"):
         mean = sum(m[key] for m, *_ in ranks) / 4
         assert mean == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
     for metrics, got, held, whole_bytes in ranks:
         assert metrics["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+        for name, value in weights.items():
+            torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+        assert 0.25 <= held / whole_bytes <= 0.27, held / whole_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, family", [(1, "tiny"), (2, "qwen3")])
+def test_ulysses_2_by_tp_2_in_four_ranks_equals_one_process(four_ranks, case, family):
+    """NeMo-RL's context parallelism beside tensor parallelism: four ranks take the same rows, each TP pair splits
+    the layers and the vocabulary, each Ulysses pair (ranks 0 and 2, 1 and 3) the positions; FSDP2 shards over the
+    Ulysses pairs. Loss, gradient norm and weights are one process's."""
+    want, weights = one_process_update(family)
+    for rank in four_ranks:
+        metrics, got, held, whole_bytes = rank[case]
+        for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
         for name, value in weights.items():
             torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
         assert 0.25 <= held / whole_bytes <= 0.27, held / whole_bytes
@@ -157,8 +180,10 @@ def test_a_plan_of_the_users_own_is_checked():
 
 @pytest.mark.parametrize("extra, message", [
     (["trainer.n_gpus_per_node=3"], r"actor.tensor_parallel_size=2 must divide the 3 workers"),
-    (["actor.ulysses_sequence_parallel_size=2"], r"with actor.ulysses_sequence_parallel_size > 1: not supported "
-                                                 r"together yet"),
+    (["actor.ulysses_sequence_parallel_size=2"], r"actor.tensor_parallel_size=2 x actor.ulysses_sequence_parallel_"
+                                                 r"size=2 must divide the 2 workers"),
+    (["actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=4", "actor.sequence_parallel=true"],
+     r"with actor.sequence_parallel=true and actor.ulysses_sequence_parallel_size > 1 \(both split the positions\)"),
     (["model.lora_rank=4"], r"with LoRA \(model.lora_rank\): not supported together yet"),
     (["actor.sequence_parallel=true", "actor.tensor_parallel_plan=my.plan"],
      r"^actor.sequence_parallel=true with actor.tensor_parallel_plan=my.plan: the plan decides every layout"),

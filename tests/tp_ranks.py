@@ -144,30 +144,34 @@ def update_rank(rank: int, world: int, tp_size: int, cases=(("tiny", {}),), devi
 
 
 def one_update(rank: int, world: int, tp_size: int, family: str = "tiny", device: str = "cpu", fused: bool = False,
-               sequence_parallel: bool = False, plan: str | None = None):
+               sequence_parallel: bool = False, plan: str | None = None, ulysses: int = 1):
     """One update (update_policy, SGD) of tiny_case's model split over a (world / tp_size) x tp_size mesh (data
     parallel x TP; FSDP2 over the data-parallel ranks when there are several) on `device` (cuda: this rank's GPU);
     `fused`: log-probs from the hidden states a chunk at a time (training/fused.py); `sequence_parallel`: the
     activations between the matmuls split over the positions too; `plan`: a custom plan's name (tests/tp_plans.py)
-    in place of posttrain's: -> (its metrics, the whole weights after it (on
+    in place of posttrain's; `ulysses`: groups of that many TP groups split each sequence's positions (Ulysses,
+    FSDP2 over them too): -> (its metrics, the whole weights after it (on
     the CPU), the bytes of parameters this rank holds, the whole model's)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from posttrain.training.actor import loss_units, update_policy
     from posttrain.training.parallelize import decoder_layers, parallelize
     from posttrain.training.tensor_parallel import apply_tensor_parallel
+    from posttrain.worker.models import sequence_parallel as sequence_parallel_group
 
     model, batch = tiny_case(family)
     model = model.to(torch.device(device, torch.cuda.current_device()) if device == "cuda" else device)
     whole_bytes = local_bytes(model)
-    dp_size = world // tp_size
-    mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    fsdp_size, dp_size = world // tp_size, world // tp_size // ulysses
+    mesh = init_device_mesh(device, (fsdp_size, tp_size), mesh_dim_names=("dp", "tp"))
     tp = apply_tensor_parallel(model, mesh["tp"], sequence_parallel, plan)
+    sp = sequence_parallel_group(ulysses, rank, world, [model], tp_size) if ulysses > 1 else None
     s = update_settings(fused)
     totals = None
-    if dp_size > 1:
+    if fsdp_size > 1:
         parallelize(model, mesh["dp"])
-        dp = mesh["dp"].get_local_rank()
+    if dp_size > 1:
+        dp = mesh["dp"].get_local_rank() // ulysses
         # each data-parallel rank its share of every mini-batch; the whole mini-batch's units beside them
         minis = [list(range(k, k + s.mini_batch_size)) for k in range(0, len(batch), s.mini_batch_size)]
         share = s.mini_batch_size // dp_size
@@ -178,7 +182,7 @@ def one_update(rank: int, world: int, tp_size: int, family: str = "tiny", device
     norm = decoder_layers(model)[0].input_layernorm
     hook = norm.register_forward_hook(lambda m, args, out: seen.append(
         (local_of(out).shape[1], out.shape[1])))
-    metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=dp_size, tp=tp)
+    metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=fsdp_size, sp=sp, tp=tp)
     hook.remove()
     metrics["norm_positions"] = seen[0]
     return metrics, {k: v.cpu() for k, v in whole(model).items()}, local_bytes(model), whole_bytes

@@ -122,7 +122,11 @@ def validate_tensor_parallel(cfg: Config) -> None:
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     key = f"actor.tensor_parallel_size={size}"
     need(world % size == 0, f"{key} must divide the {world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
-    for on, what in ((cfg.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size > 1"),
+    ulysses = cfg.actor.ulysses_sequence_parallel_size
+    need(world % (size * ulysses) == 0, f"{key} x actor.ulysses_sequence_parallel_size={ulysses} must divide the "
+         f"{world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
+    for on, what in ((ulysses > 1 and cfg.actor.sequence_parallel, "actor.sequence_parallel=true and actor."
+                      "ulysses_sequence_parallel_size > 1 (both split the positions)"),
                      (uses_lora(cfg), "LoRA (model.lora_rank)")):
         need(not on, f"{key} with {what}: not supported together yet; set one of them off")
 

@@ -200,7 +200,7 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     -> (log p(token) [n, R], entropy [n, R] (with a gradient only with `entropy_grad`), log p at `topk_ids`
     [n, R, k], sum of p log p [n, R] with its gradient)."""
     if options.sp is not None:  # each worker of the group its share of the positions (training/ulysses.py)
-        return _sequence_parallel_topk(model, mb, device, temperature, options.sp, topk_ids, entropy_grad)
+        return _sequence_parallel_topk(model, mb, device, temperature, options.sp, topk_ids, entropy_grad, options.tp)
     if options.tp is not None:  # this rank's columns of the vocabulary (training/tensor_parallel.py)
         from posttrain.training.tensor_parallel import vocab_parallel_at
 
@@ -214,19 +214,26 @@ def topk_stats(model, mb, device, temperature: float, options: PassOptions, topk
     return log_prob, entropy, log_p.gather(-1, topk_ids.to(device).long()), neg_entropy
 
 
-def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entropy_grad):
-    """topk_stats with the positions split over the sequence-parallel group; the per-position values are
-    gathered, so every worker returns the whole."""
+def _sequence_parallel_topk(model, mb, device, temperature, sp, topk_ids, entropy_grad, tp=None):
+    """topk_stats with the positions split over the sequence-parallel group (and with `tp` the vocabulary over the
+    TP group); the per-position values are gathered, so every worker returns the whole."""
     from posttrain.training import ulysses
 
     logits, targets, cols = _sharded_logits(model, mb, device, temperature, sp)
-    log_p = torch.log_softmax(logits, dim=-1)
     every = torch.zeros((len(mb), mb.input_ids.shape[1] - 1, topk_ids.shape[-1]), dtype=torch.long, device=device)
     every[:, cols] = topk_ids.to(device).long()
     every = ulysses.shard(ulysses.pad_positions(every, sp.size), sp)
-    log_prob = ulysses.gather(log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), sp)[:, cols]
-    neg_entropy = ulysses.gather((log_p.exp() * log_p).sum(-1), sp)[:, cols]
-    topk = ulysses.gather(log_p.gather(-1, every), sp)[:, cols]
+    if tp is not None:  # this rank's columns (training/tensor_parallel.py)
+        from posttrain.training.tensor_parallel import vocab_parallel_at
+
+        at, entropy = vocab_parallel_at(logits, torch.cat([targets.unsqueeze(-1), every], -1), tp)
+        log_prob, neg_entropy, topk = at[..., 0], -entropy, at[..., 1:]
+    else:
+        log_p = torch.log_softmax(logits, dim=-1)
+        log_prob = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        neg_entropy, topk = (log_p.exp() * log_p).sum(-1), log_p.gather(-1, every)
+    log_prob, neg_entropy = ulysses.gather(log_prob, sp)[:, cols], ulysses.gather(neg_entropy, sp)[:, cols]
+    topk = ulysses.gather(topk, sp)[:, cols]
     return log_prob, -neg_entropy if entropy_grad else -neg_entropy.detach(), topk, neg_entropy
 
 

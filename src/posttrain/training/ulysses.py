@@ -169,14 +169,17 @@ def sharded_forward(model, input_ids, attention_mask, position_ids, sp: Sequence
     return out.logits, ids.shape[1]
 
 
-def use_ulysses(model, sp: SequenceParallel) -> None:
-    """Switch `model` to the sequence-parallel attention, or ValueError when its heads do not split."""
+def use_ulysses(model, sp: SequenceParallel, tensor_parallel: int = 1) -> None:
+    """Switch `model` to the sequence-parallel attention, or ValueError when its heads do not split (with tensor
+    parallelism each rank holds 1/tensor_parallel of them, which split again)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     heads = model.config.num_attention_heads
-    if heads % sp.size:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp.size} must divide the model's {heads} attention heads")
+    if heads % (sp.size * tensor_parallel):
+        by_tp = f" x tensor_parallel_size={tensor_parallel}" if tensor_parallel > 1 else ""
+        raise ValueError(f"ulysses_sequence_parallel_size={sp.size}{by_tp} must divide the model's {heads} "
+                         "attention heads")
     AttentionInterface.register(NAME, ulysses_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)

@@ -181,20 +181,24 @@ def load_critic(spec: WorkerSpec, kwargs: dict, tokenizer, sharded: bool, mesh=N
     return (critic, *optimizer_of(critic, c))
 
 
-def sequence_parallel(size: int, rank: int, world_size: int, models):
-    """Groups of `size` consecutive ranks split each sequence's positions (training/ulysses.py), in every pass of
-    `models` (None: absent). -> this rank's training.ulysses.SequenceParallel."""
+def sequence_parallel(size: int, rank: int, world_size: int, models, tensor_parallel: int = 1):
+    """Groups of `size` ranks split each sequence's positions (training/ulysses.py), in every pass of `models`
+    (None: absent): consecutive ranks, or with tensor parallelism those `tensor_parallel` apart (each block of
+    size x tensor_parallel consecutive ranks takes the same rows; a TP group is consecutive ranks, so each
+    position group holds one rank of each TP slot). -> this rank's training.ulysses.SequenceParallel."""
     import torch.distributed as dist
 
     from posttrain.errors import ConfigError
     from posttrain.training.ulysses import SequenceParallel, use_ulysses
 
-    groups = [dist.new_group(list(range(r, r + size))) for r in range(0, world_size, size)]  # every rank
-    sp = SequenceParallel(groups[rank // size], size, rank % size)  # makes every group
+    block = size * tensor_parallel
+    groups = {(b, t): dist.new_group([b + i * tensor_parallel + t for i in range(size)])  # every rank makes each
+              for b in range(0, world_size, block) for t in range(tensor_parallel)}
+    sp = SequenceParallel(groups[(rank - rank % block, rank % tensor_parallel)], size, rank % block // tensor_parallel)
     for model in models:
         if model is not None:
             try:
-                use_ulysses(model, sp)
+                use_ulysses(model, sp, tensor_parallel)
             except ValueError as e:
                 raise ConfigError(f"actor.{e}; pick a size that divides it") from None
     return sp

@@ -83,7 +83,8 @@ class Worker:
                 s, kwargs, self.tokenizer, self.sharded, mesh)
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self.sp = models.sequence_parallel(s.sequence_parallel, self.rank, self.world_size,
-                                               (self.policy, self.ref, self.critic, *self.teachers.values()))
+                                               (self.policy, self.ref, self.critic, *self.teachers.values()),
+                                               s.tensor_parallel)
         self.rollout = make_rollout(s, self.policy, copy, eos, self.tokenizer.pad_token_id, self.rank, self.sharded)
         if pushed_at_start(s, self.rollout.history):
             self.rollout.push_weights(self.policy, restart=True)

@@ -87,12 +87,6 @@ def policy(f: Leaves, out: dict, origin: str) -> None:
                           "torch.optim.AdamW")
     if f.has("policy.scheduler"):
         out.update(_scheduler(f.get("policy.scheduler"), origin))
-    tp = f.flat.get("policy.dtensor_cfg.tensor_parallel_size") or 1  # peeked: RENAMES carries it
-    cp = f.flat.get("policy.dtensor_cfg.context_parallel_size") or 1
-    if tp > 1 and cp > 1:
-        raise ConfigError(f"policy.dtensor_cfg.tensor_parallel_size={tp} with policy.dtensor_cfg."
-                          f"context_parallel_size={cp} ({origin}): tensor and context parallelism together are not "
-                          "supported yet; set one of them to 1")
     if f.get("policy.dtensor_cfg.cpu_offload", False):
         out["actor.param_offload"] = out["actor.optimizer_offload"] = True
     _generation(f, out, origin)
