@@ -7,7 +7,7 @@ from transformers import Qwen2Config
 
 from posttrain.training.tensor_parallel import check_plan, vocab_share
 
-from tp_ranks import plan_errors, spawn, stats_case, stats_rank, tiny_case, topk_rank, update_rank, update_settings
+from tp_ranks import plan_errors, spawn, stats_case, topk_pass_rank, topk_pass_rank, stats_rank, tiny_case, topk_rank, update_rank, update_settings
 
 
 def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
@@ -165,6 +165,15 @@ def test_ulysses_2_by_tp_2_in_four_ranks_equals_one_process(four_ranks, case, fa
         for name, value in weights.items():
             torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
         assert 0.25 <= held / whole_bytes <= 0.27, held / whole_bytes
+
+
+@pytest.mark.slow
+def test_the_distillation_and_log_prob_passes_under_ulysses_2_by_tp_2_equal_one_process():
+    """logprobs.topk_stats (the student's pass of the top-k distillation modes: log p at the token and at the
+    teacher's top-k ids, the entropy) and the log-prob pass, with each sequence's positions split over a Ulysses
+    pair and the vocabulary over a TP pair, equal the whole model's on the response tokens."""
+    for diffs in spawn(topk_pass_rank, 4, 2, 2):
+        assert max(diffs.values()) < 1e-5, diffs
 
 
 def test_a_plan_of_the_users_own_is_checked():

@@ -204,3 +204,33 @@ def plan_errors(rank: int, world: int) -> list[str]:
         except (ValueError, ConfigError) as e:
             out.append(str(e))
     return out
+
+
+def topk_pass_rank(rank: int, world: int, tp_size: int, ulysses: int) -> dict:
+    """Distillation's training pass (logprobs.topk_stats) and the log-prob pass with entropy on tiny_case's batch:
+    the model split over TP groups of `tp_size` and Ulysses groups of `ulysses` against the whole model in this
+    process. -> the largest difference of each output."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.training.logprobs import PassOptions, log_probs_and_entropy, topk_stats
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+    from posttrain.worker.models import sequence_parallel as sequence_parallel_group
+
+    whole, batch = tiny_case()
+    split, _ = tiny_case()
+    tp = apply_tensor_parallel(split, init_device_mesh("cpu", (world // tp_size, tp_size),
+                                                       mesh_dim_names=("dp", "tp"))["tp"])
+    sp = sequence_parallel_group(ulysses, rank, world, [split], tp_size) if ulysses > 1 else None
+    ids = torch.randint(0, 259, (*batch.responses.shape, 4), generator=torch.Generator().manual_seed(5))
+    out = {}
+    with torch.no_grad():
+        want = topk_stats(whole, batch, "cpu", 0.7, PassOptions(), ids)
+        got = topk_stats(split, batch, "cpu", 0.7, PassOptions(sp=sp, tp=tp), ids)
+        for name, a, b in zip(("log_prob", "entropy", "topk", "neg_entropy"), want, got):
+            mask = batch.response_mask if a.dim() == 2 else batch.response_mask[..., None]
+            out[name] = float(((a - b) * mask).abs().max())
+        want = log_probs_and_entropy(whole, batch, "cpu", 0.7, PassOptions(share_prompt=False))
+        got = log_probs_and_entropy(split, batch, "cpu", 0.7, PassOptions(share_prompt=False, sp=sp, tp=tp))
+        for name, a, b in zip(("pass_log_prob", "pass_entropy"), want, got):
+            out[name] = float(((a - b) * batch.response_mask).abs().max())
+    return out
