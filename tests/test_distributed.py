@@ -292,8 +292,6 @@ def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_pat
         f"data.val_files=[{test_file}]", "data.max_response_length=4", "reward.num_workers=0",
         "data.prompt_file=null"])
     assert (cfg.actor.tensor_parallel_size, cfg.actor.sequence_parallel, cfg.trainer.n_gpus_per_node) == (2, True, 2)
-    from posttrain.driver.settings import worker_spec
-
     spec = worker_spec(cfg, str(embedded_model()), None, "cpu", 2)  # what each worker splits its models by
     assert (spec.tensor_parallel, spec.tensor_sequence_parallel, spec.tensor_parallel_plan) == (2, True, None)
     assert train(build_run(cfg))["steps"] == 2
@@ -302,11 +300,12 @@ def test_nemo_rls_grpo_file_at_tensor_parallel_2_runs_two_steps(cluster, tmp_pat
 
 
 @pytest.mark.ray
-def test_a_tp_2_checkpoint_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, data, tmp_path):
-    """PPO (a critic too) on two workers at TP=2, the embedded model, 4 steps saved every 2. The step-2 checkpoint,
-    resumed at TP=2, gives the straight run's steps 3-4 and its weights bit for bit; resumed at TP=1 (two FSDP2
-    workers: torch.distributed.checkpoint reshards the TP=2 shards) it loads and trains on to weights within
-    float rounding of the straight run's (other reduction orders)."""
+def test_a_tp_2_run_killed_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, data, tmp_path):
+    """PPO (a critic too) on two workers at TP=2, the embedded model, 4 steps saved every 2. The same run as a
+    `posttrain train` process killed (SIGKILL) once its step-2 checkpoint is written, then run again at TP=2,
+    resumes there and gives the straight run's steps 3-4 and its weights bit for bit; the step-2 checkpoint
+    resumed at TP=1 (two FSDP2 workers: torch.distributed.checkpoint reshards the TP=2 shards) loads and trains on
+    to weights within float rounding of the straight run's (other reduction orders)."""
     import shutil
 
     from posttrain.models.shipped import embedded_model
@@ -319,20 +318,32 @@ def test_a_tp_2_checkpoint_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, da
     ckpt = straight / "checkpoints" / "global_step_4"
     want = exported(ckpt, tmp_path / "want")
 
-    def resumed(name: str, tp: int) -> Path:
+    def resumed(name: str, tp: int, copy: bool = True) -> Path:
         run_dir = tmp_path / name
-        shutil.copytree(straight / "checkpoints" / "global_step_2", run_dir / "checkpoints" / "global_step_2")
+        if copy:
+            shutil.copytree(straight / "checkpoints" / "global_step_2", run_dir / "checkpoints" / "global_step_2")
         summary = train(build_run(load_config(None, small(model, data, run_dir, 4, *two,
                                                            f"actor.tensor_parallel_size={tp}"))))
         assert summary["start_step"] == 2 and summary["steps"] == 4
         return run_dir
 
-    same = resumed("tp2", 2)
+    killed = tmp_path / "tp2"
+    proc = subprocess.Popen([POSTTRAIN, "train", *small(model, data, killed, 4, *two, "actor.tensor_parallel_size=2")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    manifest = killed / "checkpoints" / "global_step_2" / "manifest.json"
+    deadline = time.time() + 300
+    while not manifest.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    _, err = proc.communicate(timeout=60)
+    assert manifest.exists() and not (killed / "checkpoints" / "global_step_4").exists(), err[-3000:]
+    same = resumed("tp2", 2, copy=False)
     got = exported(same / "checkpoints" / "global_step_4", tmp_path / "got")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     steps = [m for m in read_metrics(straight) if m.get("step", 0) > 2 and "actor/pg_loss" in m]
-    assert [m["actor/pg_loss"] for m in read_metrics(same) if "actor/pg_loss" in m] == \
+    assert [m["actor/pg_loss"] for m in read_metrics(same) if m.get("step", 0) > 2 and "actor/pg_loss" in m] == \
         [m["actor/pg_loss"] for m in steps]
+    assert [m["step"] for m in read_metrics(same) if "actor/pg_loss" in m] == [1, 2, 3, 4]  # the kill lost none
     other = exported(resumed("tp1", 1) / "checkpoints" / "global_step_4", tmp_path / "other")
     assert max((want[k] - other[k]).abs().max().item() for k in want) < 1e-3
 
