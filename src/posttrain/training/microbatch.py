@@ -201,8 +201,67 @@ def micro_batches(batch, size: int, remove_padding: bool, max_tokens: int | None
     picked = list(subset if subset is not None else range(len(batch)))
     if remove_padding:  # alike lengths side by side, samples of one prompt together
         picked.sort(key=lambda i: (-stats.prompt_len[i], stats.group[i], -stats.tokens[i], i))
-    cuts = spans([stats.real[i] for i in picked], size, max_tokens)
-    return [_micro(batch, picked[a:b], stats, remove_padding) for a, b in cuts]
+    tokens = [stats.real[i] for i in picked]
+    cuts = as_many_as_the_others(spans(tokens, size, max_tokens), tokens)
+    return agree_on_forwards([_micro(batch, picked[a:b], stats, remove_padding) for a, b in cuts])
+
+
+def _group_device():
+    """Where a collective of the default process group runs (None: there is none, or it is this process alone)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def as_many_as_the_others(cuts: list[tuple[int, int]], tokens: list[int]) -> list[tuple[int, int]]:
+    """With several workers in a process group (FSDP2: every forward and backward of a sharded model gathers or
+    reduces with the others), every worker must cut its rows into as many micro-batches as the one with the most
+    (a token budget, use_dynamic_bsz, cuts rows of other lengths into other counts): the others split their
+    micro-batch of most tokens in two, by rows, until they have as many (verl's dynamic batching does so too).
+    The loss weights do not change: they are per row. Alone the cuts stay as they are."""
+    device = _group_device()
+    if device is None:
+        return cuts
+    import torch.distributed as dist
+
+    most = torch.tensor([len(cuts)], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    cuts = list(cuts)
+    while len(cuts) < int(most):
+        splittable = [c for c in cuts if c[1] - c[0] > 1]
+        if not splittable:
+            raise RuntimeError(f"this worker's {sum(b - a for a, b in cuts)} rows cannot make the {int(most)} "
+                               "micro-batches another worker's make: give the workers equal shares of rows")
+        a, b = max(splittable, key=lambda c: sum(tokens[c[0]:c[1]]))
+        k = cuts.index((a, b))
+        cuts[k:k + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+    return cuts
+
+
+def agree_on_forwards(micros: list[tuple[torch.Tensor, Micro]]) -> list[tuple[torch.Tensor, Micro]]:
+    """With several workers in a process group (FSDP2: every forward of a sharded model gathers its layers with
+    the others), the k-th micro-batch of every worker must run the same number of forwards. A micro-batch whose
+    rows share prompts runs two (the distinct prompts, then the responses over their cache: forward.py), one
+    whose rows do not runs one; workers with rows of their own can differ, and would wait on each other for
+    ever. So the workers agree (one all-reduce of a flag per micro-batch): where one of them runs a single
+    forward, all do. Alone (no process group) the plan stays as it is."""
+    device = _group_device()
+    if device is None or not micros:
+        return micros
+    import torch.distributed as dist
+
+    two = [m.layout is not None and m.layout.prompts is not None and m.response_length > 1 for _, m in micros]
+    agreed = torch.tensor(two, dtype=torch.int32, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    out = []
+    for (index, m), mine, both in zip(micros, two, agreed.tolist()):
+        if m.layout is None or (mine and not both):  # one plain forward (a plan without a layout: found on the
+            layout = m.layout or Layout(None, True, True, True)  # device otherwise; here none, padding assumed)
+            m = Micro(m.data, m.rows, dataclasses.replace(layout, prompts=None), m.picked, m.counts)
+        out.append((index, m))
+    return out
 
 
 def _micro(batch, idx: list[int], stats: Rows, remove_padding: bool) -> tuple[torch.Tensor, Micro]:
