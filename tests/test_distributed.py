@@ -379,7 +379,8 @@ def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path
 
 
 LOSSES = {"k1-pg": ["loss_mode=k1", "use_policy_gradient=true"],
-          "kl_topk": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],
+          # the teacher split over both workers (its own TP size), each with rows of its own: their rows gathered
+          "kl_topk-teacher-tp": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],
           "kl_topk-ulysses": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"],  # each half the positions
           "kl_topk-tp": ["loss_mode=kl_topk", "topk=8", "zero_outside_topk=true"]}  # each half of every layer
 
@@ -392,12 +393,13 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
     a top-k loss its 8 likeliest tokens) and a distillation update (the reverse KL's policy gradient, or NeMo-RL's
     mixed top-k KL; 2 mini-batches x 2 micro-batches) equal one process's. At TP=2 (the embedded model taught by
     its number-guessing variant: heads that split) the teacher's top-k comes from each worker's half of the
-    vocabulary, and the student's log-probs at those ids too."""
+    vocabulary, and the student's log-probs at those ids too. With a teacher TP size of its own (2) over an unsplit
+    student on two workers, each worker's rows are gathered for the teacher and each keeps its own."""
     from posttrain.distributed.group import WorkerGroup
     from posttrain.models.shipped import embedded_model, games_model
 
-    tp = 2 if loss.endswith("-tp") else 1
-    if tp > 1:
+    tp = 2 if loss == "kl_topk-tp" else 1
+    if loss.endswith("-tp"):
         tiny_model_dir, trained_tiny_model_dir = embedded_model(), games_model()
     cfg = load_config(None, small(tiny_model_dir, data, tmp_path / "r", 2, "trainer.n_gpus_per_node=2",
                                   f"actor.tensor_parallel_size={tp}",
@@ -405,7 +407,8 @@ def test_a_teacher_on_two_workers_scores_and_teaches_as_in_one_process(cluster, 
                                   "distillation.enabled=true",
                                   f"distillation.teacher_models.t.model_path={trained_tiny_model_dir}",
                                   *(f"distillation.distillation_loss.{k}" for k in LOSSES[loss]),
-                                  f"actor.ulysses_sequence_parallel_size={2 if 'ulysses' in loss else 1}"))
+                                  f"actor.ulysses_sequence_parallel_size={2 if 'ulysses' in loss else 1}",
+                                  *(["distillation.tensor_parallel_size=2"] if "teacher-tp" in loss else [])))
     spec = worker_spec(cfg, str(tiny_model_dir), None, "cpu", total_steps=2)
     local = Worker(spec)
     local.setup()

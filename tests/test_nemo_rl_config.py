@@ -620,6 +620,7 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
     path.write_text(json.dumps(examples()["configs"]["distillation_math.yaml"]))  # JSON is YAML
     as_is = load_config(str(path), [])
     assert (as_is.actor.tensor_parallel_size, as_is.actor.ulysses_sequence_parallel_size) == (2, 2)
+    assert as_is.distillation.tensor_parallel_size == 4  # teacher.dtensor_cfg's: the teacher split wider
     single = ["policy.dtensor_cfg.tensor_parallel_size=1"]
     cfg = load_config(str(path), single)
     assert cfg.actor.ulysses_sequence_parallel_size == 2  # its context parallelism: Ulysses, 2 workers a sequence
@@ -637,7 +638,8 @@ def test_nemo_rls_distillation_file_runs_on_the_tiny_model(tmp_path, trained_tin
         with pytest.raises(ConfigError, match=said):
             load_config(str(path), [*single, bad])
     train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
-    small = [*single, "policy.dtensor_cfg.context_parallel_size=1", "distillation.num_prompts_per_step=8", "distillation.max_num_steps=2",
+    small = [*single, "policy.dtensor_cfg.context_parallel_size=1", "teacher.dtensor_cfg.tensor_parallel_size=1",
+             "distillation.num_prompts_per_step=8", "distillation.max_num_steps=2",
              "distillation.val_period=2", "distillation.topk_logits_k=8", "loss_fn.kl_type=reverse",
              "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
              "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",

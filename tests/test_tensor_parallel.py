@@ -7,7 +7,7 @@ from transformers import Qwen2Config
 
 from posttrain.training.tensor_parallel import check_plan, vocab_share
 
-from tp_ranks import plan_errors, spawn, stats_case, topk_pass_rank, topk_pass_rank, stats_rank, tiny_case, topk_rank, update_rank, update_settings
+from tp_ranks import plan_errors, plan_rank, spawn, stats_case, teacher_group_rank, topk_pass_rank, topk_pass_rank, stats_rank, tiny_case, topk_rank, update_rank, update_settings
 
 
 def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
@@ -176,6 +176,28 @@ def test_the_distillation_and_log_prob_passes_under_ulysses_2_by_tp_2_equal_one_
         assert max(diffs.values()) < 1e-5, diffs
 
 
+def test_a_teacher_split_wider_than_its_student_scores_each_workers_rows():
+    """distillation.tensor_parallel_size=2 over two workers with rows of their own (3 and 2 rows, other widths):
+    each worker's top-k log-probs and ids and log-probs equal the whole teacher's on its rows."""
+    for rank, diffs in enumerate(spawn(teacher_group_rank, 2)):
+        assert diffs.pop("ids_equal") and diffs.pop("shape") == (3 if rank == 0 else 2, 9 - 2 * rank, 4), diffs
+        assert max(diffs.values()) < 1e-5, diffs
+
+
+def test_workers_with_rows_of_their_own_cut_as_many_micro_batches_with_the_same_forwards():
+    """FSDP2's workers gather and reduce together in every forward and backward: two workers with other rows (one
+    with prompts shared by 2 samples, one without) and a token budget agree on how many micro-batches (the fewer
+    split theirs) and on which of them run the shared-prompt forwards (where one cannot, none does)."""
+    (agreed0, alone0), (agreed1, alone1) = spawn(plan_rank, 2)
+    assert len(alone0) != len(alone1)  # alone they would not even cut as many
+    assert len(agreed0) == len(agreed1) == max(len(alone0), len(alone1))
+    for agreed, alone in ((agreed0, alone0), (agreed1, alone1)):
+        assert sorted(i for rows, _ in agreed for i in rows) == list(range(8))  # every row once
+        assert [i for rows, _ in agreed for i in rows] == [i for rows, _ in alone for i in rows]  # in order
+    assert any(shared for _, shared in alone0) and not any(shared for _, shared in alone1)
+    assert [s for _, s in agreed0] == [s for _, s in agreed1] == [False] * len(agreed0)
+
+
 def test_a_plan_of_the_users_own_is_checked():
     """actor.tensor_parallel_plan (NeMo-RL's custom_parallel_plan) that leaves the vocabulary whole, is not a dict,
     or cannot be imported: one line each. (tests/tp_plans.py's good plan runs in the TP=2 cases above.)"""
@@ -191,6 +213,11 @@ def test_a_plan_of_the_users_own_is_checked():
     (["trainer.n_gpus_per_node=3"], r"actor.tensor_parallel_size=2 must divide the 3 workers"),
     (["actor.ulysses_sequence_parallel_size=2"], r"actor.tensor_parallel_size=2 x actor.ulysses_sequence_parallel_"
                                                  r"size=2 must divide the 2 workers"),
+    (["distillation.enabled=true", "distillation.teacher_models.t.model_path=x", "distillation.tensor_parallel_size=3"],
+     r"^distillation.tensor_parallel_size=3 must divide the 2 workers"),
+    (["distillation.enabled=true", "distillation.teacher_models.t.model_path=x", "distillation.tensor_parallel_size=3",
+      "trainer.n_gpus_per_node=6", "data.train_batch_size=12", "actor.ppo_mini_batch_size=12"],
+     r"^distillation.tensor_parallel_size=3 must be a multiple or a divisor of the 2 workers that share rows"),
     (["actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=4", "actor.sequence_parallel=true"],
      r"with actor.sequence_parallel=true and actor.ulysses_sequence_parallel_size > 1 \(both split the positions\)"),
     (["model.lora_rank=4"], r"with LoRA \(model.lora_rank\): not supported together yet"),

@@ -234,3 +234,61 @@ def topk_pass_rank(rank: int, world: int, tp_size: int, ulysses: int) -> dict:
         for name, a, b in zip(("pass_log_prob", "pass_entropy"), want, got):
             out[name] = float(((a - b) * batch.response_mask).abs().max())
     return out
+
+
+def teacher_group_rank(rank: int, world: int) -> dict:
+    """A teacher split at TP=world over workers that each hold rows of their own (the policy unsplit): its top-k
+    and log-prob passes through passes.over_teacher_group (every worker's rows gathered, run, each keeping its own:
+    3 rows on rank 0, 2 on the others, other widths) against the whole teacher on this rank's rows. -> the largest
+    difference of each output, and whether the top-k ids agree."""
+    from types import SimpleNamespace
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.training.logprobs import PassOptions, compute_log_probs, compute_topk_log_probs
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+    from posttrain.worker.passes import over_teacher_group
+    from test_gpu_passes import batch_of
+
+    whole, _ = tiny_case()
+    split, _ = tiny_case()
+    tp = apply_tensor_parallel(split, init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))["tp"])
+    batch = batch_of(259, rows=3 if rank == 0 else 2, n=1, prompt_width=7 - rank, response_width=9 - 2 * rank,
+                     seed=rank)
+    spec = SimpleNamespace(sequence_parallel=1, tensor_parallel=1)
+    want = compute_topk_log_probs(whole, batch, 4, 2)
+    got = over_teacher_group(spec, batch, tp, 0, lambda rows: compute_topk_log_probs(
+        split, rows, 4, 2, options=PassOptions(tp=tp)))
+    real = batch.response_mask.bool()
+    out = {"log_prob": float((want[0] - got[0])[real].abs().max()),
+           "topk": float((want[1] - got[1])[real].abs().max()),
+           "ids_equal": bool(torch.equal(want[2][real], got[2][real])), "shape": tuple(got[1].shape)}
+    want = compute_log_probs(whole, batch, 2)[0]
+    got = over_teacher_group(spec, batch, tp, 0, lambda rows: (
+        compute_log_probs(split, rows, 2, options=PassOptions(tp=tp))[0],))[0]
+    out["pass_log_prob"] = float((want - got)[real].abs().max())
+    return out
+
+
+def plan_rank(rank: int, world: int) -> list:
+    """microbatch.micro_batches on rows of this rank's own (rank 0: 4 prompts x 2 samples; rank 1: 8 prompts of
+    one sample, other lengths) with a token budget: -> [(rows, whether it runs the shared-prompt forwards)] per
+    micro-batch, and what each would be alone."""
+    from posttrain.training.microbatch import micro_batches
+    from test_gpu_passes import batch_of
+
+    batch = batch_of(259, rows=8, n=2 if rank == 0 else 1, prompt_width=7, response_width=9, seed=rank)
+
+    def plan():
+        return [(m.picked, m.layout is not None and m.layout.prompts is not None and m.response_length > 1)
+                for _, m in micro_batches(batch, 4, True, max_tokens=40 if rank == 0 else 24)]
+
+    agreed = plan()
+    import posttrain.training.microbatch as mb  # alone: the plan without the other worker
+
+    group, mb._group_device = mb._group_device, lambda: None
+    try:
+        alone = plan()
+    finally:
+        mb._group_device = group
+    return agreed, alone

@@ -40,6 +40,11 @@ class DistillationConfig:
     nnodes: Optional[int] = None
     param_offload: bool = False  # the teacher's sharded parameters in CPU memory (FSDP2 workers), as ref.param_offload
     log_prob_micro_batch_size: Optional[int] = None  # the teacher's pass; null: ref.log_prob_micro_batch_size
+    # the teachers' own tensor-parallel size (a large teacher split wider than its student; NeMo-RL's
+    # teacher.dtensor_cfg.tensor_parallel_size); null: actor.tensor_parallel_size. A multiple of the workers that
+    # share rows (actor.tensor_parallel_size x ulysses_sequence_parallel_size: their rows are gathered for it) or
+    # a divisor of it
+    tensor_parallel_size: Optional[int] = None
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
 
 

@@ -12,6 +12,21 @@ from posttrain.config.schema_distill import teacher_entries
 KEY = "distillation.distillation_loss"
 
 
+def _teacher_tensor_parallel(cfg: Config) -> None:
+    """distillation.tensor_parallel_size: dividing the workers; a multiple or a divisor of the workers that share
+    rows (a TP group of the teacher spans whole groups of them, or lies within one)."""
+    size = cfg.distillation.tensor_parallel_size
+    if size is None:
+        return
+    positive_or_null(cfg, "distillation.tensor_parallel_size")
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    rows = cfg.actor.tensor_parallel_size * cfg.actor.ulysses_sequence_parallel_size
+    key = f"distillation.tensor_parallel_size={size}"
+    need(world % size == 0, f"{key} must divide the {world} workers (trainer.nnodes x trainer.n_gpus_per_node)")
+    need(size % rows == 0 or rows % size == 0, f"{key} must be a multiple or a divisor of the {rows} workers that "
+         "share rows (actor.tensor_parallel_size x actor.ulysses_sequence_parallel_size)")
+
+
 def validate_distillation(cfg: Config) -> None:
     """distillation.*: teachers with a model_path (several: distinct routing keys), a known loss with its
     settings, one policy loss."""
@@ -34,6 +49,7 @@ def validate_distillation(cfg: Config) -> None:
          f"give each its own key (the value of the rows' {d.teacher_key or 'data_source'} it scores)")
     _loss(cfg)
     positive_or_null(cfg, "distillation.log_prob_micro_batch_size")
+    _teacher_tensor_parallel(cfg)
     elsewhere = [k for k in ("n_gpus_per_node", "nnodes") if getattr(d, k) is not None]
     elsewhere += ["teacher_key"] * (d.teacher_key is not None and len(entries) == 1)
     elsewhere += [f"teacher_models.{n}.{k}" for n, _, t in entries for k in t

@@ -154,7 +154,7 @@ def teacher_specs(cfg) -> tuple[TeacherSpec, ...]:
     return tuple(TeacherSpec(model_dir=str(t["model_path"]), key=key, param_offload=d.param_offload,
                              log_prob_micro_batch_size=d.log_prob_micro_batch_size or ref.log_prob_micro_batch_size,
                              log_prob_max_tokens=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz
-                             else None)
+                             else None, tensor_parallel=d.tensor_parallel_size)
                  for key, t in teachers_of(d).items())
 
 

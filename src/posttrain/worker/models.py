@@ -46,15 +46,20 @@ def load_policy(spec: WorkerSpec, kwargs: dict, rank: int):
     return tokenizer, policy, eos
 
 
-def tensor_parallel_mesh(spec: WorkerSpec, world_size: int, device: torch.device):
-    """-> the workers' 2-D DeviceMesh (("dp", "tp"): groups of spec.tensor_parallel consecutive ranks split each
-    layer, FSDP2 shards over the groups) with tensor parallelism, else None."""
-    if spec.tensor_parallel <= 1:
+def tensor_parallel_mesh(spec: WorkerSpec, world_size: int, device: torch.device, size: int | None = None):
+    """-> the workers' 2-D DeviceMesh (("dp", "tp"): groups of `size` (spec.tensor_parallel) consecutive ranks
+    split each layer, FSDP2 shards over the groups) with tensor parallelism, else None."""
+    size = spec.tensor_parallel if size is None else size
+    if size <= 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (world_size // spec.tensor_parallel, spec.tensor_parallel),
-                            mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device.type, (world_size // size, size), mesh_dim_names=("dp", "tp"))
+
+
+def own_tensor_parallel(spec: WorkerSpec, t) -> bool:
+    """Whether teacher `t` (a TeacherSpec) is split by a TP size of its own, not the policy's."""
+    return t.tensor_parallel is not None and t.tensor_parallel != spec.tensor_parallel
 
 
 def split_layers(model: torch.nn.Module, mesh, spec: WorkerSpec):
@@ -121,16 +126,16 @@ def cast_ref(spec: WorkerSpec, ref: torch.nn.Module | None, sharded: bool, rank:
     return cast_linear_weights(ref, dtype, room)
 
 
-def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, mesh=None
-                ) -> tuple[torch.nn.Module | None, dict]:
+def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, mesh=None, world_size: int = 1
+                ) -> tuple[torch.nn.Module | None, dict, dict]:
     """-> (the reference, None where unneeded or with LoRA: the policy with its adapters off; the teachers of
-    on-policy distillation by routing key, None with one), frozen, placed as the policy is (split over the TP
-    group with `mesh`); the reference's
-    Linear weights in autocast's dtype where ref.cast_weights applies (cast_ref)."""
+    on-policy distillation by routing key, None with one; each teacher's TensorParallel or None), frozen, placed
+    as the policy is (split over the TP group with `mesh`; a teacher with a TP size of its own over a mesh of
+    that size); the reference's Linear weights in autocast's dtype where ref.cast_weights applies (cast_ref)."""
     from posttrain.models import load_model
     from posttrain.training.parallelize import parallelize
 
-    ref, teachers = None, {}
+    ref, teachers, teacher_tps = None, {}, {}
     if spec.ref.needed and spec.lora is None:
         ref = load_model(spec.model_dir, **kwargs).requires_grad_(False).eval()
         _, dp_mesh = split_layers(ref, mesh, spec)
@@ -141,11 +146,14 @@ def load_frozen(spec: WorkerSpec, kwargs: dict, sharded: bool, rank: int = 0, me
         cast_ref(spec, ref, sharded, rank)
     for t in spec.teachers:
         teachers[t.key] = load_model(t.model_dir, **kwargs).requires_grad_(False).eval()
-        _, dp_mesh = split_layers(teachers[t.key], mesh, spec)
+        own = sharded and own_tensor_parallel(spec, t)
+        device = next(teachers[t.key].parameters()).device
+        own_mesh = tensor_parallel_mesh(spec, world_size, device, t.tensor_parallel) if own else mesh
+        teacher_tps[t.key], dp_mesh = split_layers(teachers[t.key], own_mesh, spec)
         if sharded:
             parallelize(teachers[t.key], dp_mesh, param_dtype=spec.mixed_precision, offload_params=t.param_offload,
                         forward_prefetch=spec.ref.forward_prefetch)
-    return ref, teachers
+    return ref, teachers, teacher_tps
 
 
 def optimizer_of(model: torch.nn.Module, s: WorkerSpec | CriticSpec):

@@ -86,6 +86,24 @@ def teacher_topk(spec: WorkerSpec, batch, k: int, teacher: str | None, teachers:
                                       options=options, max_tokens=t.log_prob_max_tokens)
 
 
+def over_teacher_group(spec: WorkerSpec, batch, tp, pad_token_id: int, fn):
+    """fn(rows) -> a tuple of [rows, R, ...] tensors, for this worker's `batch`. A teacher split by a TP size of its
+    own wider than the groups of workers that share rows (spec.sequence_parallel x spec.tensor_parallel) runs on
+    the rows of every such group its TP group spans: those are gathered (one copy per group, in rank order,
+    re-padded), `fn` runs on all of them on each rank of the TP group, and each worker keeps its own rows."""
+    shared = spec.sequence_parallel * spec.tensor_parallel
+    if tp is None or tp.size <= shared:
+        return fn(batch)
+    import torch.distributed as dist
+
+    parts = [None] * tp.size
+    dist.all_gather_object(parts, batch, group=tp.group)
+    parts = parts[::shared]  # one worker of each group of workers that share rows
+    start = sum(len(b) for b in parts[:tp.rank // shared])
+    out = fn(type(batch).concat(parts, pad_token_id))
+    return tuple(t[start:start + len(batch), :batch.response_length] for t in out)
+
+
 def values(spec: WorkerSpec, batch, critic, sp) -> torch.Tensor:
     """-> the critic's values [N, R] of batch's response positions."""
     from posttrain.training.critic import compute_values

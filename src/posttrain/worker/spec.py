@@ -55,6 +55,7 @@ class TeacherSpec:
     param_offload: bool = False  # its sharded parameters in CPU memory (FSDP2, workers)
     log_prob_micro_batch_size: int = 64
     log_prob_max_tokens: int | None = None
+    tensor_parallel: int | None = None  # its own TP size (distillation.tensor_parallel_size); None: the policy's
 
 
 @dataclass

@@ -54,6 +54,7 @@ class Worker:
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.sharded = world_size > 1 if sharded is None else sharded
         self.teachers: dict = {}  # distillation: key (None with one teacher) -> frozen model
+        self.teacher_tps: dict = {}  # key -> the teacher's TensorParallel (the policy's, or of its own size), or None
         self.policy = self.ref = self.optimizer = self.scheduler = self.tokenizer = None
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sp = None  # training.ulysses.SequenceParallel, with sequence_parallel > 1
@@ -76,14 +77,15 @@ class Worker:
         copy = make_rollout_copy(s, self.policy, kwargs) if has_rollout_copy(s, self.sharded) else None
         mesh = models.tensor_parallel_mesh(s, self.world_size, device) if self.sharded else None
         self.tp = models.place_policy(s, self.policy, self.sharded, mesh)
-        self.ref, self.teachers = models.load_frozen(s, kwargs, self.sharded, self.rank, mesh)
+        self.ref, self.teachers, self.teacher_tps = models.load_frozen(s, kwargs, self.sharded, self.rank, mesh,
+                                                                       self.world_size)
         self.optimizer, self.scheduler = models.optimizer_of(self.policy, s)
         if s.critic is not None:
             self.critic, self.critic_optimizer, self.critic_scheduler = models.load_critic(
                 s, kwargs, self.tokenizer, self.sharded, mesh)
         if s.sequence_parallel > 1 and self.sharded:  # after the rollout's copy was made: it samples whole rows
             self.sp = models.sequence_parallel(s.sequence_parallel, self.rank, self.world_size,
-                                               (self.policy, self.ref, self.critic, *self.teachers.values()),
+                                               (self.policy, self.ref, self.critic, *self.teachers_of_sp()),
                                                s.tensor_parallel)
         self.rollout = make_rollout(s, self.policy, copy, eos, self.tokenizer.pad_token_id, self.rank, self.sharded)
         if pushed_at_start(s, self.rollout.history):
@@ -140,13 +142,31 @@ class Worker:
     def compute_log_probs(self, batch, which: str = "policy", teacher: str | None = None) -> torch.Tensor:
         """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher (of key
         `teacher` when there are several)."""
+        if which == "teacher":
+            return passes.over_teacher_group(self.spec, batch, self.teacher_parallel(teacher)[1],
+                                             self.tokenizer.pad_token_id, lambda rows: (passes.log_probs(
+                                                 self.spec, rows, which, teacher, self.policy, self.ref, self.teachers,
+                                                 *self.teacher_parallel(teacher)),))[0]
         return passes.log_probs(self.spec, batch, which, teacher, self.policy, self.ref, self.teachers, self.sp,
                                 self.tp)
 
     def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
         """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
         likeliest tokens' log-probs [N, R, k] and ids [N, R, k])."""
-        return passes.teacher_topk(self.spec, batch, k, teacher, self.teachers, self.sp, self.tp)
+        return passes.over_teacher_group(self.spec, batch, self.teacher_parallel(teacher)[1],
+                                         self.tokenizer.pad_token_id, lambda rows: passes.teacher_topk(
+                                             self.spec, rows, k, teacher, self.teachers,
+                                             *self.teacher_parallel(teacher)))
+
+    def teacher_parallel(self, teacher: str | None):
+        """-> (the sequence-parallel group, the TensorParallel) teacher `teacher`'s passes run with: the policy's,
+        or with a TP size of its own no Ulysses (it runs whole sequences) and its own TP group."""
+        t = passes.teacher_spec(self.spec, teacher)
+        return (None if models.own_tensor_parallel(self.spec, t) else self.sp), self.teacher_tps.get(t.key)
+
+    def teachers_of_sp(self) -> list:
+        """The teachers that take the policy's sequence-parallel passes (not those split by a TP size of their own)."""
+        return [self.teachers[t.key] for t in self.spec.teachers if not models.own_tensor_parallel(self.spec, t)]
 
     def compute_values(self, batch) -> torch.Tensor:
         """-> the critic's values [N, R] of batch's response positions."""

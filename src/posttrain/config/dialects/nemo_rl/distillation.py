@@ -24,7 +24,8 @@ from posttrain.text.lines import clipped
 TEACHER = "teacher"  # the name of the one teacher in distillation.teacher_models
 LOSS = "distillation.distillation_loss."
 # teacher.* keys read (the rest is the teacher's copy of the policy's training and generation settings)
-TEACHER_KEYS = ("model_name", "tokenizer.name", "precision", "logprob_batch_size", "dtensor_cfg.cpu_offload")
+TEACHER_KEYS = ("model_name", "tokenizer.name", "precision", "logprob_batch_size", "dtensor_cfg.cpu_offload",
+                "dtensor_cfg.tensor_parallel_size")
 
 
 def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, str], dict]) -> dict[str, Any]:
@@ -80,5 +81,8 @@ def _teacher(teacher: dict, policy_out: dict, origin: str) -> dict[str, Any]:
         out["distillation.log_prob_micro_batch_size"] = flat["logprob_batch_size"]
     if flat.get("dtensor_cfg.cpu_offload"):
         out["distillation.param_offload"] = True
+    size = flat.get("dtensor_cfg.tensor_parallel_size")  # a large teacher split wider than its student
+    if size is not None and size != policy_out.get("actor.tensor_parallel_size", 1):
+        out["distillation.tensor_parallel_size"] = size
     return out
 

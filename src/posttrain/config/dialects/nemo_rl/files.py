@@ -33,7 +33,7 @@ from posttrain.text.lines import clipped
 _ABSENT = object()
 # posttrain's distillation.* keys (config/schema_distill.py): the section NeMo-RL's layout also names
 OWN_DISTILLATION = ("enabled", "teacher_models", "teacher_key", "n_gpus_per_node", "nnodes", "param_offload",
-                    "log_prob_micro_batch_size", "distillation_loss")
+                    "log_prob_micro_batch_size", "distillation_loss", "tensor_parallel_size")
 
 
 # ---------------------------------------------------------------- reading the files
