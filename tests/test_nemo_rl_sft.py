@@ -85,11 +85,9 @@ def test_sft_openmathinstruct2_loads_with_its_rows_given_and_refuses_what_posttr
                                           r"OpenMathInstruct-2 as RL rows.*data\.train_files=.*problem and "
                                           r"generated_solution"):
         load_config(path, ["policy.tokenizer.name=null"], command="sft")
-    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=4 .*set it to 1"):
-        load_config(path, ["policy.tokenizer.name=null", "data.train_files=/d/omi.parquet"], command="sft")
-    cfg = load_config(path, ["policy.tokenizer.name=null", "policy.dtensor_cfg.tensor_parallel_size=1",
-                             "data.train_files=/d/omi.parquet"], command="sft")
+    cfg = load_config(path, ["policy.tokenizer.name=null", "data.train_files=/d/omi.parquet"], command="sft")
     d, a, t = cfg.data, cfg.actor, cfg.trainer
+    assert a.tensor_parallel_size == 4  # policy.dtensor_cfg.tensor_parallel_size: each layer split over 4 workers
     assert (d.train_files, d.val_files, d.prompt_key, d.response_key) == \
            (["/d/omi.parquet"], None, "problem", "generated_solution")  # its output_key
     assert (d.val_split_size, d.seed, d.prompt_file) == (0.05, 42, "examples/prompts/math.txt")

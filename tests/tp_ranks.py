@@ -162,3 +162,42 @@ def update_rank(rank: int, world: int, tp_size: int, family: str = "tiny", devic
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     metrics = update_policy(model, optimizer, batch, s, mini_totals=totals, world_size=dp_size, tp=tp)
     return metrics, {k: v.cpu() for k, v in whole(model).items()}, local_bytes(model), whole_bytes
+
+
+def sft_case():
+    """The embedded tiny model and a supervised batch as data.sft.collate makes one: 6 right-padded rows of 4 to 11
+    tokens (vocabulary 259), labels -100 on each row's prompt (its first 3 tokens) and on the padding."""
+    from posttrain.models import shipped
+    from posttrain.models.loader import load_model
+
+    g = torch.Generator().manual_seed(5)
+    lengths = [11, 4, 9, 7, 10, 6]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n], mask[i, :n] = torch.randint(3, 259, (n,), generator=g), 1
+    labels = torch.where(mask.bool(), ids, -100)
+    labels[:, :3] = -100
+    return load_model(shipped.embedded_model()), {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_settings():
+    from posttrain.training.sft import SFTSettings
+
+    return SFTSettings(micro_batch_size=2, grad_clip=0.5)  # three micro-batches; the clip acts
+
+
+def sft_rank(rank: int, world: int, tp_size: int):
+    """One sft_update (SGD) of sft_case's model split over TP groups of `tp_size` (every rank the whole batch),
+    then nll_of of the batch: -> (the update's metrics, the validation (sum, tokens), the whole weights after it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.training.sft import nll_of, sft_update
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+
+    model, batch = sft_case()
+    mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    tp = apply_tensor_parallel(model, mesh["tp"])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    metrics = sft_update(model, optimizer, batch, sft_settings(), world_size=world // tp_size, tp=tp)
+    return metrics, nll_of(model, batch, sft_settings(), tp=tp), whole(model)
