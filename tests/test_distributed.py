@@ -349,20 +349,27 @@ def test_a_tp_2_run_killed_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, da
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("variant", ["plain", "ulysses"])
+@pytest.mark.parametrize("variant", ["plain", "ulysses", "tensor-parallel"])
 def test_sft_on_two_workers_equals_one_process(cluster, tiny_model_dir, tmp_path, variant):
     """posttrain sft on two FSDP2 workers (each an equal share of every batch, micro-batches of 2, a validation
-    set of 3 rows: one worker gets a filler row; with Ulysses both take every row, each half of its positions):
-    the same losses and weights as one process."""
+    set of 3 rows: one worker gets a filler row; with Ulysses both take every row, each half of its positions;
+    at TP=2 both take every row, each half of every layer and of the vocabulary): the same losses and weights
+    as one process."""
     from posttrain.driver.build_sft import build_sft_run
     from posttrain.driver.sft import train_sft
 
+    lr = ()
+    if variant == "tensor-parallel":  # 4 heads, 2 of keys and values (tiny_model_dir's 1 does not split)
+        from posttrain.models.shipped import embedded_model
+
+        tiny_model_dir, lr = embedded_model(), ("optim.lr=3e-4",)  # trained already: 3e-3 undoes it
     train_rows = write_sft(tmp_path / "train.parquet", [(a, b) for a in range(10, 18) for b in (20, 31)])
     val_rows = write_sft(tmp_path / "val.parquet", [(40, 2), (51, 7), (63, 9)])
     two = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=3",
-           f"actor.ulysses_sequence_parallel_size={2 if variant == 'ulysses' else 1}")
+           f"actor.ulysses_sequence_parallel_size={2 if variant == 'ulysses' else 1}",
+           f"actor.tensor_parallel_size={2 if variant == 'tensor-parallel' else 1}", *lr)
     one = train_sft(build_sft_run(load_config(None, sft_overrides(
-        tiny_model_dir, train_rows, val_rows, tmp_path / "one", 3, "trainer.save_freq=3"), command="sft")))
+        tiny_model_dir, train_rows, val_rows, tmp_path / "one", 3, "trainer.save_freq=3", *lr), command="sft")))
     both = train_sft(build_sft_run(load_config(None, sft_overrides(
         tiny_model_dir, train_rows, val_rows, tmp_path / "two", 3, *two), command="sft")))
     assert both["val_before"] == pytest.approx(one["val_before"], rel=1e-5)

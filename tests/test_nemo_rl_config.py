@@ -46,7 +46,8 @@ EXAMPLE_OUTCOMES = {
     "ppo_math_1B": LOADS, "ppo_math_1B_megatron": "value.megatron_cfg.enabled",
     "sft": "data.train.dataset_name", "sft_avlm": "data.train.dataset_name",  # Hub sets: give data.train_files
     "sft_vlm_3B": "data.train.dataset_name",
-    "sft_openmathinstruct2": "policy.tokenizer.name", "sft_openmathinstruct2_megatron": "policy.tokenizer.name",
+    # OpenMathInstruct-2 as SFT rows (its generated_solution): give data.train_files
+    "sft_openmathinstruct2": "data.train.dataset_name", "sft_openmathinstruct2_megatron": "data.train.dataset_name",
     "dpo": "dpo", "rm": "rm",
     "distillation_math": LOADS,  # tensor parallel 2 x context parallel (Ulysses) 2
     "distillation_math_megatron": SWITCHED,

@@ -78,18 +78,19 @@ def test_nemo_rl_sft_overrides_alone_keep_posttrain_sfts_schedule():
 
 def test_sft_openmathinstruct2_loads_with_its_rows_given_and_refuses_what_posttrain_cannot_honour(tmp_path):
     path = example(tmp_path, "sft_openmathinstruct2")
-    with pytest.raises(ConfigError, match=r"^policy\.tokenizer\.name=meta-llama/Llama-3\.1-8B-Instruct .*own "
-                                          r"tokenizer"):
-        load_config(path, command="sft")
     with pytest.raises(ConfigError, match=r"^data\.train\.dataset_name=OpenMathInstruct-2 .*posttrain prepares "
                                           r"OpenMathInstruct-2 as RL rows.*data\.train_files=.*problem and "
                                           r"generated_solution"):
-        load_config(path, ["policy.tokenizer.name=null"], command="sft")
-    with pytest.raises(ConfigError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=4 .*set it to 1"):
-        load_config(path, ["policy.tokenizer.name=null", "data.train_files=/d/omi.parquet"], command="sft")
-    cfg = load_config(path, ["policy.tokenizer.name=null", "policy.dtensor_cfg.tensor_parallel_size=1",
-                             "data.train_files=/d/omi.parquet"], command="sft")
+        load_config(path, command="sft")
+    cfg = load_config(path, ["data.train_files=/d/omi.parquet"], command="sft")
     d, a, t = cfg.data, cfg.actor, cfg.trainer
+    # the base model with its instruct model's tokenizer (policy.tokenizer.name)
+    assert (cfg.model.path, cfg.model.tokenizer_path) == ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct")
+    assert load_config(path, ["data.train_files=/d/omi.parquet", "policy.tokenizer.name=null"],
+                       command="sft").model.tokenizer_path is None
+    assert load_config(path, ["data.train_files=/d/omi.parquet", "policy.tokenizer.name=${policy.model_name}"],
+                       command="sft").model.tokenizer_path is None  # the model's own
+    assert a.tensor_parallel_size == 4  # policy.dtensor_cfg.tensor_parallel_size: each layer split over 4 workers
     assert (d.train_files, d.val_files, d.prompt_key, d.response_key) == \
            (["/d/omi.parquet"], None, "problem", "generated_solution")  # its output_key
     assert (d.val_split_size, d.seed, d.prompt_file) == (0.05, 42, "examples/prompts/math.txt")
@@ -104,7 +105,7 @@ def test_the_megatron_sft_file_is_refused_naming_the_key_and_loads_with_the_fsdp
     with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.enabled=true .*policy\.megatron_cfg\.enabled="
                                           r"false policy\.dtensor_cfg\.enabled=true"):
         load_config(path, command="sft")
-    cfg = load_config(path, [*FSDP2, "policy.tokenizer.name=null", "policy.dtensor_cfg.tensor_parallel_size=1",
+    cfg = load_config(path, [*FSDP2, "policy.dtensor_cfg.tensor_parallel_size=1",
                              "data.train_files=/d/omi.parquet"], command="sft")
     assert cfg.actor.use_dynamic_bsz and cfg.actor.ppo_max_token_len_per_gpu == 4096  # sequence_packing: a budget
     assert (cfg.actor.lr, cfg.trainer.nnodes) == (2e-5, 2)

@@ -272,3 +272,34 @@ def test_lora_sft_trains_adapters_that_export_merged(tmp_path, sft_data, tiny_mo
     base, merged = load_file(tiny_model_dir / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert base.keys() == merged.keys()
     assert any(not torch.equal(base[k], merged[k]) for k in base if "proj" in k)  # the adapters merged in
+
+
+def test_a_tokenizer_given_apart_from_the_model_trains_and_goes_with_the_checkpoint(tmp_path, sft_data):
+    """model.tokenizer_path: a model directory without tokenizer files (the embedded model's weights) trains with
+    another directory's tokenizer (its chat template changed here), which the checkpoint and its export hold; a
+    model directory without one, or a tokenizer directory that is not there, is named with the key to set."""
+    from posttrain.errors import ModelError
+    from posttrain.models import load_tokenizer, shipped
+
+    weights, tokenizer_dir = tmp_path / "weights", tmp_path / "tokenizer"
+    weights.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (weights / name).write_bytes((shipped.embedded_model() / name).read_bytes())
+    tokenizer = load_tokenizer(shipped.embedded_model())
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tokenizer.save_pretrained(tokenizer_dir)
+    with pytest.raises(ModelError, match=r"has no tokenizer files .*model\.tokenizer_path"):
+        run_sft(sft_overrides(weights, *sft_data, tmp_path / "none", 1))
+    with pytest.raises(ModelError, match=r"^model\.tokenizer_path=\S*nope: no such directory"):
+        run_sft(sft_overrides(weights, *sft_data, tmp_path / "nope", 1, f"model.tokenizer_path={tmp_path / 'nope'}"))
+    run = build_sft_run(load_config(None, sft_overrides(weights, *sft_data, tmp_path / "run", 2, "optim.lr=1e-4",
+                                                        f"model.tokenizer_path={tokenizer_dir}"), command="sft"))
+    assert run.tokenizer.decode(run.train_data[0].input_ids).startswith("user: ")  # rendered with its template
+    assert train_sft(run)["steps"] == 2
+    saved = tmp_path / "run" / "checkpoints" / "global_step_2" / "actor"
+    assert load_tokenizer(saved).chat_template == tokenizer.chat_template
+    out = tmp_path / "hf"
+    assert main(["export", str(saved.parent), "--output", str(out)]) == 0
+    assert load_tokenizer(out).chat_template == tokenizer.chat_template
+    assert load_tokenizer(out).get_vocab() == tokenizer.get_vocab()
+    assert load_config(None, ["actor_rollout_ref.model.tokenizer_path=/t"]).model.tokenizer_path == "/t"  # verl's

@@ -7,7 +7,8 @@ from transformers import Qwen2Config
 
 from posttrain.training.tensor_parallel import check_plan, vocab_share
 
-from tp_ranks import plan_errors, plan_rank, spawn, stats_case, teacher_group_rank, topk_pass_rank, topk_pass_rank, stats_rank, tiny_case, topk_rank, update_rank, update_settings
+from tp_ranks import (plan_errors, plan_rank, sft_case, sft_rank, sft_settings, spawn, stats_case, stats_rank,
+                      teacher_group_rank, tiny_case, topk_pass_rank, topk_rank, update_rank, update_settings)
 
 
 def test_the_vocabulary_is_shared_as_torch_chunk_shares_it():
@@ -134,6 +135,45 @@ def four_ranks():
     return spawn(update_rank, 4, 2, [("tiny", {}), ("tiny", {"ulysses": 2}), ("qwen3", {"ulysses": 2})])
 
 
+def test_an_sft_update_and_its_validation_loss_at_tp_2_equal_one_process():
+    """posttrain sft's update (training/sft.py) of the tiny model at TP=2 in 2 ranks: -log p of the labels from each
+    rank's vocabulary columns (prompt and padding labels -100), three micro-batches, the gradient clipped over
+    the split and whole parameters: the loss, gradient norm and weights after SGD, and the validation loss after
+    it, are one process's."""
+    from posttrain.training.sft import nll_of, sft_update
+
+    torch.set_num_threads(1)
+    model, batch = sft_case()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    want = sft_update(model, optimizer, batch, sft_settings())
+    want_nll = nll_of(model, batch, sft_settings())
+    assert want["train/grad_norm"] > sft_settings().grad_clip  # the clip acts
+    for metrics, nll, got in [case for rank in spawn(sft_rank, 2, 2, [{}, {"fused": True}]) for case in rank]:
+        for key in ("train/loss", "train/grad_norm", "train/learned_tokens", "train/nonfinite_updates"):
+            assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert nll[1] == want_nll[1] and nll[0] == pytest.approx(want_nll[0], rel=1e-5)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_sft_update_under_ulysses_2_by_tp_2_equals_one_process():
+    """posttrain sft at TP=2 beside Ulysses 2 (4 ranks, each TP pair's positions split over a Ulysses pair, FSDP2
+    over it): the loss, gradient norm, validation loss and weights are one process's."""
+    from posttrain.training.sft import nll_of, sft_update
+
+    torch.set_num_threads(1)
+    model, batch = sft_case()
+    want = sft_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, sft_settings())
+    want_nll = nll_of(model, batch, sft_settings())
+    for [(metrics, nll, got)] in spawn(sft_rank, 4, 2, [{"ulysses": 2}]):
+        for key in ("train/loss", "train/grad_norm", "train/learned_tokens"):
+            assert metrics[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert nll[1] == want_nll[1] and nll[0] == pytest.approx(want_nll[0], rel=1e-5)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_data_parallel_2_by_tp_2_in_four_ranks_equals_one_process(four_ranks):
     """A 2 x 2 mesh: FSDP2 over the data-parallel pair, TP=2 within each; each data-parallel rank its half of every
@@ -209,7 +249,7 @@ def test_a_plan_of_the_users_own_is_checked():
                        "install it, or put its directory on PYTHONPATH")
 
 
-@pytest.mark.parametrize("extra, message", [
+REFUSED = [
     (["trainer.n_gpus_per_node=3"], r"actor.tensor_parallel_size=2 must divide the 3 workers"),
     (["actor.ulysses_sequence_parallel_size=2"], r"actor.tensor_parallel_size=2 x actor.ulysses_sequence_parallel_"
                                                  r"size=2 must divide the 2 workers"),
@@ -223,13 +263,22 @@ def test_a_plan_of_the_users_own_is_checked():
     (["model.lora_rank=4"], r"with LoRA \(model.lora_rank\): not supported together yet"),
     (["actor.sequence_parallel=true", "actor.tensor_parallel_plan=my.plan"],
      r"^actor.sequence_parallel=true with actor.tensor_parallel_plan=my.plan: the plan decides every layout"),
-])
-def test_what_does_not_combine_with_tensor_parallelism_is_refused_in_one_line(extra, message):
+]
+
+
+# sft has no teachers: the distillation cases are train's
+@pytest.mark.parametrize("command, extra, message", [(c, e, m) for c in ("train", "sft") for e, m in REFUSED
+                                                     if c == "train" or not e[0].startswith("distillation.")])
+def test_what_does_not_combine_with_tensor_parallelism_is_refused_in_one_line(command, extra, message):
+    """posttrain train's and posttrain sft's configs load at TP=2 and refuse the same things in one line."""
     from posttrain.config import load_config
     from posttrain.errors import ConfigError
 
-    base = ["actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2", "rollout.n=2", "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=2"]
-    assert load_config(None, base).actor.tensor_parallel_size == 2
-    with pytest.raises(ConfigError, match=message):
-        load_config(None, [*base, *extra])
+    base = ["actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2", "data.train_batch_size=4",
+            "actor.ppo_micro_batch_size=2"]
+    if command == "train":
+        base += ["rollout.n=2", "actor.ppo_mini_batch_size=4"]
+    assert load_config(None, base, command=command).actor.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_config(None, [*base, *extra], command=command)
+    assert "\n" not in str(refused.value)

@@ -117,3 +117,16 @@ def test_asynchronous_training_with_in_flight_updates_takes_images(tmp_path):
                "reward.num_workers=0"], cwd=tmp_path)
     steps = [m for m in read_metrics(run_dir) if "actor/pg_loss" in m]
     assert len(steps) == 2 and all(np.isfinite(m["actor/pg_loss"]) for m in steps)
+
+
+def test_a_tokenizer_apart_from_a_vision_language_models_processor_is_refused(tmp_path):
+    """model.tokenizer_path with a vision-language model: its processor holds the tokenizer, so it is refused in
+    one line naming the key."""
+    from posttrain.config import load_config
+    from posttrain.driver.build import build_run
+    from posttrain.errors import ConfigError
+
+    model_dir = build_vlm_dir(tmp_path / "model", "qwen2_5_vl", seed=2)
+    with pytest.raises(ConfigError, match=r"^model\.tokenizer_path=\S+ with a vision-language model: its processor"):
+        build_run(load_config(None, [f"model.path={model_dir}", f"model.tokenizer_path={model_dir}",
+                                     f"trainer.run_dir={tmp_path / 'run'}", "trainer.logger=[]"]))

@@ -292,3 +292,55 @@ def plan_rank(rank: int, world: int) -> list:
     finally:
         mb._group_device = group
     return agreed, alone
+
+
+def sft_case():
+    """The embedded tiny model and a supervised batch as data.sft.collate makes one: 6 right-padded rows of 4 to 11
+    tokens (vocabulary 259), labels -100 on each row's prompt (its first 3 tokens) and on the padding."""
+    from posttrain.models import shipped
+    from posttrain.models.loader import load_model
+
+    g = torch.Generator().manual_seed(5)
+    lengths = [11, 4, 9, 7, 10, 6]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n], mask[i, :n] = torch.randint(3, 259, (n,), generator=g), 1
+    labels = torch.where(mask.bool(), ids, -100)
+    labels[:, :3] = -100
+    return load_model(shipped.embedded_model()), {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_settings():
+    from posttrain.training.sft import SFTSettings
+
+    return SFTSettings(micro_batch_size=2, grad_clip=0.5)  # three micro-batches; the clip acts
+
+
+def sft_rank(rank: int, world: int, tp_size: int, cases=({},)) -> list:
+    """For each options of `cases` (fused: the fused path; ulysses: groups of that many TP groups split the
+    positions, FSDP2 over them): one sft_update (SGD) of sft_case's model split over TP groups of `tp_size`
+    (every rank the whole batch), then nll_of of the batch: -> [(the update's metrics, the validation (sum,
+    tokens), the whole weights after it)]."""
+    from dataclasses import replace
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from posttrain.training.parallelize import parallelize
+    from posttrain.training.sft import nll_of, sft_update
+    from posttrain.training.tensor_parallel import apply_tensor_parallel
+    from posttrain.worker.models import sequence_parallel as sequence_parallel_group
+
+    out = []
+    for options in cases:
+        model, batch = sft_case()
+        ulysses, settings = options.get("ulysses", 1), replace(sft_settings(), fused=options.get("fused", False))
+        mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+        tp = apply_tensor_parallel(model, mesh["tp"])
+        sp = sequence_parallel_group(ulysses, rank, world, [model], tp_size) if ulysses > 1 else None
+        if world // tp_size > 1:
+            parallelize(model, mesh["dp"])
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        metrics = sft_update(model, optimizer, batch, settings, world_size=world // tp_size, sp=sp, tp=tp)
+        out.append((metrics, nll_of(model, batch, settings, sp=sp, tp=tp), whole(model)))
+    return out

@@ -29,14 +29,16 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"global_step_{step}"
 
 
-def static_model_files(model_dir: str | Path, tokenizer) -> dict[str, bytes]:
+def static_model_files(model_dir: str | Path, tokenizer, apart: bool = False) -> dict[str, bytes]:
     """The model directory's files that do not change while training
-    (config.json, generation_config.json, remote code, tokenizer files, a vision-language model's processor
-    files), as bytes."""
+    (config.json, generation_config.json, remote code, a vision-language model's processor files) and the run's
+    tokenizer's files, as bytes. `apart`: the tokenizer was given apart (model.tokenizer_path), so the model
+    directory's chat template files are not its."""
     src = Path(model_dir)
+    own = ("config.json", "generation_config.json", *(f for f in PROCESSOR_FILES
+                                                      if not (apart and f.startswith("chat_template"))))
     files = {p.name: p.read_bytes() for p in src.iterdir()
-             if p.is_file() and (p.name in ("config.json", "generation_config.json", *PROCESSOR_FILES)
-                                 or p.suffix == ".py")}
+             if p.is_file() and (p.name in own or p.suffix == ".py")}
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         files.update({p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()})

@@ -69,6 +69,9 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # None: the embedded tiny model
+    # the directory of the tokenizer's files when they are not the model's (verl's model.tokenizer_path, NeMo-RL's
+    # policy.tokenizer.name); None: the model directory's own. Checkpoints and exports hold this tokenizer
+    tokenizer_path: Optional[str] = None
     dtype: str = "float32"
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False

@@ -12,7 +12,7 @@ from typing import Sequence
 from posttrain.config.checks import need, positive, positive_or_null
 from posttrain.config.schema import Config, data_parallel_groups
 from posttrain.config.validate import (validate_actor, validate_data, validate_model, validate_sequence_parallel,
-                                       validate_trainer, warn_unused)
+                                       validate_tensor_parallel, validate_trainer, warn_unused)
 
 # what a supervised run has no use for: the rollout, rewards, advantages, the critic, the reference, the teachers,
 # the RL loss's knobs, the sampled completions' logs (a run that sets them is told, in one line; `posttrain sft
@@ -46,8 +46,7 @@ def validate_sft(cfg: Config, given: set[str], unused: Sequence[str] = ()) -> No
     positive(cfg, "data.max_length")
     positive_or_null(cfg, "data.train_max_samples")
     validate_sequence_parallel(cfg)  # the group's workers take the same rows, each 1/P of their positions
-    need(cfg.actor.tensor_parallel_size == 1, f"actor.tensor_parallel_size={cfg.actor.tensor_parallel_size}: "
-         "posttrain sft does not split layers yet; set it to 1 (FSDP2 shards the model over the workers)")
+    validate_tensor_parallel(cfg)  # the group's workers take the same rows, each its share of every layer
     groups = data_parallel_groups(cfg)
     need(d.train_batch_size % groups == 0, f"data.train_batch_size={d.train_batch_size} rows must divide evenly "
           f"over the {groups} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple")

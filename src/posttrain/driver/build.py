@@ -19,7 +19,7 @@ import torch
 from posttrain.algorithms import make_kl_controller
 from posttrain.algorithms.distill import TOPK_MODES
 from posttrain.driver.ahead import RolloutsAhead
-from posttrain.driver.build_data import data_files, load_datasets, model_dir_of
+from posttrain.driver.build_data import data_files, load_datasets, model_dir_of, tokenizer_of
 from posttrain.checkpoint import CheckpointWriter, find_checkpoint, static_model_files
 from posttrain.checkpoint.run_dir import check_start, open_run_dir, resume, resumed_model_dirs
 from posttrain.config import config_to_dict, config_to_yaml
@@ -207,7 +207,7 @@ def checkpoint_writer(cfg, run_dir: Path, remote, model_dir: str, tokenizer) -> 
     tr = cfg.trainer
     config_yaml = config_to_yaml(redact_mapping(config_to_dict(cfg)))
     writer = CheckpointWriter(
-        run_dir, static_model_files(model_dir, tokenizer), config_yaml, async_save=tr.async_save,
+        run_dir, static_model_files(model_dir, tokenizer, cfg.model.tokenizer_path is not None), config_yaml, async_save=tr.async_save,
         max_to_keep=tr.max_ckpt_to_keep, keep_top_k=tr.keep_top_k, metric=tr.keep_top_k_metric,
         mode=tr.keep_top_k_mode, remote=remote)
     return writer, config_yaml
@@ -229,8 +229,10 @@ def build_run(cfg) -> Run:
         refused = vllm_vision_family(model_dir)
         if refused:
             raise ConfigError(f"model.path '{model_dir}': {refused}")
-    tokenizer = (processor.tokenizer if processor is not None
-                 else load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code))
+    if processor is not None and cfg.model.tokenizer_path is not None:
+        raise ConfigError(f"model.tokenizer_path={cfg.model.tokenizer_path} with a vision-language model: its "
+                          "processor holds the tokenizer; put the tokenizer's files in its directory and set it null")
+    tokenizer = processor.tokenizer if processor is not None else tokenizer_of(cfg, model_dir)
     if cfg.distillation.enabled:
         check_teacher(cfg, tokenizer)
     tools, multi_turn = make_tools(cfg, model_dir, tokenizer)

@@ -34,6 +34,15 @@ def model_dir_of(cfg) -> str:
     return cfg.model.path or str(ensure_tiny_model())
 
 
+def tokenizer_of(cfg, model_dir: str):
+    """The run's tokenizer: model.tokenizer_path's (a directory of the tokenizer's files), else the model
+    directory's own."""
+    from posttrain.models import load_tokenizer
+
+    apart = cfg.model.tokenizer_path
+    return load_tokenizer(apart or model_dir, trust_remote_code=cfg.model.trust_remote_code, apart=apart is not None)
+
+
 def data_files(cfg) -> tuple[list[str], list[str] | None]:
     """The run's train and validation files, resolved once: data.train_files, else data.dataset_name's file
     (data.named.resolve), else the embedded arith task; data.val_files, else data.val_dataset_name's file, else

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from posttrain.driver.build import checkpoint_writer, start_run, training_steps
-from posttrain.driver.build_data import data_files, hold_out
+from posttrain.driver.build_data import data_files, hold_out, tokenizer_of
 from posttrain.driver.placement import (
     connect_cluster, flop_model, make_actor, make_profiler, peak_flops_of, worker_device,
 )
@@ -15,7 +15,6 @@ from posttrain.checkpoint.run_dir import resume, resumed_model_dirs
 from posttrain.data.dataset import PromptSampler
 from posttrain.data.prompts import read_templates
 from posttrain.data.sft import SFTDataSettings, chat_template_text, load_examples
-from posttrain.models import load_tokenizer
 from posttrain.driver.sft import SFTRun
 from posttrain.driver.settings import lora_settings, worker_spec
 from posttrain.training.sft import SFTSettings
@@ -59,7 +58,7 @@ def build_sft_run(cfg) -> SFTRun:
     checkpoint when trainer.resume_mode finds one."""
     tr = cfg.trainer
     run_dir, remote, resume_from, model_dir, distributed = start_run(cfg)
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    tokenizer = tokenizer_of(cfg, model_dir)
     if cfg.data.custom_chat_template is not None:  # the rows' rendering, and the checkpoints' tokenizer
         tokenizer.chat_template = chat_template_text(cfg.data.custom_chat_template)
     train, val = load_sft_data(cfg, tokenizer)

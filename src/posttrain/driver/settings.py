@@ -34,7 +34,8 @@ def worker_spec(cfg, model_dir: str, policy_dir: str | None, device: str, total_
     if estimator(cfg.algorithm.adv_estimator).needs_critic:
         critic = critic_spec(cfg, critic_dir or cfg.critic.model.path or model_dir, total_steps)
     return WorkerSpec(
-        model_dir=model_dir, policy_dir=policy_dir, update=update_settings(cfg), dtype=cfg.model.dtype,
+        model_dir=model_dir, policy_dir=policy_dir, tokenizer_dir=cfg.model.tokenizer_path, update=update_settings(cfg),
+        dtype=cfg.model.dtype,
         trust_remote_code=cfg.model.trust_remote_code, gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         small_attention=cfg.model.small_attention, reuse_cpu_memory=cfg.trainer.reuse_cpu_memory, device=device, lr=a.lr,
         param_offload=a.param_offload, optimizer_offload=a.optimizer_offload,

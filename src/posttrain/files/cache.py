@@ -45,8 +45,13 @@ def directory_digest(path: str | Path) -> str:
     return outer.hexdigest()
 
 
-def check_model_dir(path: str | Path, fix: str = _FIX) -> Path:
-    """Fail early, with the fix (`fix`: which key to point where), on a directory that cannot hold a model."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_FIX = "point model.tokenizer_path at the directory of the tokenizer's files, or null for the model's own"
+
+
+def check_model_dir(path: str | Path, fix: str = _FIX, tokenizer: bool = True) -> Path:
+    """Fail early, with the fix (`fix`: which key to point where), on a directory that cannot hold a model
+    (`tokenizer`: with its tokenizer's files; false: the tokenizer is given apart, model.tokenizer_path)."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"model directory '{p}' does not exist; {fix}")
@@ -59,6 +64,19 @@ def check_model_dir(path: str | Path, fix: str = _FIX) -> Path:
         hint = (" (it has only pickled .bin weights, which posttrain does not unpickle: "
                 "convert them to safetensors)") if pickled else ""
         raise ModelError(f"model directory '{p}' has no safetensors weights{hint}; {fix}")
-    if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
-        raise ModelError(f"model directory '{p}' has no tokenizer files (tokenizer.json / tokenizer_config.json); {fix}")
+    if tokenizer and not any((p / f).exists() for f in TOKENIZER_FILES):
+        raise ModelError(f"model directory '{p}' has no tokenizer files (tokenizer.json / tokenizer_config.json); {fix}"
+                         + (" (or give the tokenizer's directory as model.tokenizer_path)" if fix == _FIX else ""))
+    return p
+
+
+def check_tokenizer_dir(path: str | Path) -> Path:
+    """Fail early, naming model.tokenizer_path, on a directory given for the tokenizer that holds none."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelError(f"model.tokenizer_path={p}: {'no such directory' if not p.exists() else 'not a directory'}; "
+                         f"{TOKENIZER_FIX}")
+    if not any((p / f).exists() for f in TOKENIZER_FILES):
+        raise ModelError(f"model.tokenizer_path={p}: no tokenizer files there (tokenizer.json / "
+                         f"tokenizer_config.json); {TOKENIZER_FIX}")
     return p

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from posttrain.errors import ModelError
-from posttrain.files.cache import check_model_dir
+from posttrain.files.cache import check_model_dir, check_tokenizer_dir
 from posttrain.models.attention import use_grouped_attention
 from posttrain.models.processor import is_vision_dir, load_vision_model, load_vision_value_model
 from posttrain.text.lines import one_line
@@ -15,11 +15,12 @@ from posttrain.text.lines import one_line
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """AutoTokenizer from `path`, with a pad token (the EOS when none is set)."""
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, apart: bool = False):
+    """AutoTokenizer from `path`, a model directory (`apart`: a directory given as model.tokenizer_path, which needs
+    only the tokenizer's files), with a pad token (the EOS when none is set)."""
     from transformers import AutoTokenizer
 
-    p = check_model_dir(path)
+    p = check_tokenizer_dir(path) if apart else check_model_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many kinds here
@@ -35,7 +36,7 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
     CPU attentions as grouped matmuls (models/attention.py)."""
     from transformers import AutoModelForCausalLM
 
-    p = check_model_dir(path)
+    p = check_model_dir(path, tokenizer=False)  # the tokenizer may be given apart (model.tokenizer_path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     if is_vision_dir(p):  # a vision-language model: its image-text-to-text class
@@ -59,7 +60,7 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     scratch unless `path` is a saved critic). -> model whose `.logits` are [B, L, 1]."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    p = check_model_dir(path)
+    p = check_model_dir(path, tokenizer=False)  # the tokenizer may be given apart (model.tokenizer_path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     if is_vision_dir(p):  # a vision-language model: its body, the output layer replaced by the value head

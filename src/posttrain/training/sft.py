@@ -17,6 +17,7 @@ same float operations as `model(input_ids, attention_mask, labels=labels).loss.b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from posttrain.training.tally import all_finite
 from posttrain.training.fused import stats_head
 from posttrain.training.logprobs import compute_device
 from posttrain.training.microbatch import spans
+from posttrain.training.tensor_parallel import clip_grad_norm, vocab_parallel_stats
 
 IGNORE = -100
 
@@ -45,34 +47,42 @@ def learned_tokens(batch: dict) -> int:
     return int((batch["labels"][:, 1:] != IGNORE).sum())
 
 
-def nll_sum(model, batch: dict, device, fused: bool = False, sp=None) -> torch.Tensor:
+def nll_sum(model, batch: dict, device, fused: bool = False, sp=None, tp=None) -> torch.Tensor:
     """The summed -log p of `batch`'s learned tokens (a scalar with grad), as transformers' causal-LM loss
     computes it before its division; `fused`: from the hidden states a chunk of tokens at a time, the [b, L, V]
     logits never whole (the same sum to float rounding); `sp` (training/ulysses.py): this worker runs its 1/P
-    of the positions, the per-position losses are gathered, so every worker of the group has the whole sum."""
+    of the positions, the per-position losses are gathered, so every worker of the group has the whole sum;
+    `tp` (training/tensor_parallel.py): the logits are this rank's vocabulary columns [b, L, V/T], log p(label)
+    comes from every rank's share, and every rank of the group has the whole sum."""
     inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
     labels = F.pad(batch["labels"].to(device), (0, 1), value=IGNORE)[:, 1:]  # [b, L]: position t predicts t + 1
     if sp is not None:
-        return _sequence_parallel_nll(model, inputs, labels, sp)
+        return _sequence_parallel_nll(model, inputs, labels, sp, tp)
+    learned = labels != IGNORE
     if fused:
-        learned = labels != IGNORE
-        with stats_head(model, labels.clamp(min=0)):
+        with stats_head(model, labels.clamp(min=0), tp=tp):
             log_p = model(**inputs).logits[..., 0]  # [b, L]: log p(label), 0's on unlearned positions
+        return -(log_p * learned).sum()
+    if tp is not None:
+        log_p, _ = vocab_parallel_stats(model(**inputs).logits.float(), labels.clamp(min=0), tp)  # [b, L]
         return -(log_p * learned).sum()
     logits = model(**inputs).logits.float()  # [b, L, V]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
 
 
-def _sequence_parallel_nll(model, inputs: dict, labels: torch.Tensor, sp) -> torch.Tensor:
+def _sequence_parallel_nll(model, inputs: dict, labels: torch.Tensor, sp, tp=None) -> torch.Tensor:
     from posttrain.training import ulysses
 
     ids = inputs["input_ids"]
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # as the plain pass's default
     logits, _ = ulysses.sharded_forward(model, ids, inputs["attention_mask"], positions, sp)  # [b, L'/P, V]
     targets = ulysses.shard(ulysses.pad_positions(labels, sp.size, IGNORE), sp)  # [b, L'/P]
-    nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
-                          reduction="none").reshape(targets.shape)
+    if tp is not None:  # [b, L'/P, V/T]: this rank's positions and vocabulary columns
+        nll = -vocab_parallel_stats(logits.float(), targets.clamp(min=0), tp)[0] * (targets != IGNORE)
+    else:
+        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                              ignore_index=IGNORE, reduction="none").reshape(targets.shape)
     return ulysses.gather(nll, sp).sum()
 
 
@@ -91,13 +101,16 @@ def micro_batches(batch: dict, s: SFTSettings) -> list[dict]:
 
 
 def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int | None = None,
-               world_size: int = 1, sp=None) -> dict[str, float]:
+               world_size: int = 1, sp=None, tp=None) -> dict[str, float]:
     """One optimizer step on `batch`, gradients accumulated over its micro-batches.
 
-    Data parallel (world_size > 1, a sharded model whose gradients are averaged over the workers): `batch`
+    Data parallel (world_size > 1: the workers whose gradients FSDP2 averages, a sharded model): `batch`
     is this worker's share of the rows and `total_tokens` the whole batch's learned tokens, so each worker's
     loss is scaled by world_size and the averaged gradient is that of the whole batch's token mean. With
     sequence parallelism (`sp`) the P workers of a group hold the same rows and each its part of the gradient.
+    With tensor parallelism (`tp`) the T ranks of a group hold the same rows, each computes the whole loss and
+    the gradient of its share of each layer: world_size is then the data-parallel size (workers // T), and the
+    gradient norm is taken over the TP-split and whole parameters together.
     A step whose loss or gradient norm is not finite is skipped (the weights stay; on every worker).
     -> train/loss (the whole batch's token mean: summed over workers), train/grad_norm, train/lr,
     train/nonfinite_updates, train/learned_tokens."""
@@ -109,10 +122,12 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for mb in micro_batches(batch, s):
-        loss = nll_sum(model, mb, device, s.fused, sp) / max(total, 1)
+        loss = nll_sum(model, mb, device, s.fused, sp, tp) / max(total, 1)
         (loss * world_size if world_size > 1 else loss).backward()
         loss_sum += float(loss.detach())
-    if s.grad_clip is not None:
+    if tp is not None:  # DTensor gradients beside whole ones: each mesh's norm, then combined
+        grad_norm = float(full_value(clip_grad_norm(params, s.grad_clip if s.grad_clip is not None else math.inf)))
+    elif s.grad_clip is not None:
         grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, s.grad_clip)))
     else:
         grad_norm = float(full_value(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])))
@@ -126,11 +141,11 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
 
 
 @torch.no_grad()
-def nll_of(model, batch: dict, s: SFTSettings, sp=None) -> tuple[float, int]:
+def nll_of(model, batch: dict, s: SFTSettings, sp=None, tp=None) -> tuple[float, int]:
     """(summed -log p of the learned tokens, their count) of `batch`, for the validation loss."""
     device = compute_device(model)
     model.eval()
     total = 0.0
     for mb in micro_batches(batch, s):
-        total += float(nll_sum(model, mb, device, s.fused, sp))
+        total += float(nll_sum(model, mb, device, s.fused, sp, tp))
     return total, learned_tokens(batch)

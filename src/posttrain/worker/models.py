@@ -30,7 +30,8 @@ def load_policy(spec: WorkerSpec, kwargs: dict, rank: int):
     from posttrain.models import load_model, load_tokenizer
     from posttrain.models.loader import eos_token_ids, freeze_vision_tower
 
-    tokenizer = load_tokenizer(spec.model_dir, trust_remote_code=spec.trust_remote_code)
+    tokenizer = load_tokenizer(spec.tokenizer_dir or spec.model_dir, trust_remote_code=spec.trust_remote_code,
+                               apart=spec.tokenizer_dir is not None)
     if spec.lora is None:
         policy = load_model(spec.policy_dir or spec.model_dir, **kwargs)
     else:

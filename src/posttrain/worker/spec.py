@@ -98,6 +98,7 @@ class WorkerSpec:
     model_dir: str
     update: UpdateSettings
     policy_dir: str | None = None  # a single-process checkpoint's actor/ when resuming
+    tokenizer_dir: str | None = None  # model.tokenizer_path: the tokenizer's own directory (None: model_dir's)
     dtype: str = "float32"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False

@@ -189,8 +189,8 @@ class Worker:
         from posttrain.training.sft import sft_update
 
         with self.autocast(), optimizer_state_on_device(self.optimizer, self.spec.optimizer_offload):
-            metrics = sft_update(self.policy, self.optimizer, batch, self.spec.sft, total_tokens, self.world_size,
-                                 sp=self.sp)
+            metrics = sft_update(self.policy, self.optimizer, batch, self.spec.sft, total_tokens,
+                                 self.data_parallel_size, sp=self.sp, tp=self.tp)
         self.scheduler.step()
         return metrics
 
@@ -199,7 +199,7 @@ class Worker:
         from posttrain.training.sft import nll_of
 
         with self.autocast():
-            return nll_of(self.policy, batch, self.spec.sft, sp=self.sp)
+            return nll_of(self.policy, batch, self.spec.sft, sp=self.sp, tp=self.tp)
 
     def update_critic(self, batch, mini_totals: list[float] | None = None) -> dict[str, float]:
         """One clipped value-loss update of the critic over `batch` (needs

@@ -57,9 +57,8 @@ def policy(f: Leaves, out: dict, origin: str) -> None:
                           "FSDP2 (DTensor); set policy.dtensor_cfg.enabled=true")
     model = f.get("policy.model_name", ABSENT)
     tokenizer = f.get("policy.tokenizer.name", ABSENT)
-    if tokenizer not in (ABSENT, None, model):
-        raise ConfigError(f"policy.tokenizer.name={tokenizer} ({origin}): posttrain uses the model directory's own "
-                          "tokenizer; put the tokenizer files there and drop this key")
+    if tokenizer not in (ABSENT, None, model):  # another model's tokenizer (a base model with its instruct one's)
+        out["model.tokenizer_path"] = tokenizer
     if f.has("policy.tokenizer.chat_template_kwargs"):
         out["data.apply_chat_template_kwargs"] = f.get("policy.tokenizer.chat_template_kwargs") or {}
     if f.has("policy.train_global_batch_size"):

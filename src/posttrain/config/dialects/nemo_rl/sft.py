@@ -31,8 +31,7 @@ from posttrain.text.lines import clipped, printable
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 SECTIONS = ("sft", "policy", "data", "checkpointing", "logger", "cluster")
 # the GRPO table's keys that an SFT file means otherwise, or that mean nothing in SFT
-# posttrain sft does not split layers (tensor parallelism) yet: SFT_OFF refuses a size above 1
-NOT_SFT = ("data.max_input_seq_length", "logger.num_val_samples_to_print", "policy.dtensor_cfg.tensor_parallel_size")
+NOT_SFT = ("data.max_input_seq_length", "logger.num_val_samples_to_print")
 
 SFT_RENAMES = {
     "sft.max_num_steps": "trainer.total_training_steps",
@@ -47,7 +46,6 @@ SFT_RENAMES = {
     "data.max_input_seq_length": "data.max_length",  # after the line above: the bound NeMo-RL's SFT puts on a row
 }
 SFT_OFF = {
-    "policy.dtensor_cfg.tensor_parallel_size": (1,),
     "data.add_eos": (True,),  # posttrain learns the end of a row's last turn, the EOS where no token ends it
     "data.default.processor": ("sft_processor", None), "data.train.processor": ("sft_processor", None),
     "data.validation.processor": ("sft_processor", None),
