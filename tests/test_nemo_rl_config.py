@@ -344,6 +344,9 @@ def test_nemo_rls_ppo_layout_is_gae_with_its_value_model_as_the_critic(tmp_path,
     assert (cfg.critic.loss_coef, cfg.critic.cliprange_value, cfg.critic.ppo_mini_batch_size) == (0.4, 0.2, 32)
     assert cfg.critic.model.path is None and cfg.critic.ppo_micro_batch_size_per_gpu == 4  # the policy's model, its sizes
     assert (cfg.reward.scaling.enable, cfg.reward.scaling.target_min) == (True, -1.0)
+    with pytest.raises(ConfigError, match=r"^value.dtensor_cfg.tensor_parallel_size=2 \(.*\): posttrain splits the "
+                                          r"value model as the policy \(policy.dtensor_cfg.tensor_parallel_size=1\)"):
+        load_config(str(path), ["value.dtensor_cfg.tensor_parallel_size=2"])
     for bad, said in (("ppo.adv_estimator.gae_lambda_value=0.9", "ppo.adv_estimator.gae_lambda_value=0.9 .* set it "
                                                                  "to null or 0.95"),
                       ("ppo.adv_estimator.name=grpo", "ppo.adv_estimator.name=grpo .* NeMo-RL's PPO estimates with gae"),

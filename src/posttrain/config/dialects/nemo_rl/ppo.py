@@ -54,6 +54,11 @@ def translate_ppo(tree: dict, origin: str, translate: Callable[[dict, str], dict
     return out
 
 
+# the value model's parallel sizes that must be the policy's (its workers are the policy's; context parallelism:
+# critic.ulysses_sequence_parallel_size's own check)
+SPLITS = {"actor.tensor_parallel_size": "tensor_parallel_size"}
+
+
 def _value(value: dict, n, policy_out: dict, origin: str, translate) -> dict[str, Any]:
     """value.* (NeMo-RL's value model) translated as a policy section, its keys moved to critic.*."""
     value = dict(value)
@@ -72,6 +77,9 @@ def _value(value: dict, n, policy_out: dict, origin: str, translate) -> dict[str
         elif key.startswith("model.lora"):
             raise ConfigError(f"value.dtensor_cfg.lora_cfg.enabled=true ({origin}): LoRA on the value model is not "
                               "supported; set it to false")
+        elif key in SPLITS and v != policy_out.get(key, 1):  # the critic is split as the policy is
+            raise ConfigError(f"value.dtensor_cfg.{SPLITS[key]}={v} ({origin}): posttrain splits the value model as "
+                              f"the policy (policy.dtensor_cfg.{SPLITS[key]}={policy_out.get(key, 1)}); set them alike")
         elif key == "model.dtype" and v != policy_out.get("model.dtype", v):
             raise ConfigError(f"value.precision={v} ({origin}): posttrain trains the critic in the policy's "
                               f"precision ({policy_out['model.dtype']}); set them alike")
