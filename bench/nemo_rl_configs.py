@@ -18,7 +18,8 @@ refused, with the refusal's line (its "(in FILE (NeMo-RL's layout))" left out).
     python bench/nemo_rl_configs.py --nemo-rl ~/RL --tensor-parallel   # and every file that sets dtensor TP > 1
     python bench/nemo_rl_configs.py --nemo-rl ~/RL --generate tests/data/nemo_rl   # the tests' data, below
 
-`--generate DIR` writes DIR/examples_COMMIT.json: each top-level file's tree as
+`--generate DIR` writes DIR/examples_COMMIT.json (with --tensor-parallel also DIR/tensor_parallel_COMMIT.json,
+those files keyed by their path under examples/configs): each top-level file's tree as
 posttrain's loader reads it (nemo_rl.load_tree: its `defaults:` files merged
 in, `${...}` interpolations as written so overrides still flow through them,
 YAML comments gone), under a header naming the source, its commit, its license
@@ -123,10 +124,13 @@ def commit_of(checkout: Path) -> str:
     return commit or "unknown"
 
 
-def generate(checkout: Path, files: list[str], commit: str, out_dir: str) -> Path:
-    """out_dir/examples_COMMIT.json: the header, then one line per file (its merged tree)."""
+def generate(checkout: Path, files: list[str], commit: str, out_dir: str, kind: str = "examples") -> Path:
+    """out_dir/KIND_COMMIT.json: the header, then one line per file (its merged tree), keyed by its name (the
+    top-level examples) or its path under examples/configs (the tensor-parallel files, from several folders)."""
+    what = ("NeMo-RL's top-level examples/configs/*.yaml" if kind == "examples" else
+            "every NeMo-RL examples/configs/**/*.yaml whose policy.dtensor_cfg.tensor_parallel_size is above 1")
     about = {
-        "what": "NeMo-RL's top-level examples/configs/*.yaml as posttrain's loader reads each one "
+        "what": f"{what} as posttrain's loader reads each one "
                 "(posttrain.config.dialects.nemo_rl.load_tree): its `defaults:` files merged in, `${...}` interpolations "
                 "as written, YAML comments dropped. tests/test_nemo_rl_config.py writes each back to a YAML file.",
         "source": SOURCE,
@@ -136,7 +140,8 @@ def generate(checkout: Path, files: list[str], commit: str, out_dir: str) -> Pat
                        "CORPORATION, licensed under the Apache License, Version 2.0 "
                        "(http://www.apache.org/licenses/LICENSE-2.0). Changed: each file merged with its "
                        "`defaults:` files and written as JSON without comments.",
-        "generated_by": f"python bench/nemo_rl_configs.py --nemo-rl DIR --generate {out_dir}",
+        "generated_by": f"python bench/nemo_rl_configs.py --nemo-rl DIR --generate {out_dir}" +
+                        (" --tensor-parallel" if kind != "examples" else ""),
     }
     lines = []
     for file in files:
@@ -144,8 +149,9 @@ def generate(checkout: Path, files: list[str], commit: str, out_dir: str) -> Pat
         text = json.dumps(tree, ensure_ascii=False)
         if json.loads(text) != tree:  # e.g. a YAML date: it would not come back as the loader read it
             sys.exit(f"{file}: its tree does not survive JSON unchanged; extend --generate")
-        lines.append(f"  {json.dumps(Path(file).name)}: {text}")
-    out = Path(out_dir) / f"examples_{commit[:7]}.json"
+        name = Path(file).name if kind == "examples" else str(Path(file).relative_to("examples/configs"))
+        lines.append(f"  {json.dumps(name)}: {text}")
+    out = Path(out_dir) / f"{kind}_{commit[:7]}.json"
     header = json.dumps({"about": about}, indent=1, ensure_ascii=False)[:-2]  # without the closing "\n}"
     out.write_text(header + ',\n "configs": {\n' + ",\n".join(lines) + "\n }\n}\n")
     json.loads(out.read_text())  # well-formed
@@ -188,7 +194,8 @@ def main() -> None:
     ap.add_argument("--tensor-parallel", action="store_true",
                     help="also every examples/configs/**/*.yaml whose policy.dtensor_cfg.tensor_parallel_size is "
                          "above 1, in a table of their own")
-    ap.add_argument("--generate", metavar="DIR", help="write DIR/examples_COMMIT.json for the tests")
+    ap.add_argument("--generate", metavar="DIR", help="write DIR/examples_COMMIT.json for the tests (with "
+                                                      "--tensor-parallel DIR/tensor_parallel_COMMIT.json too)")
     args = ap.parse_args()
     checkout = checkout_of(args.nemo_rl)
     # some recipes name files under ${oc.env:HF_HOME}: resolve it as a job's environment would (Hugging Face's default)
@@ -215,6 +222,9 @@ def main() -> None:
         Path(args.generate).mkdir(parents=True, exist_ok=True)
         out = generate(checkout, top, commit, args.generate)
         print(f"\nwrote {out} ({out.stat().st_size // 1024} KiB, {len(top)} configs)")
+        if args.tensor_parallel:
+            out = generate(checkout, split, commit, args.generate, "tensor_parallel")
+            print(f"wrote {out} ({out.stat().st_size // 1024} KiB, {len(split)} configs)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 
 from posttrain.config.dialects.nemo_rl import files as nemo_rl, grpo
 from posttrain.arguments import split_train_args
-from posttrain.config import load_config
+from posttrain.config import config_to_dict, load_config
 from posttrain.errors import ConfigError
 
 from helpers import read_metrics
@@ -673,3 +673,91 @@ def test_a_distillation_section_that_is_not_a_mapping_is_named(tmp_path, text):
     with pytest.raises(ConfigError, match="must be a mapping of NeMo-RL's") as e:
         load_config(str(path), [])
     assert "\n" not in str(e.value)
+
+
+# Every NeMo-RL config under examples/configs with policy.dtensor_cfg.tensor_parallel_size above 1 at the same commit,
+# keyed by its path there (bench/nemo_rl_configs.py --tensor-parallel --generate tests/data/nemo_rl), and what
+# posttrain makes of it, as the guide's section 6 says: {path: (LOADS, {key: value it loads with}) or the NeMo-RL
+# key its one-line refusal names}
+TENSOR_PARALLEL = HERE / "tensor_parallel_7ea279a.json"
+RECIPE = "recipes/llm/"
+TP_OUTCOMES = {
+    "distillation_math.yaml": (LOADS, {"actor.tensor_parallel_size": 2, "actor.ulysses_sequence_parallel_size": 2,
+                                       "distillation.tensor_parallel_size": 4}),
+    RECIPE + "distillation-qwen3-32b-to-4b-base-1n8g-fsdp2tp2-dynamicbatch.v1.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2, "distillation.tensor_parallel_size": 8}),
+    RECIPE + "distillation-qwen3-32b-to-4b-base-2n4g-fsdp2tp1-long.v1.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2, "actor.ulysses_sequence_parallel_size": 2}),
+    RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp2-long.v1.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2, "actor.ulysses_sequence_parallel_size": 2}),
+    RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp2-seqpack.v1.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2, "distillation.tensor_parallel_size": 8}),
+    RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp8-noncolocated.v1.yaml": "async_training.enable",
+    RECIPE + "distillation-xtoken-off-policy-multiteacher-qwen3-4b-llama3.2-3b-to-llama3.2-1b-1n8g-dtensor-tp4cp2.yaml":
+        "teachers",
+    RECIPE + "distillation-xtoken-off-policy-qwen3-4b-to-llama3.2-1b-1n8g-dtensor-tp4cp2.yaml": "teachers",
+    RECIPE + "dpo-llama3.1-8b-instruct-4n8g-fsdp2tp4.yaml": "dpo",
+    RECIPE + "dpo-mistral-nemo-instruct-2407-1n8g-fsdp2tp8-actckpt-long.yaml": "dpo",
+    RECIPE + "grpo-deepscaler-1.5b-16K.yaml": (LOADS, {"actor.tensor_parallel_size": 2}),
+    RECIPE + "grpo-deepscaler-1.5b-24K.yaml": (LOADS, {"actor.tensor_parallel_size": 2}),
+    RECIPE + "grpo-gemma3-27b-it-8n4g-fsdp2tp4-actckpt-long.yaml": (LOADS, {"actor.tensor_parallel_size": 4}),
+    RECIPE + "grpo-gemma3-27b-it-8n8g-fsdp2tp8-actckpt-long.yaml": (LOADS, {"actor.tensor_parallel_size": 8}),
+    RECIPE + "grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50-tq_mooncake.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2}),
+    RECIPE + "grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50.yaml": (
+        LOADS, {"actor.tensor_parallel_size": 2}),
+    RECIPE + "grpo-qwen2.5-32b-32n4g-fsdp2tp4-actckpt-long.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 4}),
+    RECIPE + "grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt-long.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 8}),
+    RECIPE + "grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 8}),
+    RECIPE + "grpo-qwen2.5-7b-instruct-4n4g-fsdp2tp2.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 2}),
+    # SFT on OpenMathInstruct-2, which posttrain prepares as RL rows: with the SFT rows given as data.train_files
+    # (SFT_ROWS) they load, the tokenizer named apart from the model as model.tokenizer_path
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp2.yaml": "data.train.dataset_name",
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp4-dynamicbatch.yaml": "data.train.dataset_name",
+    RECIPE + "sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml": "data.train.dataset_name",
+    "sft_openmathinstruct2.yaml": "data.train.dataset_name",
+}
+SFT_ROWS = {  # with data.train_files given
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp2.yaml": {"actor.tensor_parallel_size": 2,
+                                                    "model.tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct"},
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp4-dynamicbatch.yaml": {"actor.tensor_parallel_size": 4},
+    RECIPE + "sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml": {"actor.tensor_parallel_size": 8,
+                                                                 "actor.sequence_parallel": True},
+    "sft_openmathinstruct2.yaml": {"actor.tensor_parallel_size": 4},
+}
+
+
+def test_the_tensor_parallel_configs_are_every_one_nemo_rl_has():
+    stored = json.loads(TENSOR_PARALLEL.read_text())
+    assert stored["about"]["commit"] == json.loads(EXAMPLES.read_text())["about"]["commit"]
+    assert stored["about"]["generated_by"].endswith("--generate tests/data/nemo_rl --tensor-parallel")
+    assert sorted(stored["configs"]) == sorted(TP_OUTCOMES)
+    assert all((tree.get("policy") or {}).get("dtensor_cfg", {}).get("tensor_parallel_size", 1) > 1
+               for tree in stored["configs"].values())
+
+
+@pytest.mark.parametrize("name", sorted(TP_OUTCOMES))
+def test_nemo_rls_tensor_parallel_configs_load_or_are_refused_as_the_guide_says(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # some recipes name files under ${oc.env:HF_HOME}
+    tree = json.loads(TENSOR_PARALLEL.read_text())["configs"][name]
+    path = tmp_path / Path(name).name
+    path.write_text(json.dumps(tree))  # JSON is YAML
+    command = "sft" if "sft" in tree else "train"
+    expected = TP_OUTCOMES[name]
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError) as refused:
+            train_config(path, command=command)
+        assert "\n" not in str(refused.value) and re.match(rf"{re.escape(expected)}\b", str(refused.value)), \
+            str(refused.value)
+        if name not in SFT_ROWS:
+            return
+        cfg, want = train_config(path, [f"data.train_files=[{tmp_path / 'rows.parquet'}]"], command), SFT_ROWS[name]
+    else:
+        cfg, want = train_config(path, command=command), expected[1]
+    got = config_to_dict(cfg)
+    for key, value in want.items():
+        section, field = key.split(".", 1)
+        node = got[section]
+        for part in field.split("."):
+            node = node[part]
+        assert node == value, (key, node)
