@@ -304,8 +304,9 @@ def test_a_tp_2_run_killed_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, da
     """PPO (a critic too) on two workers at TP=2, the embedded model, 4 steps saved every 2. The same run as a
     `posttrain train` process killed (SIGKILL) once its step-2 checkpoint is written, then run again at TP=2,
     resumes there and gives the straight run's steps 3-4 and its weights bit for bit; the step-2 checkpoint
-    resumed at TP=1 (two FSDP2 workers: torch.distributed.checkpoint reshards the TP=2 shards) loads and trains on
-    to weights within float rounding of the straight run's (other reduction orders)."""
+    resumed at TP=1 (two FSDP2 workers: torch.distributed.checkpoint reshards the TP=2 shards), or at TP=2 with
+    sequence parallelism, loads and trains on to weights within float rounding of the straight run's (other
+    reduction orders)."""
     import shutil
 
     from posttrain.models.shipped import embedded_model
@@ -318,12 +319,12 @@ def test_a_tp_2_run_killed_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, da
     ckpt = straight / "checkpoints" / "global_step_4"
     want = exported(ckpt, tmp_path / "want")
 
-    def resumed(name: str, tp: int, copy: bool = True) -> Path:
+    def resumed(name: str, tp: int, copy: bool = True, *more: str) -> Path:
         run_dir = tmp_path / name
         if copy:
             shutil.copytree(straight / "checkpoints" / "global_step_2", run_dir / "checkpoints" / "global_step_2")
         summary = train(build_run(load_config(None, small(model, data, run_dir, 4, *two,
-                                                           f"actor.tensor_parallel_size={tp}"))))
+                                                           f"actor.tensor_parallel_size={tp}", *more))))
         assert summary["start_step"] == 2 and summary["steps"] == 4
         return run_dir
 
@@ -346,6 +347,10 @@ def test_a_tp_2_run_killed_resumes_exactly_at_tp_2_and_loads_at_tp_1(cluster, da
     assert [m["step"] for m in read_metrics(same) if "actor/pg_loss" in m] == [1, 2, 3, 4]  # the kill lost none
     other = exported(resumed("tp1", 1) / "checkpoints" / "global_step_4", tmp_path / "other")
     assert max((want[k] - other[k]).abs().max().item() for k in want) < 1e-3
+    # with sequence parallelism turned on at resume (the same weights; other sums' order)
+    split = exported(resumed("tp2-sp", 2, True, "actor.sequence_parallel=true") / "checkpoints" / "global_step_4",
+                     tmp_path / "split")
+    assert max((want[k] - split[k]).abs().max().item() for k in want) < 1e-4
 
 
 @pytest.mark.ray
