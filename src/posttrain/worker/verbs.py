@@ -143,24 +143,22 @@ class Worker:
         """-> log-probs [N, R] of batch.responses under the policy, the reference or the teacher (of key
         `teacher` when there are several)."""
         if which == "teacher":
-            return passes.over_teacher_group(self.spec, batch, self.teacher_parallel(teacher)[1],
-                                             self.tokenizer.pad_token_id, lambda rows: (passes.log_probs(
-                                                 self.spec, rows, which, teacher, self.policy, self.ref, self.teachers,
-                                                 *self.teacher_parallel(teacher)),))[0]
+            sp, tp = self.teacher_parallel(teacher)
+            return passes.over_teacher_group(self.spec, batch, tp, self.tokenizer.pad_token_id, lambda rows: (
+                passes.log_probs(self.spec, rows, which, teacher, self.policy, self.ref, self.teachers, sp, tp),))[0]
         return passes.log_probs(self.spec, batch, which, teacher, self.policy, self.ref, self.teachers, self.sp,
                                 self.tp)
 
     def compute_teacher_topk(self, batch, k: int, teacher: str | None = None):
         """The teacher's pass of distillation's top-k modes: -> (log-probs of batch.responses [N, R], its k
         likeliest tokens' log-probs [N, R, k] and ids [N, R, k])."""
-        return passes.over_teacher_group(self.spec, batch, self.teacher_parallel(teacher)[1],
-                                         self.tokenizer.pad_token_id, lambda rows: passes.teacher_topk(
-                                             self.spec, rows, k, teacher, self.teachers,
-                                             *self.teacher_parallel(teacher)))
+        sp, tp = self.teacher_parallel(teacher)
+        return passes.over_teacher_group(self.spec, batch, tp, self.tokenizer.pad_token_id, lambda rows:
+                                         passes.teacher_topk(self.spec, rows, k, teacher, self.teachers, sp, tp))
 
     def teacher_parallel(self, teacher: str | None):
-        """-> (the sequence-parallel group, the TensorParallel) teacher `teacher`'s passes run with: the policy's,
-        or with a TP size of its own no Ulysses (it runs whole sequences) and its own TP group."""
+        """-> (the sequence-parallel group, the TensorParallel) teacher `teacher`'s passes run with: the policy's;
+        or, split by a TP size of its own, no Ulysses (it runs whole sequences) and its own TP group."""
         t = passes.teacher_spec(self.spec, teacher)
         return (None if models.own_tensor_parallel(self.spec, t) else self.sp), self.teacher_tps.get(t.key)
 
