@@ -43,10 +43,21 @@ def test_default_run_learns(tmp_path, trained_tiny_model_dir):
     assert (run_dir / "checkpoints" / "global_step_100" / "actor" / "model.safetensors").exists()
 
 
-# The machine the README's first output block was printed on: every figure of a step's line but its timings is
-# then the same here. Elsewhere the CPU's rounding moves sampled tokens: one thread instead of two, the same seed,
-# gives the same lines up to step 25 and ends at 0.859 instead of 0.842.
-README_MACHINE = {"threads": 2, "kernels": "AVX512", "torch": "2.13.0+cpu"}
+# The machine the README's first output block was printed on (a 2-core AMD EPYC): every figure of a step's line but
+# its timings is then the same here. Elsewhere the CPU's rounding moves sampled tokens: one thread instead of two,
+# the same seed, gives the same lines up to step 25 and ends at 0.859 instead of 0.842; a 2-core Intel Xeon with
+# the same threads, kernels and torch ends at 0.895.
+README_MACHINE = {"threads": 2, "kernels": "AVX512", "torch": "2.13.0+cpu", "vendor": "AuthenticAMD"}
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), or "" where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    found = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
+    return found.group(1) if found else ""
 
 
 def readme_block() -> list[str]:
@@ -74,7 +85,7 @@ def check_readme_block(stdout: str) -> None:
     assert done and last_val and done.group(2) == last_val.group(1), block[-2:]
     assert f"{float(done.group(2)) - float(done.group(1)):+.3f}" == done.group(3), block[-1]
     here = {"threads": torch.get_num_threads(), "kernels": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__}
+            "torch": torch.__version__, "vendor": cpu_vendor()}
     if here != README_MACHINE:
         return
     printed = {line.split("|")[0].split()[1] if line.startswith("step") else "done": line
