@@ -12,7 +12,10 @@ one-line error giving both commands, exactly (and any other download a set
 needs: RefCOCO's COCO images). NeMo-RL's vision sets clevr-cogent,
 geometry3k and refcoco are rows with images (preprocess/clevr.py, geo3k.py,
 refcoco.py), each row's data_source NeMo-RL's task name, scored by its VLM
-rewards (rewards/vlm.py). Names NeMo-RL knows that posttrain cannot prepare
+rewards (rewards/vlm.py). A set with an SFT form (`sft`: OpenMathInstruct-2's
+problem and generated_solution) gives posttrain sft that file instead
+(resolve(..., sft=True)), made by its own preprocess command from the same
+download. Names NeMo-RL knows that posttrain cannot prepare
 (SFT and preference sets, its video and audio sets, its generic loaders) are
 refused with a line saying so; an unknown name gets the nearest known one.
 """
