@@ -142,6 +142,8 @@ def test_every_table_entry_is_well_formed():
         assert entry.val in (None, "test") or "test" in named.BY_NAME[entry.val].files
         assert entry.val != "test" or "test" in entry.files
         assert entry.prepare or entry.hub  # made by a command, or downloaded as it is
+        assert not entry.sft or (entry.sft[0].endswith(".parquet") and entry.sft[0] not in entry.files.values()
+                                 and entry.sft[1] and "train" in entry.files)  # an SFT form: its own command
     assert not set(named.REFUSED) & set(named.BY_NAME)
 
 
@@ -270,6 +272,34 @@ def test_openmathinstruct2_rows_land_where_resolve_looks(data_dir):
     rows = read_rows(named.resolve("OpenMathInstruct-2", "train"))
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["4", "4.5"]
     assert rows[0]["extra_info"] == {"split": "train", "index": 0, "problem": "What is $2+2$?"}
+
+
+def test_openmathinstruct2_sft_rows_land_where_posttrain_sft_looks(data_dir, capsys):
+    with pytest.raises(DataError, match=r"gsm8k/train\.parquet;"):  # a set without an SFT form: its rows, as before
+        named.resolve("GSM8K", "train", sft=True)
+    with pytest.raises(DataError) as e:
+        named.resolve("OpenMathInstruct-2", "train", sft=True)
+    assert "--sft generated_solution" in str(e.value) and "sft_train.parquet" in str(e.value)
+    raw = data_dir / "raw" / "openmathinstruct2" / "data"
+    raw.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([
+        {"problem": "What is $2+2$?", "generated_solution": "So $\\boxed{4}$.", "expected_answer": "4",
+         "problem_source": "augmented_math"},
+        {"problem": "Empty?", "generated_solution": " ", "expected_answer": "0", "problem_source": "gsm8k"},
+        {"problem": "Half of 9?", "generated_solution": "It is \\boxed{4.5}", "expected_answer": "4.5",
+         "problem_source": "gsm8k"}]), raw / "train_1M-00000-of-00003.parquet")
+    run_command(str(e.value), "posttrain preprocess")
+    assert "skipped 1 train row without 'problem' or 'generated_solution' text" in capsys.readouterr().out
+    path = named.resolve("OpenMathInstruct-2", "train", sft=True)
+    assert path == data_dir / "openmathinstruct2" / "sft_train.parquet"
+    assert pq.read_table(path).to_pylist() == [
+        {"problem": "What is $2+2$?", "generated_solution": "So $\\boxed{4}$.", "expected_answer": "4"},
+        {"problem": "Half of 9?", "generated_solution": "It is \\boxed{4.5}", "expected_answer": "4.5"}]
+    with pytest.raises(DataError):  # the RL rows are a file of their own, made by their own command
+        named.resolve("OpenMathInstruct-2", "train")
+    assert main(["preprocess", "math", "--input", str(raw), "--sft", "answer_text", "--output-dir",
+                 str(data_dir / "x")]) != 0
+    assert "row 0 has no 'answer_text' field, the response --sft names" in capsys.readouterr().err
 
 
 def test_aime_rows_land_where_resolve_looks(data_dir):

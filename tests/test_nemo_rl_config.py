@@ -46,8 +46,8 @@ EXAMPLE_OUTCOMES = {
     "ppo_math_1B": LOADS, "ppo_math_1B_megatron": "value.megatron_cfg.enabled",
     "sft": "data.train.dataset_name", "sft_avlm": "data.train.dataset_name",  # Hub sets: give data.train_files
     "sft_vlm_3B": "data.train.dataset_name",
-    # OpenMathInstruct-2 as SFT rows (its generated_solution): give data.train_files
-    "sft_openmathinstruct2": "data.train.dataset_name", "sft_openmathinstruct2_megatron": "data.train.dataset_name",
+    # OpenMathInstruct-2's SFT rows (its generated_solution): posttrain's named set, prepared once
+    "sft_openmathinstruct2": LOADS, "sft_openmathinstruct2_megatron": SWITCHED,
     "dpo": "dpo", "rm": "rm",
     "distillation_math": LOADS,  # tensor parallel 2 x context parallel (Ulysses) 2
     "distillation_math_megatron": SWITCHED,
@@ -710,20 +710,15 @@ TP_OUTCOMES = {
     RECIPE + "grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt-long.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 8}),
     RECIPE + "grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 8}),
     RECIPE + "grpo-qwen2.5-7b-instruct-4n4g-fsdp2tp2.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 2}),
-    # SFT on OpenMathInstruct-2, which posttrain prepares as RL rows: with the SFT rows given as data.train_files
-    # (SFT_ROWS) they load, the tokenizer named apart from the model as model.tokenizer_path
-    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp2.yaml": "data.train.dataset_name",
-    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp4-dynamicbatch.yaml": "data.train.dataset_name",
-    RECIPE + "sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml": "data.train.dataset_name",
-    "sft_openmathinstruct2.yaml": "data.train.dataset_name",
-}
-SFT_ROWS = {  # with data.train_files given
-    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp2.yaml": {"actor.tensor_parallel_size": 2,
-                                                    "model.tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct"},
-    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp4-dynamicbatch.yaml": {"actor.tensor_parallel_size": 4},
-    RECIPE + "sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml": {"actor.tensor_parallel_size": 8,
-                                                                 "actor.sequence_parallel": True},
-    "sft_openmathinstruct2.yaml": {"actor.tensor_parallel_size": 4},
+    # SFT on OpenMathInstruct-2's SFT rows (posttrain's named set, its generated_solution), the tokenizer named
+    # apart from the model as model.tokenizer_path
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp2.yaml": (LOADS, {
+        "actor.tensor_parallel_size": 2, "model.tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct",
+        "data.dataset_name": "OpenMathInstruct-2", "data.response_key": "generated_solution"}),
+    RECIPE + "sft-llama3.1-8b-1n8g-fsdp2tp4-dynamicbatch.yaml": (LOADS, {"actor.tensor_parallel_size": 4}),
+    RECIPE + "sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml": (LOADS, {"actor.tensor_parallel_size": 8,
+                                                                        "actor.sequence_parallel": True}),
+    "sft_openmathinstruct2.yaml": (LOADS, {"actor.tensor_parallel_size": 4}),
 }
 
 
@@ -749,11 +744,8 @@ def test_nemo_rls_tensor_parallel_configs_load_or_are_refused_as_the_guide_says(
             train_config(path, command=command)
         assert "\n" not in str(refused.value) and re.match(rf"{re.escape(expected)}\b", str(refused.value)), \
             str(refused.value)
-        if name not in SFT_ROWS:
-            return
-        cfg, want = train_config(path, [f"data.train_files=[{tmp_path / 'rows.parquet'}]"], command), SFT_ROWS[name]
-    else:
-        cfg, want = train_config(path, command=command), expected[1]
+        return
+    cfg, want = train_config(path, command=command), expected[1]
     got = config_to_dict(cfg)
     for key, value in want.items():
         section, field = key.split(".", 1)

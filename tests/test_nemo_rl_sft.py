@@ -1,6 +1,7 @@
 """`posttrain sft --config FILE` with NeMo-RL's SFT layout (dialects/nemo_rl/sft.py): NeMo-RL's own sft.yaml and
 sft_openmathinstruct2.yaml (from tests/data/nemo_rl/examples_*.json, as test_nemo_rl_config.py reads them) mapped
-key by key, a short run of sft.yaml on the tiny model, and what is refused."""
+key by key, short runs of sft.yaml and sft_openmathinstruct2.yaml (on OpenMathInstruct-2's SFT rows, prepared
+here from rows in the Hub's shape) on the tiny model, and what is refused."""
 
 import json
 import math
@@ -11,7 +12,7 @@ import pytest
 from posttrain.driver.build_sft import build_sft_run
 from posttrain.config import load_config
 from posttrain.config.dialects.nemo_rl.sft import PASSTHROUGH_TEMPLATE
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, DataError
 from posttrain.models import load_tokenizer
 from posttrain.driver.sft import train_sft
 
@@ -76,13 +77,18 @@ def test_nemo_rl_sft_overrides_alone_keep_posttrain_sfts_schedule():
     assert cfg.actor.lr_scheduler_type == "cosine"  # no optimizer given: posttrain sft's (verl's) default
 
 
-def test_sft_openmathinstruct2_loads_with_its_rows_given_and_refuses_what_posttrain_cannot_honour(tmp_path):
+def test_sft_openmathinstruct2_loads_as_it_is_and_with_its_rows_given(tmp_path):
     path = example(tmp_path, "sft_openmathinstruct2")
-    with pytest.raises(ConfigError, match=r"^data\.train\.dataset_name=OpenMathInstruct-2 .*posttrain prepares "
-                                          r"OpenMathInstruct-2 as RL rows.*data\.train_files=.*problem and "
+    cfg = load_config(path, command="sft")  # no data here: the named set's file is looked for when the run is built
+    d = cfg.data
+    assert (d.dataset_name, d.train_files, d.val_files, d.prompt_key, d.response_key, d.val_split_size) == \
+           ("OpenMathInstruct-2", None, None, "problem", "generated_solution", 0.05)
+    with pytest.raises(ConfigError, match=r"^data\.train\.split=train_2M .*posttrain prepares OpenMathInstruct-2's "
+                                          r"train_1M split.*data\.train_files=\[FILE\.parquet\].*problem and "
                                           r"generated_solution"):
-        load_config(path, command="sft")
+        load_config(path, ["data.train.split=train_2M"], command="sft")
     cfg = load_config(path, ["data.train_files=/d/omi.parquet"], command="sft")
+    assert cfg.data.dataset_name is None  # the rows given replace the named set
     d, a, t = cfg.data, cfg.actor, cfg.trainer
     # the base model with its instruct model's tokenizer (policy.tokenizer.name)
     assert (cfg.model.path, cfg.model.tokenizer_path) == ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct")
@@ -100,6 +106,52 @@ def test_sft_openmathinstruct2_loads_with_its_rows_given_and_refuses_what_posttr
            (1000000, 500, 500, 100, 8)
 
 
+def omi_raw(path: Path, n: int) -> Path:
+    """Rows as nvidia/OpenMathInstruct-2's parquet shards hold them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([
+        {"problem": f"What is {a} + 7?", "generated_solution": f"{a} + 7 = {a + 7}. \\boxed{{{a + 7}}}",
+         "expected_answer": str(a + 7), "problem_source": "augmented_math"} for a in range(n)]), path)
+    return path
+
+
+def test_sft_openmathinstruct2_runs_on_the_prepared_sft_rows_and_names_the_commands_without_them(
+        tmp_path, tiny_model_dir, monkeypatch):
+    from posttrain.data.preprocess import math as math_rows
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("POSTTRAIN_DATA", str(data))
+    monkeypatch.chdir(tmp_path)  # its data.default.prompt_file, examples/prompts/math.txt, as in a NeMo-RL checkout
+    Path("examples/prompts").mkdir(parents=True)
+    Path("examples/prompts/math.txt").write_text("Solve the following math problem step by step.\n\n{}\n")
+    cfg = load_config(example(tmp_path, "sft_openmathinstruct2"), [
+        f"policy.model_name={tiny_model_dir}", "policy.tokenizer.name=null",
+        "policy.dtensor_cfg.tensor_parallel_size=1", "cluster.gpus_per_node=1", "sft.max_num_steps=2", "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2", "policy.max_total_sequence_length=128", "policy.precision=float32",
+        "sft.val_global_batch_size=2", "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
+        f"checkpointing.checkpoint_dir={tmp_path / 'run'}"], command="sft")
+    with pytest.raises(DataError) as missing:  # not prepared: the commands that make its SFT rows, exactly
+        build_sft_run(cfg)
+    raw, out = data / "raw" / "openmathinstruct2", data / "openmathinstruct2"
+    assert str(missing.value) == (
+        f"data.dataset_name=OpenMathInstruct-2: no {out / 'sft_train.parquet'}; download data/train_1M-* from the "
+        f"Hub dataset nvidia/OpenMathInstruct-2 with `hf download nvidia/OpenMathInstruct-2 --include "
+        f"'data/train_1M-*' --repo-type dataset --local-dir {raw}` and run `posttrain preprocess math --input "
+        f"{raw}/data --split train --sft generated_solution --output-dir {out}`")
+    omi_raw(raw / "data" / "train_1M-00000-of-00001.parquet", 40)
+    math_rows.run_sft([str(raw / "data")], out, "generated_solution", "train")
+    run = build_sft_run(cfg)
+    assert (len(run.train_data), len(run.val_data)) == (38, 2)  # data.train.split_validation_size 0.05 held out
+    ex = run.train_data[0]
+    text = run.tokenizer.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
+    assert "\\boxed{" in text and "Solve the following" in run.tokenizer.decode(ex.input_ids)  # generated_solution
+    summary = train_sft(run)
+    assert summary["steps"] == 2 and math.isfinite(summary["loss_first"]) and math.isfinite(summary["loss_last"])
+
+
 def test_the_megatron_sft_file_is_refused_naming_the_key_and_loads_with_the_fsdp2_switch(tmp_path):
     path = example(tmp_path, "sft_openmathinstruct2_megatron")
     with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.enabled=true .*policy\.megatron_cfg\.enabled="
@@ -109,6 +161,8 @@ def test_the_megatron_sft_file_is_refused_naming_the_key_and_loads_with_the_fsdp
                              "data.train_files=/d/omi.parquet"], command="sft")
     assert cfg.actor.use_dynamic_bsz and cfg.actor.ppo_max_token_len_per_gpu == 4096  # sequence_packing: a budget
     assert (cfg.actor.lr, cfg.trainer.nnodes) == (2e-5, 2)
+    cfg = load_config(path, [*FSDP2, "policy.dtensor_cfg.tensor_parallel_size=1"], command="sft")
+    assert (cfg.data.dataset_name, cfg.data.response_key) == ("OpenMathInstruct-2", "generated_solution")
 
 
 def test_hub_and_vision_datasets_are_refused_with_the_files_to_give(tmp_path):

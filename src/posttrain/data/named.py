@@ -12,7 +12,10 @@ one-line error giving both commands, exactly (and any other download a set
 needs: RefCOCO's COCO images). NeMo-RL's vision sets clevr-cogent,
 geometry3k and refcoco are rows with images (preprocess/clevr.py, geo3k.py,
 refcoco.py), each row's data_source NeMo-RL's task name, scored by its VLM
-rewards (rewards/vlm.py). Names NeMo-RL knows that posttrain cannot prepare
+rewards (rewards/vlm.py). A set with an SFT form (`sft`: OpenMathInstruct-2's
+problem and generated_solution) gives posttrain sft that file instead
+(resolve(..., sft=True)), made by its own preprocess command from the same
+download. Names NeMo-RL knows that posttrain cannot prepare
 (SFT and preference sets, its video and audio sets, its generic loaders) are
 refused with a line saying so; an unknown name gets the nearest known one.
 """
@@ -43,6 +46,7 @@ class Named:
     val: str | None = None  # validation when no val key is set: "test" (its own split), another name, or None
     more: tuple = ()  # further Hub downloads, each (hub, its folder under {raw}, *what `hf download` fetches)
     steps: tuple = ()  # (what, argv, argv, ...): commands other than `hf download` that fetch the rest, run next
+    sft: tuple = ()  # (file, `posttrain preprocess` arguments): its SFT form, rows with a response to learn
     note: str = field(default="", compare=False)  # what it holds, for people reading the table
 
 
@@ -53,7 +57,8 @@ TABLE = (
           note=_MATH),
     Named("OpenMathInstruct-2", "openmathinstruct2", {"train": "train.parquet"}, "nvidia/OpenMathInstruct-2",
           ("--include", "data/train_1M-*"), ("math", "--input", "{raw}/data", "--split", "train"),
-          note="its train_1M split (NeMo-RL's default); problem/expected_answer"),
+          sft=("sft_train.parquet", "math", "--input", "{raw}/data", "--split", "train", "--sft", "generated_solution"),
+          note="its train_1M split (NeMo-RL's default); problem/expected_answer (posttrain sft: generated_solution)"),
     Named("AIME2024", "aime2024", {"test": "test.parquet"}, "HuggingFaceH4/aime_2024",
           ("data/train-00000-of-00001.parquet",),
           ("math", "--input", "{raw}/data/train-00000-of-00001.parquet", "--split", "test"), note=_MATH),
@@ -163,24 +168,27 @@ def _nearest(name) -> str:
     return f" (did you mean {by_lower[close[0]]}?)" if close else ""
 
 
-def resolve(name: str, split: str = "train", key: str | None = None) -> Path:
+def resolve(name: str, split: str = "train", key: str | None = None, sft: bool = False) -> Path:
     """The parquet file of `name`'s split ("train" or "test"), or a DataError
-    (a ConfigError for a name that is refused or unknown) saying how to make it."""
+    (a ConfigError for a name that is refused or unknown) saying how to make it.
+    `sft`: the training file of its SFT form where it has one (posttrain sft)."""
     entry = lookup(name, split, key)
-    path = data_dir() / entry.slug / entry.files[split]
+    sft = sft and split == "train" and bool(entry.sft)
+    path = data_dir() / entry.slug / (entry.sft[0] if sft else entry.files[split])
     if not path.is_file():
-        raise DataError(f"{key or KEYS[split]}={name}: no {path}; {how_to_make(entry)}")
+        raise DataError(f"{key or KEYS[split]}={name}: no {path}; {how_to_make(entry, sft)}")
     return path
 
 
-def how_to_make(entry: Named) -> str:
-    """The exact commands that write the entry's files, as one phrase."""
+def how_to_make(entry: Named, sft: bool = False) -> str:
+    """The exact commands that write the entry's files (`sft`: its SFT form's), as one phrase."""
+    prepare = entry.sft[1:] if sft else entry.prepare
     root = data_dir()
     out = root / entry.slug
     raw = root / "raw" / entry.slug
     if not entry.hub:
-        return f"make it with `{shlex.join(['posttrain', 'preprocess', *entry.prepare, '--output-dir', str(out)])}`"
-    if not entry.prepare:
+        return f"make it with `{shlex.join(['posttrain', 'preprocess', *prepare, '--output-dir', str(out)])}`"
+    if not prepare:
         fetch = shlex.join(["hf", "download", entry.hub, *entry.download, "--repo-type", "dataset",
                             "--local-dir", str(out)])
         return (f"it is in verl's parquet layout on the Hub already (no preprocessing): download it into place "
@@ -196,8 +204,8 @@ def how_to_make(entry: Named) -> str:
         steps.append(f"download {what} from the Hub dataset {hub} with `{fetch}`")
     for what, *commands in entry.steps:
         steps.append(f"get {what} with " + " and ".join(f"`{shlex.join(filled(c))}`" for c in commands))
-    prepare = shlex.join(["posttrain", "preprocess", *filled(entry.prepare), "--output-dir", str(out)])
-    return f"{steps[0]} and run `{prepare}`" if len(steps) == 1 else f"{', '.join(steps)}, and run `{prepare}`"
+    run = shlex.join(["posttrain", "preprocess", *filled(prepare), "--output-dir", str(out)])
+    return f"{steps[0]} and run `{run}`" if len(steps) == 1 else f"{', '.join(steps)}, and run `{run}`"
 
 
 def default_validation(name: str) -> Path | None:

@@ -43,15 +43,16 @@ def tokenizer_of(cfg, model_dir: str):
     return load_tokenizer(apart or model_dir, trust_remote_code=cfg.model.trust_remote_code, apart=apart is not None)
 
 
-def data_files(cfg) -> tuple[list[str], list[str] | None]:
+def data_files(cfg, sft: bool = False) -> tuple[list[str], list[str] | None]:
     """The run's train and validation files, resolved once: data.train_files, else data.dataset_name's file
-    (data.named.resolve), else the embedded arith task; data.val_files, else data.val_dataset_name's file, else
-    the default of the training data (the embedded task's test split; a named set's own test split or its
-    paired set, when prepared: named.default_validation), else none."""
+    (data.named.resolve; `sft`, posttrain sft's: its SFT form where it has one), else the embedded arith task;
+    data.val_files, else data.val_dataset_name's file, else the default of the training data (the embedded task's
+    test split; a named set's own test split or its paired set, when prepared: named.default_validation), else
+    none."""
     d = cfg.data
     train, val, default_val = d.train_files, d.val_files, None
     if train is None and d.dataset_name is not None:
-        train = [str(named.resolve(d.dataset_name, "train"))]
+        train = [str(named.resolve(d.dataset_name, "train", sft=sft))]
         if val is None and d.val_dataset_name is None and not d.val_split_size:  # else: held out of train
             found = named.default_validation(d.dataset_name)
             default_val = str(found) if found is not None else None

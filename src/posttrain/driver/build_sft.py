@@ -40,10 +40,11 @@ def update_settings(cfg) -> SFTSettings:
 
 
 def load_sft_data(cfg, tokenizer) -> tuple[list, list | None]:
-    """The training and validation examples: data.train_files / val_files (else a named dataset's, else the
-    embedded arith task's), the first train_max_samples / val_max_samples rows, data.val_split_size held out."""
+    """The training and validation examples: data.train_files / val_files (else a named dataset's, its SFT form
+    where it has one: OpenMathInstruct-2's generated_solution; else the embedded arith task's), the first
+    train_max_samples / val_max_samples rows, data.val_split_size held out."""
     d = cfg.data
-    train_files, val_files = data_files(cfg)
+    train_files, val_files = data_files(cfg, sft=True)
     settings = data_settings(cfg)
     train = load_examples(train_files, tokenizer, settings, d.train_max_samples or -1, what="SFT training")
     val = (load_examples(val_files, tokenizer, settings, d.val_max_samples or -1, what="SFT validation")

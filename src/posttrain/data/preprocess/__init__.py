@@ -40,6 +40,8 @@ def _gsm8k(args) -> int:
 def _math(args) -> int:
     from posttrain.data.preprocess import math
 
+    if args.sft is not None:
+        return _report(math.run_sft(args.input, args.output_dir, args.sft, args.split, args.problem_key))
     return _report(math.run(args.input, args.output_dir, args.data_source, args.split, args.problem_key))
 
 
@@ -131,6 +133,9 @@ def register(subparsers) -> None:
                         "instead of the split read from each file's path")
     m.add_argument("--problem-key", default="problem", metavar="COLUMN",
                    help="the column that holds the problem (default: problem; AIME2025's is question)")
+    m.add_argument("--sft", default=None, metavar="COLUMN",
+                   help="write SFT rows instead, for posttrain sft: problem, the response COLUMN and "
+                        "expected_answer, to sft_<split>.parquet (OpenMathInstruct-2's: generated_solution)")
     m.set_defaults(func=_math)
 
     g3 = subparsers.add_parser("geo3k", help="Geometry3K (hiyouga/geometry3k's parquet files, with images) as verl's "

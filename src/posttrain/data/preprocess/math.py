@@ -38,6 +38,15 @@ a file named neither gives `<its stem>.parquet` (DeepScaleR's
 <split>.parquet instead (AIME 2024's Hub file is named train, but it is a
 test set: `--split test`). Rows of one split are numbered from 0 in file
 order.
+
+SFT rows instead (`run_sft`, `posttrain preprocess math --sft COLUMN`):
+{"problem", COLUMN, "expected_answer"}, the row's problem, the response to
+learn (OpenMathInstruct-2's generated_solution) and its answer as above (or
+null), in sft_<split>.parquet: the rows posttrain sft reads with
+data.prompt_key=problem and data.response_key=COLUMN.
+
+    run_sft(["raw/openmathinstruct2/data"], "data/openmathinstruct2", "generated_solution", "train")
+    # -> [data/openmathinstruct2/sft_train.parquet]
 """
 
 from __future__ import annotations
@@ -197,3 +206,36 @@ def run(inputs, output_dir, data_source: str = DATA_SOURCE, split: str | None = 
         raise DataError(f"no MATH rows with an answer in {names}; {_HOW}")
     order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
     return [write_rows(by_split[s], Path(output_dir) / f"{s}.parquet") for s in order]
+
+
+def run_sft(inputs, output_dir, response_key: str, split: str | None = None,
+            problem_key: str = "problem") -> list[Path]:
+    """Write output_dir/sft_<split>.parquet for each split found: each row's
+    problem, its `response_key` text and its answer (ground_truth(), or null),
+    in file order; -> their paths. A row without problem or response text is
+    skipped and counted (no answer is needed: the response is what is learned)."""
+    if split is not None and not SPLIT_NAME.fullmatch(split):
+        raise DataError(f"split name {split!r} is not a plain file name; use letters, digits, '_', '-' or '.' "
+                        "(e.g. train or test)")
+    by_split: dict[str, list[dict]] = {}
+    skipped: dict[str, int] = {}
+    for f, root in find_files(inputs):
+        name = split or split_of(f, root)
+        for i, row in enumerate(read_file(f, problem_key)):
+            if response_key not in row:
+                raise DataError(f"MATH file '{f}' row {i} has no '{response_key}' field, the response --sft names "
+                                f"(OpenMathInstruct-2's: generated_solution); columns: {', '.join(map(str, row))}")
+            problem, response = row[problem_key], row[response_key]
+            if not all(isinstance(t, str) and t.strip() for t in (problem, response)):
+                skipped[name] = skipped.get(name, 0) + 1
+                continue
+            by_split.setdefault(name, []).append(
+                {"problem": problem, response_key: response, "expected_answer": ground_truth(row)})
+    for name, count in skipped.items():
+        print(f"skipped {count} {name} row{'s' if count > 1 else ''} without '{problem_key}' or '{response_key}' "
+              "text")
+    if not by_split:
+        names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
+        raise DataError(f"no MATH rows with '{problem_key}' and '{response_key}' text in {names}; {_HOW}")
+    order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
+    return [write_rows(by_split[s], Path(output_dir) / f"sft_{s}.parquet") for s in order]

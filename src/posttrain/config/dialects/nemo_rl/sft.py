@@ -12,7 +12,9 @@ joined), "default" the tokenizer's own; data.max_input_seq_length bounds a row (
 
 NeMo-RL's SFT datasets by name are Hugging Face Hub sets that posttrain does not download: a name is
 refused with the files to give instead, unless data.train_files / data.val_files (or posttrain's
-data.dataset_name / data.val_dataset_name) are given beside it.
+data.dataset_name / data.val_dataset_name) are given beside it. OpenMathInstruct-2 for training is posttrain's
+named set of that name (data.dataset_name), whose SFT form posttrain sft reads (data/named.py; the file is looked
+for when the run is built, not here).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ UNUSED = {
     "data.train.system_prompt_file": ((None,), "NeMo-RL's SFT does not apply it either"),
     "data.validation.system_prompt_file": ((None,), "NeMo-RL's SFT does not apply it either"),
 }
+# the Hub split posttrain prepares of a named set with an SFT form (data/named.py's download)
+PREPARED_SPLITS = {"OpenMathInstruct-2": "train_1M"}
 _MEDIA = ("refcoco", "clevr-cogent", "geometry3k", "mmpr-tiny", "avqa", "audiomcq", "daily-omni", "intent-train",
           "intent-bench")
 
@@ -194,13 +198,22 @@ def _data(f: Leaves, out: dict, origin: str, given: Container[str]) -> None:
         if split == "validation" and not any(k.startswith("data.validation.") for k in f.flat):
             name = path = None  # data.default alone names no validation set
         got = _columns(name, {k: get(split, k) for k in ("input_key", "output_key", "chat_key", "tool_key")})
-        if path is not None or files in given:
+        prepared = _prepared(name) if split == "train" and path is None and not replaced else None
+        if path is not None or files in given or prepared:
             columns = columns or got
         if not replaced and path is not None:  # (the command line's data replaces the file's dataset)
             if not str(path).endswith(".parquet"):
                 raise ConfigError(f"data.{split}.data_path={path} ({origin}): posttrain sft reads parquet rows; "
                                   "convert the file to parquet (its columns as they are) and give the .parquet")
             out[files] = [path]
+        elif prepared:  # posttrain's named set, its SFT form (resolved when the run is built)
+            hub_split = get(split, "split")
+            if hub_split is not None and hub_split != PREPARED_SPLITS.get(prepared, hub_split):
+                raise ConfigError(f"data.{split}.split={printable(hub_split)} ({origin}): posttrain prepares "
+                                  f"{prepared}'s {PREPARED_SPLITS[prepared]} split; set that, or give "
+                                  f"{files}=[FILE.parquet], parquet rows with the columns "
+                                  f"{got.get('data.prompt_key')} and {got.get('data.response_key')}")
+            out[named] = prepared
         elif not replaced and name is not None:
             raise ConfigError(_named(split, name, got, origin))
         share, seed, prompt = (get(split, k) for k in ("split_validation_size", "seed", "prompt_file"))
@@ -229,6 +242,14 @@ def _columns(name, keys: dict) -> dict[str, Any]:
     return out
 
 
+def _prepared(name) -> str | None:
+    """posttrain's name of a named set it prepares in an SFT form (OpenMathInstruct-2), else None."""
+    from posttrain.data import named
+
+    entry = named.BY_NAME.get(named.ALIASES.get(name, name)) if isinstance(name, str) else None
+    return entry.name if entry is not None and entry.sft else None
+
+
 def _named(split: str, name, columns: dict, origin: str) -> str:
     """The refusal of a dataset named in an SFT file: what to give instead."""
     files = "data.train_files" if split == "train" else "data.val_files"
@@ -239,9 +260,11 @@ def _named(split: str, name, columns: dict, origin: str) -> str:
         from posttrain.data import named
 
         known = named.BY_NAME.get(named.ALIASES.get(name, name)) if isinstance(name, str) else None
-        why = (f"posttrain prepares {known.name} as RL rows (a prompt and the answer to check), without the "
-               "responses NeMo-RL's SFT learns" if known else
-               f"NeMo-RL's {printable(name)} is a Hugging Face Hub set, which posttrain does not download")
+        why = (f"NeMo-RL's {printable(name)} is a Hugging Face Hub set, which posttrain does not download"
+               if not known else f"posttrain prepares {known.name}'s SFT rows for training only (no validation "
+               "split; data.train.split_validation_size holds a share out)" if known.sft else
+               f"posttrain prepares {known.name} as RL rows (a prompt and the answer to check), without the "
+               "responses NeMo-RL's SFT learns")
     if "data.multiturn.messages_key" in columns:
         what = f"a column {columns['data.multiturn.messages_key']} of chat messages"
     elif columns:
