@@ -125,12 +125,8 @@ def sft_update(model, optimizer, batch: dict, s: SFTSettings, total_tokens: int 
         loss = nll_sum(model, mb, device, s.fused, sp, tp) / max(total, 1)
         (loss * world_size if world_size > 1 else loss).backward()
         loss_sum += float(loss.detach())
-    if tp is not None:  # DTensor gradients beside whole ones: each mesh's norm, then combined
-        grad_norm = float(full_value(clip_grad_norm(params, s.grad_clip if s.grad_clip is not None else math.inf)))
-    elif s.grad_clip is not None:
-        grad_norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, s.grad_clip)))
-    else:
-        grad_norm = float(full_value(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])))
+    # torch's clip, or each mesh's norm combined with TP; no clip: an infinite bound scales every gradient by 1
+    grad_norm = float(full_value(clip_grad_norm(params, s.grad_clip if s.grad_clip is not None else math.inf)))
     stepped = all_finite(loss_sum * world_size, grad_norm, world_size, params[0].device)
     if stepped:
         optimizer.step()
