@@ -170,15 +170,30 @@ def make_row(row: dict, truth: str, split: str, index: int, data_source: str, pr
     }
 
 
+def _check_split(split: str | None) -> None:
+    """DataError unless `split` (None: each file's own) is a plain file name."""
+    if split is not None and not SPLIT_NAME.fullmatch(split):
+        raise DataError(f"split name {split!r} is not a plain file name; use letters, digits, '_', '-' or '.' "
+                        "(e.g. train or test)")
+
+
+def _write_splits(by_split: dict, inputs, output_dir, prefix: str, what: str) -> list[Path]:
+    """output_dir/<prefix><split>.parquet for each split of `by_split`, train then test then the rest; -> their
+    paths. DataError naming `inputs` when there are none (`what`: the rows it looked for)."""
+    if not by_split:
+        names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
+        raise DataError(f"no MATH rows {what} in {names}; {_HOW}")
+    order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
+    return [write_rows(by_split[s], Path(output_dir) / f"{prefix}{s}.parquet") for s in order]
+
+
 def run(inputs, output_dir, data_source: str = DATA_SOURCE, split: str | None = None,
         problem_key: str = "problem") -> list[Path]:
     """Write output_dir/<split>.parquet for each split found (every row in
     <split>.parquet when `split` is given); -> their paths. Rows are numbered
     from 0 within a split, in file order. Prints how many rows had no answer
     to recover, or were marked unverifiable (skipped)."""
-    if split is not None and not SPLIT_NAME.fullmatch(split):
-        raise DataError(f"split name {split!r} is not a plain file name; use letters, digits, '_', '-' or '.' "
-                        "(e.g. train or test)")
+    _check_split(split)
     by_split: dict[str, list[dict]] = {}
     skipped: dict[str, int] = {}
     marked: dict[str, int] = {}
@@ -201,11 +216,7 @@ def run(inputs, output_dir, data_source: str = DATA_SOURCE, split: str | None = 
     for name, count in marked.items():
         print(f"skipped {count} {name} row{'s' if count > 1 else ''} marked unverifiable (a 'proof' or 'notfound' "
               "answer, question_type 'proof', or problem_is_valid / solution_is_valid not 'Yes')")
-    if not by_split:
-        names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
-        raise DataError(f"no MATH rows with an answer in {names}; {_HOW}")
-    order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
-    return [write_rows(by_split[s], Path(output_dir) / f"{s}.parquet") for s in order]
+    return _write_splits(by_split, inputs, output_dir, "", "with an answer")
 
 
 def run_sft(inputs, output_dir, response_key: str, split: str | None = None,
@@ -214,9 +225,7 @@ def run_sft(inputs, output_dir, response_key: str, split: str | None = None,
     problem, its `response_key` text and its answer (ground_truth(), or null),
     in file order; -> their paths. A row without problem or response text is
     skipped and counted (no answer is needed: the response is what is learned)."""
-    if split is not None and not SPLIT_NAME.fullmatch(split):
-        raise DataError(f"split name {split!r} is not a plain file name; use letters, digits, '_', '-' or '.' "
-                        "(e.g. train or test)")
+    _check_split(split)
     by_split: dict[str, list[dict]] = {}
     skipped: dict[str, int] = {}
     for f, root in find_files(inputs):
@@ -234,8 +243,4 @@ def run_sft(inputs, output_dir, response_key: str, split: str | None = None,
     for name, count in skipped.items():
         print(f"skipped {count} {name} row{'s' if count > 1 else ''} without '{problem_key}' or '{response_key}' "
               "text")
-    if not by_split:
-        names = ", ".join(map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]))
-        raise DataError(f"no MATH rows with '{problem_key}' and '{response_key}' text in {names}; {_HOW}")
-    order = sorted(by_split, key=lambda s: ({"train": 0, "test": 1}.get(s, 2), s))
-    return [write_rows(by_split[s], Path(output_dir) / f"sft_{s}.parquet") for s in order]
+    return _write_splits(by_split, inputs, output_dir, "sft_", f"with '{problem_key}' and '{response_key}' text")
