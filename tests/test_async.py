@@ -2,6 +2,7 @@
 ahead of the trainer (driver/ahead.py, rollout/remote.py, Worker.engine_weights)."""
 
 import os
+import re
 import signal
 import threading
 import time
@@ -98,22 +99,38 @@ def test_stop_and_resume_is_exact_with_the_batches_sampled_ahead_in_the_checkpoi
     assert whole == split
 
 
-def test_a_killed_rollout_process_stops_the_run_with_its_cause(tmp_path, data, tiny_model_dir):
-    r = build_run(load_config(None, small_run_overrides(tiny_model_dir, data, tmp_path / "run", 50, *ASYNC,
-                                                        "trainer.save_last=false", "trainer.test_freq=-1")))
-    engine = r.actor.engine
+@pytest.mark.parametrize("failures", [0, 1])
+def test_a_killed_rollout_process_is_replaced_or_stops_the_run_with_its_cause(tmp_path, data, tiny_model_dir,
+                                                                              failures, capfd):
+    """Killed after step 1: replaced and the run goes on to its end (async_training.max_rollout_failures=1), or,
+    with no replacement allowed, the run stops at once with a line naming the process and the signal."""
+    steps = 4 if failures else 50
+    r = build_run(load_config(None, small_run_overrides(tiny_model_dir, data, tmp_path / "run", steps, *ASYNC,
+                                                        "trainer.save_last=false", "trainer.test_freq=-1",
+                                                        f"async_training.max_rollout_failures={failures}")))
+    pool = r.actor.engine
+    first = pool.workers[0]
 
     def kill_after_step_1():
         while not (tmp_path / "run" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "run")) < 2:
             time.sleep(0.05)
-        os.kill(engine.pid, signal.SIGKILL)
+        os.kill(first.pid, signal.SIGKILL)
 
     threading.Thread(target=kill_after_step_1, daemon=True).start()
     start = time.perf_counter()
-    with pytest.raises(RolloutProcessError, match=r"rollout process \(pid \d+\) was killed by signal 9 during "):
+    if failures:
         train(r)
-    assert time.perf_counter() - start < 120
-    assert not engine.process.is_alive()
+        assert [m["step"] for m in read_metrics(tmp_path / "run") if "actor/pg_loss" in m] == [1, 2, 3, 4]
+        assert pool.failures == 1 and pool.workers[0] is not first
+        assert re.search(r"rollout process \(pid \d+\) was killed by signal 9 during \w+; replacing it",
+                         capfd.readouterr().err)
+    else:
+        with pytest.raises(RolloutProcessError, match=r"^the rollout process \(pid \d+\) was killed by signal 9 "
+                           r"during \w+ \(rollout worker 0 of 1; 0 replacements of async_training.max_rollout_"
+                           r"failures=0 already made\): the run stops here"):
+            train(r)
+        assert time.perf_counter() - start < 120
+    assert not first.process.is_alive()
 
 
 def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_tiny_model_dir):
@@ -154,7 +171,6 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
     (["async_training.max_trajectory_age_steps=-1"], "max_trajectory_age_steps must be an integer >= 0"),
     (["async_training.enable=true", "async_training.in_flight_weight_updates=true", "rollout.name=vllm"],
      "needs rollout.name=hf"),
-    (["async_training.enable=true", "trainer.n_gpus_per_node=2"], "one trainer process beside one rollout"),
     (["async_training.enable=true", "rollout.stale_updates=1"], "set rollout.stale_updates=0"),
     (["async_training.enable=true", "model.lora_rank=4", "rollout.lora_sync=adapter"], "lora_sync=merged"),
 ])

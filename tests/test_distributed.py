@@ -15,7 +15,8 @@ from posttrain.driver.batch import RolloutBatch
 from posttrain.driver.build import build_run
 from posttrain.checkpoint import list_checkpoints
 from posttrain.config import load_config
-from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
+from posttrain.distributed.balance import balanced_partition, minibatch_shards
+from posttrain.rollout.base import concat_rollouts, even_chunks
 from posttrain.driver.loop import train
 from posttrain.rollout.base import RolloutOutput, SamplingParams
 from posttrain.rollout.weights import hf_name

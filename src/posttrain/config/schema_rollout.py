@@ -123,3 +123,4 @@ class AsyncTrainingConfig:
     # the rollout's own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node): one process
     rollout_nnodes: int = 1
     rollout_n_gpus_per_node: int = 1
+    max_rollout_failures: int = 3

@@ -75,17 +75,9 @@ def validate_async(cfg: Config) -> None:
          f"{key}.rollout_threads must be an integer >= 1 or null (half the cores), got {printable(a.rollout_threads)}")
     if not a.enable:
         return
-    need(a.rollout_nnodes == 1 and a.rollout_n_gpus_per_node == 1,
-         f"{key}.rollout_nnodes x rollout_n_gpus_per_node = {a.rollout_nnodes * a.rollout_n_gpus_per_node} (verl's "
-         "rollout.nnodes, rollout.n_gpus_per_node): asynchronous training runs one rollout process yet; set both to 1")
     need(not (a.in_flight_weight_updates and cfg.rollout.name != "hf"),
          f"{key}.in_flight_weight_updates=true needs rollout.name=hf (its engine takes new weights between two "
          f"tokens); with rollout.name={cfg.rollout.name} set it to false: the weights then change between batches")
-    tr = cfg.trainer
-    need(tr.nnodes * tr.n_gpus_per_node == 1 and not tr.use_ray,
-         f"{key}.enable=true runs one trainer process beside one rollout process; trainer.nnodes x "
-         f"trainer.n_gpus_per_node = {tr.nnodes * tr.n_gpus_per_node}{' with trainer.use_ray' if tr.use_ray else ''}"
-         " (several trainer workers) is not supported with it yet: use one worker, or set it to false")
     need(cfg.rollout.stale_updates == 0,
          f"rollout.stale_updates={cfg.rollout.stale_updates} with {key}.enable=true: asynchronous training's "
          f"staleness is its own ({key}.max_trajectory_age_steps); set rollout.stale_updates=0")

@@ -1,4 +1,4 @@
-"""Splitting a batch over workers and putting the answers back together.
+"""Splitting a batch over workers (the answers are joined by rollout/base.py's concat_rollouts).
 
 Every worker must run the same number of forward passes (each one gathers
 FSDP2 shards with the others), so rows are split into equal counts; within
@@ -6,10 +6,6 @@ that, rows are spread so each worker gets about the same number of tokens.
 """
 
 from __future__ import annotations
-
-import torch
-
-from posttrain.rollout.base import RolloutOutput
 
 
 def balanced_partition(lengths: list[int], parts: int) -> list[list[int]]:
@@ -32,18 +28,6 @@ def balanced_partition(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(g) for g in groups]
 
 
-def even_chunks(count: int, parts: int) -> list[range]:
-    """Consecutive ranges of nearly equal size covering 0..count-1 (some may be empty).
-    10, 3 -> [range(0, 4), range(4, 7), range(7, 10)]"""
-    base, extra = divmod(count, parts)
-    out, start = [], 0
-    for p in range(parts):
-        end = start + base + (1 if p < extra else 0)
-        out.append(range(start, end))
-        start = end
-    return out
-
-
 def minibatch_shards(lengths: list[int], mini_batch_size: int, parts: int) -> list[list[int]]:
     """For data-parallel training: each worker's rows, mini-batch by mini-batch.
 
@@ -57,36 +41,3 @@ def minibatch_shards(lengths: list[int], mini_batch_size: int, parts: int) -> li
         for w, group in enumerate(balanced_partition([lengths[i] for i in rows], parts)):
             shards[w].extend(rows[i] for i in group)
     return shards
-
-
-def concat_rollouts(outs: list[RolloutOutput], pad_token_id: int) -> RolloutOutput:
-    """Rollouts of consecutive prompt chunks -> one, re-padded to common widths
-    (prompts stay left-padded, responses right-padded)."""
-    outs = [o for o in outs if o is not None and o.prompt_ids.shape[0] > 0]
-    p_width = max(o.prompt_ids.shape[1] for o in outs)
-    r_width = max(o.response_ids.shape[1] for o in outs)
-
-    def pad(t, width, value, left):
-        extra = width - t.shape[1]
-        if extra == 0:
-            return t
-        fill = torch.full((t.shape[0], extra), value, dtype=t.dtype)
-        return torch.cat([fill, t] if left else [t, fill], dim=1)
-
-    log_probs = None
-    if all(o.log_probs is not None for o in outs):
-        log_probs = torch.cat([pad(o.log_probs, r_width, 0.0, False) for o in outs])
-    truncated = torch.cat([o.truncated for o in outs]) if all(o.truncated is not None for o in outs) else None
-    seen = None  # multi-turn rollouts' attention over the responses (tool tokens included)
-    if any(o.response_attention_mask is not None for o in outs):
-        seen = torch.cat([pad(o.response_mask if o.response_attention_mask is None else o.response_attention_mask,
-                              r_width, 0, False) for o in outs])
-    return RolloutOutput(
-        prompt_ids=torch.cat([pad(o.prompt_ids, p_width, pad_token_id, True) for o in outs]),
-        prompt_mask=torch.cat([pad(o.prompt_mask, p_width, 0, True) for o in outs]),
-        response_ids=torch.cat([pad(o.response_ids, r_width, pad_token_id, False) for o in outs]),
-        response_mask=torch.cat([pad(o.response_mask, r_width, 0, False) for o in outs]),
-        log_probs=log_probs,
-        truncated=truncated,
-        response_attention_mask=seen,
-    )

@@ -19,9 +19,10 @@ import uuid
 
 import torch
 
-from posttrain.distributed.balance import balanced_partition, concat_rollouts, even_chunks, minibatch_shards
+from posttrain.distributed.balance import balanced_partition, minibatch_shards
 from posttrain.distributed.cluster import describe_resources, import_ray
 from posttrain.errors import PosttrainError
+from posttrain.rollout.base import concat_rollouts, even_chunks
 from posttrain.training.actor import loss_units
 from posttrain.training.sft import learned_tokens
 from posttrain.worker.spec import WorkerSpec
@@ -61,6 +62,9 @@ class WorkerGroup:
         self.workers = [
             remote.options(
                 num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0, max_restarts=0, name=None,
+                # asynchronous training: worker 0 answers the sampling thread's verbs (generate, engine_weights: its
+                # rollout workers do the work) while the trainer's run; the trainer's collectives come one at a time
+                max_concurrency=2 if spec.rollout.remote else 1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
                 runtime_env={"env_vars": env} if env else None,
             ).remote(spec, rank=i, world_size=self.world_size, sharded=True)
@@ -85,7 +89,10 @@ class WorkerGroup:
 
     def generate(self, prompts, params):
         """Prompts in consecutive equal chunks, one per worker (lengths are not
-        known before sampling); the answers keep the prompts' order."""
+        known before sampling); the answers keep the prompts' order. With asynchronous training all go to
+        worker 0, whose rollout workers share them out (rollout/pool.py)."""
+        if self.spec.rollout.remote:
+            return self._call([0], "generate", [(prompts, params)])[0]
         chunks = even_chunks(len(prompts), self.world_size)
         busy = [w for w, r in enumerate(chunks) if len(r) > 0]
         outs = self._call(busy, "generate", [([prompts[i] for i in chunks[w]], params) for w in busy])
@@ -182,6 +189,10 @@ class WorkerGroup:
 
     def validation_weights(self, on: bool) -> None:
         self._call_all("validation_weights", on)
+
+    def engine_weights(self, version: int, keep_older: bool = False) -> None:
+        """Asynchronous training: worker 0's rollout workers sample with `version` of the weights next."""
+        self._call([0], "engine_weights", [(version, keep_older)])
 
     def memory(self) -> dict[str, float]:
         """The largest peak over the workers, per quantity."""

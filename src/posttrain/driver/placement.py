@@ -12,6 +12,7 @@ import torch
 
 from posttrain.distributed.cluster import connect
 from posttrain.distributed.group import WorkerGroup
+from posttrain.driver.settings import rollout_workers
 from posttrain.errors import ConfigError
 from posttrain.metrics.flops import ModelFlops
 from posttrain.runtime.profiling import ROLE_PHASES, StepProfiler, rank_selected, tool_settings, warn
@@ -54,7 +55,8 @@ def uses_ray(cfg) -> bool:
 def connect_cluster(cfg) -> None:
     tr = cfg.trainer
     world = tr.nnodes * tr.n_gpus_per_node
-    where = connect(tr.ray_address, num_cpus=max(world * tr.cpus_per_worker, os.cpu_count() or 1))
+    rollout = rollout_workers(cfg) if cfg.async_training.enable else 0  # asynchronous training's, a CPU each
+    where = connect(tr.ray_address, num_cpus=max(world * tr.cpus_per_worker + rollout, os.cpu_count() or 1))
     print(f"posttrain: {world} worker{'s' if world > 1 else ''} on {redact_url(where)}", file=sys.stderr)
 
 
@@ -80,13 +82,22 @@ def make_actor(cfg, spec: WorkerSpec, run_dir: Path) -> tuple[Worker | WorkerGro
                   "generations (rollout.free_cache_engine has no effect on the CPU)", file=sys.stderr)
     if not uses_ray(cfg):
         worker = Worker(spec)
-        return worker, [worker.setup()]
+        info = [worker.setup()]
+        say_rollout_workers(info)
+        return worker, info
     hint = (f"The newest valid checkpoint in {run_dir / 'checkpoints'} is kept: run the same command again "
             "to resume from it (trainer.resume_mode=auto)")
     group = WorkerGroup(spec, tr.nnodes, tr.n_gpus_per_node, tr.cpus_per_worker, resume_hint=hint)
     for w in group.info:
         print(f"posttrain: worker {w['rank']}: pid {w['pid']} on {w['host']} ({w['device']})", file=sys.stderr)
+    say_rollout_workers(group.info)
     return group, group.info
+
+
+def say_rollout_workers(info: list[dict]) -> None:
+    """Asynchronous training: where each rollout worker runs (worker 0 holds them)."""
+    for i, (pid, host) in enumerate(info[0].get("rollout_workers", ())):
+        print(f"posttrain: rollout worker {i}: pid {pid} on {host}", file=sys.stderr)
 
 
 def make_profiler(cfg, run_dir: Path, device: str, distributed: bool) -> StepProfiler:

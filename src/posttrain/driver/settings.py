@@ -80,7 +80,15 @@ def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:
         kv_cache_sequences=cfg.data.train_batch_size * r.n, dtype=r.dtype, stale_updates=r.stale_updates,
         remote=cfg.async_training.enable, threads=split_threads(cfg, device)[1],
         in_flight=cfg.async_training.enable and cfg.async_training.in_flight_weight_updates,
+        workers=rollout_workers(cfg), max_failures=cfg.async_training.max_rollout_failures,
     )
+
+
+def rollout_workers(cfg) -> int:
+    """Asynchronous training's rollout workers: its devices (async_training.rollout_nnodes x
+    rollout_n_gpus_per_node) over the engine's tensor-parallel size (validation checks that it divides)."""
+    a = cfg.async_training
+    return max(1, a.rollout_nnodes * a.rollout_n_gpus_per_node // cfg.rollout.tensor_model_parallel_size)
 
 
 def split_threads(cfg, device: str) -> tuple[int | None, int | None]:

@@ -89,3 +89,52 @@ class RolloutEngine(Protocol):
         """Load full tensors under Hugging Face names into the engine's own
         copy of the model (from a sharded trainer: `rollout.weights`)."""
         ...
+
+
+def even_chunks(count: int, parts: int) -> list[range]:
+    """Consecutive ranges of nearly equal size covering 0..count-1 (some may be empty).
+    10, 3 -> [range(0, 4), range(4, 7), range(7, 10)]"""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + base + (1 if p < extra else 0)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
+def concat_rollouts(outs: list[RolloutOutput], pad_token_id: int) -> RolloutOutput:
+    """Rollouts of consecutive prompt chunks -> one, re-padded to common widths
+    (prompts stay left-padded, responses right-padded)."""
+    outs = [o for o in outs if o is not None and o.prompt_ids.shape[0] > 0]
+    p_width = max(o.prompt_ids.shape[1] for o in outs)
+    r_width = max(o.response_ids.shape[1] for o in outs)
+
+    def pad(t, width, value, left):
+        extra = width - t.shape[1]
+        if extra == 0:
+            return t
+        fill = torch.full((t.shape[0], extra), value, dtype=t.dtype)
+        return torch.cat([fill, t] if left else [t, fill], dim=1)
+
+    log_probs = None
+    if all(o.log_probs is not None for o in outs):
+        log_probs = torch.cat([pad(o.log_probs, r_width, 0.0, False) for o in outs])
+    truncated = torch.cat([o.truncated for o in outs]) if all(o.truncated is not None for o in outs) else None
+    versions = None  # in-flight weight updates: the version that chose each token (-1 on padding)
+    if all(o.weight_versions is not None for o in outs):
+        versions = torch.cat([pad(o.weight_versions, r_width, -1, False) for o in outs])
+    seen = None  # multi-turn rollouts' attention over the responses (tool tokens included)
+    if any(o.response_attention_mask is not None for o in outs):
+        seen = torch.cat([pad(o.response_mask if o.response_attention_mask is None else o.response_attention_mask,
+                              r_width, 0, False) for o in outs])
+    return RolloutOutput(
+        prompt_ids=torch.cat([pad(o.prompt_ids, p_width, pad_token_id, True) for o in outs]),
+        prompt_mask=torch.cat([pad(o.prompt_mask, p_width, 0, True) for o in outs]),
+        response_ids=torch.cat([pad(o.response_ids, r_width, pad_token_id, False) for o in outs]),
+        response_mask=torch.cat([pad(o.response_mask, r_width, 0, False) for o in outs]),
+        log_probs=log_probs,
+        truncated=truncated,
+        response_attention_mask=seen,
+        weight_versions=versions,
+    )

@@ -39,25 +39,31 @@ class RolloutProcessError(RuntimeError):
 
 
 class InFlight:
-    """The child's side of in-flight weight updates: a thread takes (version, weights) from their own pipe while
-    the engine generates; the engine's `weights_hook` loads the newest at its next forward (rollout/hf.py)."""
+    """The rollout side of in-flight weight updates: (version, weights) come while the engine generates (from
+    their own pipe here, or a Ray actor's method: worker/rollout_actors.py); the engine's `weights_hook` loads the
+    newest at its next forward (rollout/hf.py)."""
 
-    def __init__(self, conn, engine):
-        self.conn, self.engine = conn, getattr(engine, "engine", engine)  # the HF engine inside any wrapper
+    def __init__(self, engine, conn=None):
+        self.engine = getattr(engine, "engine", engine)  # the HF engine inside any wrapper
         self.pending: tuple | None = None
         self.lock = threading.Condition()
         self.engine.weights_hook = self.apply
-        threading.Thread(target=self._receive, name="posttrain-weights", daemon=True).start()
+        if conn is not None:
+            threading.Thread(target=self._receive, args=(conn,), name="posttrain-weights", daemon=True).start()
 
-    def _receive(self) -> None:
+    def _receive(self, conn) -> None:
         while True:
             try:
-                update = self.conn.recv()
+                update = conn.recv()
             except (EOFError, OSError):
                 return
-            with self.lock:
-                self.pending = update  # a newer one replaces one not loaded yet
-                self.lock.notify_all()
+            self.offer(update)
+
+    def offer(self, update: tuple) -> None:
+        """(version, weights): loaded at the engine's next forward; a newer one replaces one not loaded yet."""
+        with self.lock:
+            self.pending = update
+            self.lock.notify_all()
 
     def wait_for(self, version: int, timeout_s: float = 600.0) -> None:
         """Before a generate: the weights pipe and the command pipe keep no order between them, so wait until
@@ -85,7 +91,7 @@ def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
     try:
         engine = build()
         if weights_conn is not None:
-            in_flight = InFlight(weights_conn, engine)
+            in_flight = InFlight(engine, weights_conn)
     except BaseException:  # noqa: BLE001  any failure to build is the parent's to report
         conn.send(("error", traceback.format_exc()))
         return

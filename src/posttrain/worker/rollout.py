@@ -159,20 +159,67 @@ class RemoteRollout:
         self.engine.close()
 
 
+class PeerRollout:
+    """A trainer group's worker other than 0 with asynchronous training: worker 0 holds the rollout workers; this
+    one takes part in gathering each update's weights from the shards (a collective) and keeps nothing."""
+
+    engine, history = None, None
+
+    def __init__(self, spec: WorkerSpec):
+        self.merged = merged_rollout(spec)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        raise RuntimeError("asynchronous training samples on worker 0's rollout workers, not on this worker")
+
+    def push_weights(self, policy: torch.nn.Module, restart: bool = False) -> None:
+        for _ in full_weights(policy, self.merged):  # the gathers, in step with worker 0's
+            pass
+
+    def validation_weights(self, on: bool) -> None:
+        pass
+
+    def load_version(self, version: int, keep_older: bool = False) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def rollout_pool(spec: WorkerSpec, eos: list[int], pad_token_id: int, sharded: bool):
+    """Asynchronous training's rollout workers (rollout/pool.py): processes of this one beside one trainer
+    process; Ray actors of their own beside a trainer group (worker 0 holds them)."""
+    from functools import partial
+
+    from posttrain.rollout.pool import RolloutPool
+    from posttrain.rollout.remote import RemoteEngine
+
+    r = spec.rollout
+    if sharded:
+        from posttrain.worker.rollout_actors import ray_spawner
+
+        spawn = ray_spawner(spec, eos, pad_token_id, r.workers)
+    else:
+        threads = max(1, r.threads // r.workers) if r.threads else None  # the rollout's cores shared out
+
+        def spawn(i: int, attempt: int) -> RemoteEngine:
+            return RemoteEngine(partial(build_rollout_engine, spec, eos, pad_token_id, i + attempt * r.workers),
+                                threads=threads, name="rollout" if r.workers == 1 else f"rollout worker {i}",
+                                in_flight=r.in_flight)
+    return RolloutPool(spawn, r.workers, pad_token_id, max_failures=r.max_failures)
+
+
 def make_rollout(spec: WorkerSpec, policy: torch.nn.Module, copy: torch.nn.Module | None, eos: list[int],
                  pad_token_id: int, rank: int, sharded: bool) -> Rollout:
-    """The worker's rollout: remote with asynchronous training (its engine built in its own process), else local
-    over `copy` (weights.make_rollout_copy) or the policy's module. The one place that asks which."""
+    """The worker's rollout: remote with asynchronous training (rollout workers of their own; worker 0 of a
+    trainer group holds them, the others only help gather the weights), else local over `copy`
+    (weights.make_rollout_copy) or the policy's module. The one place that asks which."""
     r = spec.rollout
     dtype = getattr(torch, engine_dtype_of(spec))
     if r.remote:
-        from functools import partial
-
-        from posttrain.rollout.remote import RemoteEngine
-
-        engine = RemoteEngine(partial(build_rollout_engine, spec, eos, pad_token_id, rank), threads=r.threads,
-                              in_flight=r.in_flight)
-        # the versions the rollout process may still ask for (in flight: the newest, on its way to it)
+        if rank > 0:
+            return PeerRollout(spec)
+        engine = rollout_pool(spec, eos, pad_token_id, sharded)
+        # the versions the rollout workers may still ask for (in flight: the newest, on its way to them)
         return RemoteRollout(engine, spec, WeightHistory(0 if r.in_flight else None, dtype))
     send = sending(spec, sharded)
     model = copy if copy is not None else None if sharded else policy  # vLLM's engine loads its own

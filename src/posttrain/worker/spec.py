@@ -87,6 +87,10 @@ class RolloutSpec:
     # threads (None: torch's default), and takes the weights of the version the driver names before each batch
     remote: bool = False
     threads: int | None = None
+    # ... in `workers` processes of their own (rollout/pool.py: Ray actors beside a trainer group, worker 0 holding
+    # them); a dead one is replaced up to `max_failures` times over the run
+    workers: int = 1
+    max_failures: int = 0
     in_flight: bool = False  # async_training.in_flight_weight_updates: new weights reach it mid-batch
 
 

@@ -95,6 +95,8 @@ class Worker:
                 "device_name": flops["device_name"], "peak_flops": flops["peak_flops"],
                 "sequence_parallel": self.sp.size if self.sp else 1, "sharded": self.sharded,
                 "tensor_parallel": self.tp.size if self.tp else 1,
+                "rollout_workers": [(w.pid, getattr(w, "where", {}).get("host", process.host()))
+                                    for w in getattr(self.engine, "workers", ())],  # asynchronous training's
                 "peak_key": flops["peak_key"]}
 
     @property

@@ -1,0 +1,163 @@
+"""Rollout workers as Ray actors: the rollout side of asynchronous training beside a trainer group.
+
+With async_training.enable and a trainer group on Ray, worker 0 of the group makes a rollout/pool.py
+`RolloutPool` of `RayEngine`s: each a `RolloutActor` in a bundle of a placement group of its own (the rollout's
+devices: async_training.rollout_nnodes x rollout_n_gpus_per_node, rollout.tensor_parallel_size of them per
+worker), which builds its engine there (engines.build_rollout_engine: the HF engine over a model of its own, or
+vLLM's) and answers the verbs a rollout/remote.py `RemoteEngine` answers:
+
+    spawn = ray_spawner(spec, eos, pad_token_id, size=2)   # places the bundles
+    pool = RolloutPool(spawn, 2, pad_token_id, max_failures=3)
+
+Weights travel through Ray's object store: one `ray.put` per version (shared memory on the node, Ray's transfer to
+other nodes), which every actor reads. An actor that dies raises `RolloutProcessError` with how it ended (the pool
+replaces it); an error inside one comes back with its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from posttrain.rollout.remote import InFlight, RolloutProcessError, on_cpu
+from posttrain.worker.engines import build_rollout_engine
+from posttrain.worker.spec import WorkerSpec
+
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+class RolloutActor:
+    """One rollout worker, in a Ray actor of its own (threaded: an in-flight update comes while it generates)."""
+
+    def __init__(self, spec: WorkerSpec, eos: list[int], pad_token_id: int, rank: int):
+        import torch
+
+        if spec.rollout.threads:
+            torch.set_num_threads(spec.rollout.threads)
+        self.engine = build_rollout_engine(spec, eos, pad_token_id, rank)
+        self.in_flight = InFlight(self.engine) if spec.rollout.in_flight else None
+
+    def ready(self) -> dict:
+        from posttrain.worker.process import host
+
+        return {"pid": os.getpid(), "host": host(), "generator": getattr(self.engine, "generator", None) is not None}
+
+    def generate(self, prompts, params, min_version):
+        if self.in_flight is not None and min_version is not None:
+            self.in_flight.wait_for(min_version)
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, weights) -> None:
+        self.engine.load_weights(iter(weights))
+
+    def send_weights(self, version: int, weights) -> None:
+        self.in_flight.offer((version, weights))
+
+    def get_rng_state(self):
+        return self.engine.generator.get_state()
+
+    def set_rng_state(self, state) -> None:
+        self.engine.generator.set_state(state)
+
+    def shutdown(self) -> None:
+        stop = getattr(getattr(self.engine, "engine", self.engine), "shutdown", None)
+        if stop is not None:  # vLLM's engine-core process
+            stop()
+
+
+class ActorGenerator:
+    """An actor engine's torch.Generator, as checkpoints see one."""
+
+    def __init__(self, engine: RayEngine):
+        self.engine = engine
+
+    def get_state(self):
+        return self.engine.call("get_rng_state").clone()
+
+    def set_state(self, state) -> None:
+        self.engine.call("set_rng_state", state)
+
+
+class RayEngine:
+    """A `RolloutActor` answering as a rollout/remote.py `RemoteEngine` does (module docstring)."""
+
+    def __init__(self, actor, name: str):
+        self.actor, self.name, self.min_version = actor, name, None
+        self.where = {}
+        self.where = self.call("ready")
+        self.generator = ActorGenerator(self) if self.where["generator"] else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.where.get("pid")
+
+    def call(self, verb: str, *args):
+        import ray
+
+        try:
+            return ray.get(getattr(self.actor, verb).remote(*args))
+        except ray.exceptions.RayActorError as e:
+            where = f"pid {self.pid} on {self.where['host']}" if self.where else "not started"
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RolloutProcessError(f"the {self.name} ({where}) died during {verb}: {cause}") from None
+        except ray.exceptions.RayTaskError as e:
+            raise RuntimeError(f"the {self.name} (pid {self.pid}) failed in {verb}:\n{e}") from None
+
+    def generate(self, prompts, params):
+        return self.call("generate", prompts, params, self.min_version)
+
+    @staticmethod
+    def prepare_weights(weights):
+        """One object in Ray's store for every actor of a pool: CPU tensors put once."""
+        import ray
+
+        return ray.put(on_cpu(weights))
+
+    def load_weights(self, weights) -> None:
+        self.call("load_weights", weights)
+
+    def send_weights(self, version: int, weights) -> None:
+        self.call("send_weights", version, weights)
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.shutdown.remote(), timeout=30)
+        except Exception:  # noqa: BLE001  dead or stuck: killed below either way
+            pass
+        ray.kill(self.actor)
+
+
+def ray_spawner(spec: WorkerSpec, eos: list[int], pad_token_id: int, size: int):
+    """Place `size` rollout workers' bundles (one device each, rollout.tensor_parallel_size on a GPU) and return
+    spawn(i, attempt) -> a `RayEngine` in bundle i (a replacement in the dead one's bundle)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    gpu = spec.device == "cuda"
+    bundle = {"CPU": 1, **({"GPU": spec.rollout.tensor_parallel_size} if gpu else {})}
+    pg = placement_group([bundle] * size, strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        ray.util.remove_placement_group(pg)
+        raise RolloutProcessError(
+            f"the Ray cluster cannot place {size} rollout workers with {bundle} each beside the trainer group "
+            f"(available: {ray.available_resources()}); lower async_training.rollout_n_gpus_per_node / "
+            "rollout_nnodes or add nodes")
+    actor = ray.remote(RolloutActor)
+
+    def spawn(i: int, attempt: int) -> RayEngine:
+        handle = actor.options(
+            num_cpus=1, num_gpus=spec.rollout.tensor_parallel_size if gpu else 0, max_restarts=0,
+            max_concurrency=2, runtime_env={"env_vars": spec.env} if spec.env else None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+        ).remote(spec, eos, pad_token_id, i + attempt * size)
+        engine = RayEngine(handle, f"rollout worker {i}")
+        if attempt:
+            print(f"posttrain: rollout worker {i} replaced: pid {engine.pid} on {engine.where['host']}",
+                  file=sys.stderr)
+        return engine
+
+    return spawn

@@ -1,0 +1,132 @@
+"""Asynchronous training at cluster shape: a trainer group of FSDP2 workers on Ray beside rollout workers of their
+own (rollout/pool.py, worker/rollout_actors.py), and a pool of rollout processes beside one trainer process, with a
+dead rollout worker replaced."""
+
+import os
+import re
+import signal
+import threading
+import time
+from functools import partial
+
+import pytest
+import torch
+
+from posttrain.config import load_config
+from posttrain.driver.build import build_run
+from posttrain.driver.loop import train
+from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.pool import RolloutPool
+from posttrain.rollout.remote import RemoteEngine, RolloutProcessError
+
+from helpers import comparable, read_metrics, small_run_overrides
+
+ASYNC = ("async_training.enable=true", "async_training.rollout_threads=1")
+
+
+# ------------------------------------------------------------ the pool, over a toy engine
+
+
+class Echo:
+    """A toy engine: each prompt's response is its tokens + its worker's seed, after `delay_s` (time to kill it)."""
+
+    def __init__(self, seed: int, delay_s: float = 0.0):
+        self.seed, self.delay_s, self.generator = seed, delay_s, None
+        self.weights = None
+
+    def generate(self, prompts, params):
+        time.sleep(self.delay_s)
+        rows = [p + [self.seed, self.weights or 0] for p in prompts for _ in range(params.n)]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        return RolloutOutput(prompt_ids=torch.ones(len(rows), 1, dtype=torch.long),
+                             prompt_mask=torch.ones(len(rows), 1, dtype=torch.long), response_ids=ids,
+                             response_mask=mask)
+
+    def load_weights(self, weights):
+        self.weights = int(dict(weights)["w"].item())
+
+
+def echo(seed: int, delay_s: float = 0.0) -> Echo:
+    return Echo(seed, delay_s)
+
+
+def local_pool(size: int, max_failures: int, delay_s: float = 0.0) -> RolloutPool:
+    def spawn(i, attempt):
+        return RemoteEngine(partial(echo, 100 + i + attempt * size, delay_s), name=f"rollout worker {i}")
+
+    return RolloutPool(spawn, size, pad_token_id=0, max_failures=max_failures)
+
+
+def responses(out: RolloutOutput) -> list[list[int]]:
+    return [ids[m.bool()].tolist() for ids, m in zip(out.response_ids, out.response_mask)]
+
+
+def test_the_pool_spreads_prompts_in_chunks_and_answers_in_their_order():
+    pool = local_pool(2, 0)
+    try:
+        pool.load_weights([("w", torch.tensor(7))])
+        out = pool.generate([[1], [2, 2], [3]], SamplingParams(max_new_tokens=2, n=2))
+        # even_chunks(3, 2): prompts 0-1 to worker 0 (seed 100), prompt 2 to worker 1 (seed 101); all with w = 7
+        assert responses(out) == [[1, 100, 7]] * 2 + [[2, 2, 100, 7]] * 2 + [[3, 101, 7]] * 2
+    finally:
+        pool.close()
+
+
+def test_a_killed_rollout_worker_is_replaced_and_its_prompts_sampled_again():
+    pool = local_pool(2, 1, delay_s=1.5)
+    try:
+        pool.load_weights([("w", torch.tensor(7))])
+        victim = pool.workers[1].pid
+        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()  # mid-batch
+        out = pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
+        # worker 0's answer kept; worker 1's prompt sampled again by its replacement (seed 101 + 2), which
+        # loaded the weights the pool last loaded
+        assert responses(out) == [[1, 100, 7], [2, 103, 7]]
+        assert pool.failures == 1 and pool.workers[1].pid != victim
+        # the second death is one too many: one line naming the worker and how it ended
+        os.kill(pool.workers[1].pid, signal.SIGKILL)
+        with pytest.raises(RolloutProcessError, match=r"^the rollout worker 1 process \(pid \d+\) was killed by "
+                           r"signal 9 during generate \(rollout worker 1 of 2; 1 replacement of "
+                           r"async_training.max_rollout_failures=1 already made\): the run stops here") as e:
+            pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
+        assert "\n" not in str(e.value)
+    finally:
+        pool.close()
+
+
+# ------------------------------------------------------------ a trainer group beside rollout workers (Ray)
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster):
+    from posttrain.distributed.cluster import connect
+
+    connect(ray_cluster["address"])
+    return ray_cluster
+
+
+def run(args):
+    return train(build_run(load_config(None, args)))
+
+
+@pytest.mark.ray
+def test_two_trainer_workers_beside_two_rollout_workers_at_k_0_are_the_synchronous_group(
+        cluster, tmp_path, data, trained_tiny_model_dir, capfd):
+    """Worker i of a synchronous group samples chunk i of the prompts with seed + i; rollout worker i does the
+    same with the weights gathered from the trainer's shards: the same run, step by step, bit for bit."""
+    group = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.save_freq=3",
+             "trainer.test_freq=-1")
+    sync = small_run_overrides(trained_tiny_model_dir, data, tmp_path / "sync", 3, *group)
+    run(sync)
+    capfd.readouterr()
+    run([*sync, f"trainer.run_dir={tmp_path / 'async'}", *ASYNC, "async_training.max_trajectory_age_steps=0",
+         "async_training.rollout_n_gpus_per_node=2"])
+    said = capfd.readouterr().err
+    trainers = set(re.findall(r"posttrain: worker \d: pid (\d+)", said))
+    rollouts = set(re.findall(r"posttrain: rollout worker \d: pid (\d+)", said))
+    assert len(trainers) == 2 and len(rollouts) == 2 and not trainers & rollouts, said[-3000:]
+    a = [{k: v for k, v in line.items() if not k.startswith("async/")} for line in comparable(tmp_path / "async")]
+    assert a == comparable(tmp_path / "sync")
+    assert [m["step"] for m in read_metrics(tmp_path / "async") if "actor/pg_loss" in m] == [1, 2, 3]
