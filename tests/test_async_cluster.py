@@ -130,3 +130,37 @@ def test_two_trainer_workers_beside_two_rollout_workers_at_k_0_are_the_synchrono
     a = [{k: v for k, v in line.items() if not k.startswith("async/")} for line in comparable(tmp_path / "async")]
     assert a == comparable(tmp_path / "sync")
     assert [m["step"] for m in read_metrics(tmp_path / "async") if "actor/pg_loss" in m] == [1, 2, 3]
+
+
+@pytest.mark.ray
+def test_a_dead_rollout_actor_is_replaced_as_a_dead_process_is(cluster):
+    """The same pool over Ray actors (worker/rollout_actors.py): the weights go through the object store once, an
+    actor killed mid-batch is replaced, its chunk sampled again, the other chunk's answer kept."""
+    import sys
+
+    import ray
+
+    from posttrain.worker.rollout_actors import RayEngine, RolloutActor
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the toy engine travels by value
+    actor = ray.remote(RolloutActor)
+
+    def spawn(i, attempt):
+        return RayEngine(actor.options(num_cpus=0, max_concurrency=2).remote(partial(echo, 100 + i + 2 * attempt, 1.5)),
+                         f"rollout worker {i}")
+
+    pool = RolloutPool(spawn, 2, pad_token_id=0, max_failures=1)
+    try:
+        pool.load_weights([("w", torch.tensor(7))])
+        assert isinstance(pool._weights, ray.ObjectRef)
+        victim = pool.workers[0]
+        threading.Timer(0.5, ray.kill, (victim.actor,)).start()
+        out = pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
+        assert responses(out) == [[1, 102, 7], [2, 101, 7]]
+        assert pool.failures == 1 and pool.workers[0] is not victim
+        ray.kill(pool.workers[1].actor)
+        with pytest.raises(RolloutProcessError, match=r"^the rollout worker 1 \(pid \d+ on [^)]+\) died during "
+                           r"generate.*\(rollout worker 1 of 2; 1 replacement"):
+            pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
+    finally:
+        pool.close()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
+from typing import Callable
 
 from posttrain.rollout.remote import InFlight, RolloutProcessError, on_cpu
 from posttrain.worker.engines import build_rollout_engine
@@ -27,15 +29,16 @@ PLACEMENT_TIMEOUT_S = 120.0
 
 
 class RolloutActor:
-    """One rollout worker, in a Ray actor of its own (threaded: an in-flight update comes while it generates)."""
+    """One rollout worker, in a Ray actor of its own (threaded: an in-flight update comes while it generates):
+    `build()` makes its engine there, as a rollout/remote.py child process's does."""
 
-    def __init__(self, spec: WorkerSpec, eos: list[int], pad_token_id: int, rank: int):
+    def __init__(self, build: Callable, threads: int | None = None, in_flight: bool = False):
         import torch
 
-        if spec.rollout.threads:
-            torch.set_num_threads(spec.rollout.threads)
-        self.engine = build_rollout_engine(spec, eos, pad_token_id, rank)
-        self.in_flight = InFlight(self.engine) if spec.rollout.in_flight else None
+        if threads:
+            torch.set_num_threads(threads)
+        self.engine = build()
+        self.in_flight = InFlight(self.engine) if in_flight else None
 
     def ready(self) -> dict:
         from posttrain.worker.process import host
@@ -153,7 +156,8 @@ def ray_spawner(spec: WorkerSpec, eos: list[int], pad_token_id: int, size: int):
             num_cpus=1, num_gpus=spec.rollout.tensor_parallel_size if gpu else 0, max_restarts=0,
             max_concurrency=2, runtime_env={"env_vars": spec.env} if spec.env else None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-        ).remote(spec, eos, pad_token_id, i + attempt * size)
+        ).remote(partial(build_rollout_engine, spec, eos, pad_token_id, i + attempt * size), spec.rollout.threads,
+                 spec.rollout.in_flight)
         engine = RayEngine(handle, f"rollout worker {i}")
         if attempt:
             print(f"posttrain: rollout worker {i} replaced: pid {engine.pid} on {engine.where['host']}",
