@@ -9,6 +9,8 @@ SmolLM2 example (`--model smollm2`). Settings:
   k1f, k2f    the same with in-flight weight updates (new weights reach the sequences mid-batch)
   ...-tis     with token TIS (algorithm.rollout_correction.rollout_is=token, threshold 2)
   ...-lenN    every response exactly N tokens (data.max_response_length=N, rollout.ignore_eos=true), e.g. k1f-len96
+  ...-gN       N trainer workers (FSDP2, on Ray: trainer.n_gpus_per_node=N), e.g. sync-g2, k1-tis-g2
+  ...-rM       M rollout workers of their own (async_training.rollout_n_gpus_per_node=M), e.g. k1-tis-g2-r2
   ...-lenN-mbM  and the batch sampled M sequences at a time (rollout.micro_batch_size=M): a slower engine, so
               generation is the longer phase and in-flight updates land mid-batch (k1f-len96-mb16)
 
@@ -26,6 +28,7 @@ sum, from the synchronous run's own phases.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -53,9 +56,24 @@ PHASES = {"step": "timing_s/step", "gen": "timing_s/gen", "update": "timing_s/up
           "rollout waits": "timing_s/rollout_idle"}
 
 
+def shape_of(setting: str) -> tuple[str, list[str]]:
+    """'k1-tis-g2-r2' -> ('k1-tis', the keys of 2 trainer workers on Ray and 2 rollout workers)."""
+    rest, keys = [], []
+    for part in setting.split("-"):
+        if re.fullmatch(r"g\d+", part):
+            keys += [f"trainer.n_gpus_per_node={part[1:]}", "trainer.use_ray=true"]
+        elif re.fullmatch(r"r\d+", part):
+            keys += [f"{A}rollout_n_gpus_per_node={part[1:]}"]
+        else:
+            rest.append(part)
+    return "-".join(rest), keys
+
+
 def run_one(base: list[str], setting: str, seed: int, run_dir: Path, steps: int | None, speed: bool) -> dict:
     extra = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.val_at_end=false"] if speed else []
-    keys, _, length = setting.partition("-len")
+    name, shape = shape_of(setting)
+    extra += shape
+    keys, _, length = name.partition("-len")
     length, _, chunk = length.partition("-mb")
     if length:  # every response exactly that long
         extra += [f"data.max_response_length={length}", "rollout.ignore_eos=true"]
@@ -128,7 +146,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     default = "sync,k0,k1,k2,k1f,k2f" if args.speed else "sync,k1,k1-tis,k2,k2-tis,k2f-tis"
     settings = (args.settings or default).split(",")
-    bad = [s for s in settings if s.partition("-len")[0] not in SETTINGS]
+    bad = [s for s in settings if shape_of(s)[0].partition("-len")[0] not in SETTINGS]
     if bad:
         raise SystemExit(f"unknown {bad}; choose from {', '.join(SETTINGS)}")
     seeds = args.seeds or ([0] if args.speed else [0, 1, 2])
