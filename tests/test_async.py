@@ -172,16 +172,35 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
     (["async_training.enable=true", "async_training.in_flight_weight_updates=true", "rollout.name=vllm"],
      "needs rollout.name=hf"),
     (["async_training.enable=true", "rollout.stale_updates=1"], "set rollout.stale_updates=0"),
+    (["async_training.enable=true", "async_training.rollout_n_gpus_per_node=3", "rollout.tensor_model_parallel_size=2"],
+     r"rollout_nnodes x async_training.rollout_n_gpus_per_node = 3 devices is not a multiple of "
+     r"rollout.tensor_model_parallel_size=2"),
+    (["async_training.enable=true", "async_training.max_rollout_failures=-1"],
+     "max_rollout_failures must be an integer >= 0"),
+    (["async_training.enable=true", "async_training.rollout_nnodes=0"], "rollout_nnodes must be an integer >= 1"),
     (["async_training.enable=true", "model.lora_rank=4", "rollout.lora_sync=adapter"], "lora_sync=merged"),
 ])
 def test_settings_that_cannot_work_are_refused(overrides, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as refused:
         load_config(None, overrides)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_trainer_group_runs_beside_rollout_workers_of_their_own():
+    """Several trainer workers (on Ray) beside R = nnodes x n_gpus_per_node / rollout TP rollout workers: 2 x 4 / 2."""
+    c = load_config(None, ["async_training.enable=true", "trainer.nnodes=2", "trainer.n_gpus_per_node=4",
+                           "trainer.use_ray=true", "async_training.rollout_nnodes=2",
+                           "async_training.rollout_n_gpus_per_node=4", "rollout.tensor_model_parallel_size=2",
+                           "async_training.max_rollout_failures=0", "algorithm.rollout_correction.rollout_is=token"])
+    a = c.async_training
+    assert (c.trainer.nnodes, c.trainer.n_gpus_per_node, c.trainer.use_ray) == (2, 4, True)
+    assert (a.enable, a.rollout_nnodes, a.rollout_n_gpus_per_node, a.max_rollout_failures) == (True, 2, 4, 0)
+    assert load_config(None, []).async_training.max_rollout_failures == 3  # the default
 
 
 def test_verls_one_step_off_policy_keys_are_asynchronous_training_with_k_1():
     """verl's one-step off-policy recipe: actor_rollout_ref.hybrid_engine=False (rollout and trainer apart) and
-    the rollout's own devices, rollout.nnodes / rollout.n_gpus_per_node (one process here)."""
+    the rollout's own devices, rollout.nnodes / rollout.n_gpus_per_node."""
     a = load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
                            "algorithm.rollout_correction.bypass_mode=true"]).async_training
     assert (a.enable, a.max_trajectory_age_steps) == (True, 1)
@@ -189,8 +208,9 @@ def test_verls_one_step_off_policy_keys_are_asynchronous_training_with_k_1():
                            "algorithm.rollout_correction.rollout_is=token"]).async_training
     assert (a.enable, a.max_trajectory_age_steps) == (True, 2)  # a k the run sets wins
     assert not load_config(None, ["actor_rollout_ref.hybrid_engine=True"]).async_training.enable
-    with pytest.raises(ConfigError, match="runs one rollout process yet; set both to 1"):
-        load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=2"])
+    a = load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=2", "rollout.n_gpus_per_node=4",
+                           "trainer.n_gpus_per_node=4", "algorithm.rollout_correction.bypass_mode=true"]).async_training
+    assert (a.enable, a.rollout_nnodes, a.rollout_n_gpus_per_node) == (True, 2, 4)
 
 
 # verl's fully asynchronous trainer's keys as its scripts pass them (verl.experimental.fully_async_policy/shell/*.sh)
@@ -217,6 +237,9 @@ def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
                            "async_training.compute_prox_log_prob=True"])
     assert (c.async_training.max_trajectory_age_steps, c.async_training.in_flight_weight_updates) == (0, False)
     assert not c.algorithm.rollout_correction.bypass_mode  # the trainer computes the old log-probs: decoupled
+    c = load_config(None, [*VERL_FULLY_ASYNC, "trainer.n_gpus_per_node=2"])  # two trainer workers, one rollout's
+    a = c.async_training
+    assert (c.trainer.n_gpus_per_node, a.enable, a.rollout_nnodes, a.rollout_n_gpus_per_node) == (2, True, 1, 1)
     with pytest.warns(UserWarning, match="samples whole batches between weight updates"):
         c = load_config(None, [*VERL_FULLY_ASYNC, "actor_rollout_ref.rollout.name=vllm"])
     assert not c.async_training.in_flight_weight_updates

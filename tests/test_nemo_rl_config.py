@@ -38,7 +38,7 @@ EXAMPLE_OUTCOMES = {
     "grpo_math_1B_dynamo": "policy.generation.backend",
     "grpo_math_1B_sglang": "policy.generation.backend", "grpo_math_1B_trtllm": "policy.generation.backend",
     "grpo_math_1B_megatron_single_controller": "grpo.async_grpo",
-    "grpo_math_8B_megatron_nixl": "async_training.enable",
+    "grpo_math_8B_megatron_nixl": SWITCHED,  # generation on a node of its own: asynchronous training, k = 0
     "grpo_multiple_datasets": "data.train",
     "grpo_sliding_puzzle": LOADS,
     "prorlv2.v2": LOADS, "prorlv2_1_moe.v2": LOADS,
@@ -385,12 +385,85 @@ def test_async_grpo_and_generation_of_its_own_map_onto_asynchronous_training():
     assert async_keys() == {}
     assert async_keys("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=2",
                       "grpo.async_grpo.in_flight_weight_updates=true") == {
-        "enable": True, "max_trajectory_age_steps": 2, "in_flight_weight_updates": True}
-    # generation on resources of its own, synchronous: the rollout in its own process, k = 0
-    assert async_keys("policy.generation.colocated.enabled=false") == {
-        "enable": True, "max_trajectory_age_steps": 0, "in_flight_weight_updates": False}
-    with pytest.raises(ConfigError, match="max_generation_failures=3 .* set it to 0 or null"):
-        layer(BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_generation_failures=3")
+        "enable": True, "max_trajectory_age_steps": 2, "in_flight_weight_updates": True, "max_rollout_failures": 0}
+    # generation on GPUs of its own, synchronous: the rollout in workers of its own, k = 0; 1 of the node's 4 GPUs
+    assert async_keys("policy.generation.colocated.enabled=false", "cluster.gpus_per_node=4",
+                      "++policy.generation.colocated.resources.gpus_per_node=1") == {
+        "enable": True, "max_trajectory_age_steps": 0, "in_flight_weight_updates": False, "max_rollout_failures": 0,
+        "rollout_nnodes": 1, "rollout_n_gpus_per_node": 1}
+    # NeMo-RL's failed rollout batches tolerated (0 unless set): posttrain's rollout workers replaced
+    assert async_keys("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_generation_failures=2")[
+        "max_rollout_failures"] == 2
+    assert async_keys("grpo.async_grpo.enabled=true")["max_rollout_failures"] == 0
+    with pytest.raises(ConfigError, match=r"max_generation_failures=-1 \(in test\): an integer >= 0"):
+        layer(BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_generation_failures=-1")
+
+
+def test_generation_on_gpus_of_its_own_splits_the_cluster_as_nemo_rl_does():
+    """policy.generation.colocated.enabled=false: generation takes G GPUs of a one-node cluster, or N whole nodes
+    of several; training the rest (NeMo-RL's grpo.py setup). What NeMo-RL asserts against is refused in one line."""
+    def devices(*overrides):
+        got = layer(BASE, "policy.generation.colocated.enabled=false", *overrides)
+        return tuple(got[k] for k in ("trainer.nnodes", "trainer.n_gpus_per_node", "async_training.rollout_nnodes",
+                                      "async_training.rollout_n_gpus_per_node"))
+
+    res = "++policy.generation.colocated.resources."
+    assert devices("cluster.gpus_per_node=8", res + "gpus_per_node=2") == (1, 6, 1, 2)
+    assert devices("cluster.gpus_per_node=8", "cluster.num_nodes=4", res + "gpus_per_node=8",
+                   res + "num_nodes=1") == (3, 8, 1, 8)
+    # a reward model's environment takes its own share first (GRPO's rule): 8 - 2 - 1 GPUs train
+    assert devices("cluster.gpus_per_node=8", res + "gpus_per_node=2", "++data.default.env_name=reward_model",
+                   "++env.reward_model.model_name=rm", "++env.reward_model.resources.gpus_per_node=1",
+                   "++env.reward_model.resources.num_nodes=1") == (1, 5, 1, 2)
+    for overrides, message in [
+        ([], r"resources.gpus_per_node=null \(in test\): the policy has one node, whose GPUs generation and "),
+        (["cluster.gpus_per_node=2", res + "gpus_per_node=2"],
+         r"gpus_per_node=2 \(in test\) leaves no GPU of the node's cluster.gpus_per_node=2 for training"),
+        (["cluster.gpus_per_node=2", res + "gpus_per_node=1", "++data.default.env_name=reward_model",
+          "++env.reward_model.model_name=rm", "++env.reward_model.resources.gpus_per_node=1"],
+         r"gpus_per_node=1 and env.reward_model.resources.gpus_per_node=1 \(in test\) leave no GPU"),
+        (["cluster.gpus_per_node=8", res + "gpus_per_node=2", res + "num_nodes=2"],
+         r"resources.num_nodes=2 \(in test\): the policy has one node"),
+        (["cluster.num_nodes=2", "cluster.gpus_per_node=8", res + "gpus_per_node=4", res + "num_nodes=1"],
+         r"resources.gpus_per_node=4 \(in test\): on several nodes generation takes whole nodes; set it to "
+         r"cluster.gpus_per_node=8"),
+        (["cluster.num_nodes=2", "cluster.gpus_per_node=8", res + "gpus_per_node=8"],
+         r"resources.num_nodes=null \(in test\): on several nodes"),
+        (["cluster.num_nodes=2", "cluster.gpus_per_node=8", res + "gpus_per_node=8", res + "num_nodes=2"],
+         r"resources.num_nodes=2 \(in test\) leaves no node for training of the policy's 2"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as refused:
+            devices(*overrides)
+        assert "\n" not in str(refused.value)
+
+
+def test_nemo_rls_nixl_example_trains_on_one_node_beside_generation_on_the_other(tmp_path):
+    """grpo_math_8B_megatron_nixl.yaml (with the FSDP2 switch): a cluster of 2 x 8 GPUs, generation on 1 x 8 of its
+    own: the trainer's group on the other node's 8, the rollout workers on the generation node's 8 (vLLM TP 1)."""
+    path = tmp_path / "nixl.yaml"
+    path.write_text(json.dumps(examples()["configs"]["grpo_math_8B_megatron_nixl.yaml"]))
+    cfg = train_config(path, FSDP2)
+    a = cfg.async_training
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    assert (a.enable, a.rollout_nnodes, a.rollout_n_gpus_per_node, a.max_trajectory_age_steps) == (True, 1, 8, 0)
+
+
+def test_help_config_says_where_generations_own_gpus_and_failures_go():
+    from posttrain.help_config import describe_keys
+
+    text = describe_keys()
+    assert "  grpo.async_grpo.max_generation_failures (async GRPO; else 0) -> async_training.max_rollout_failures" \
+        in text
+    assert ("  policy.generation.colocated.resources.num_nodes, gpus_per_node (colocated.enabled: false) -> "
+            "async_training.rollout_nnodes, rollout_n_gpus_per_node; the rest of cluster.* -> trainer.*") in text
+
+
+def test_async_ppo_tolerates_no_failed_generation():
+    """NeMo-RL's asynchronous PPO has no max_generation_failures (its collector stops at the first failure)."""
+    ppo = ["++ppo.num_generations_per_prompt=8", "++value.model_name=m", "++ppo.async_ppo.enabled=true"]
+    assert layer(BASE, *ppo)["async_training.max_rollout_failures"] == 0
+    with pytest.raises(ConfigError, match=r"ppo.async_ppo.max_generation_failures=2 \(in test\): NeMo-RL's "):
+        layer(BASE, *ppo, "++ppo.async_ppo.max_generation_failures=2")
 
 
 def test_importance_sampling_correction_maps_onto_rollout_correction():
@@ -692,7 +765,11 @@ TP_OUTCOMES = {
         LOADS, {"actor.tensor_parallel_size": 2, "actor.ulysses_sequence_parallel_size": 2}),
     RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp2-seqpack.v1.yaml": (
         LOADS, {"actor.tensor_parallel_size": 2, "distillation.tensor_parallel_size": 8}),
-    RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp8-noncolocated.v1.yaml": "async_training.enable",
+    # generation on a node of its own (asynchronous training, k = 0), the student and its teacher on the other's 8
+    RECIPE + "distillation-qwen3-32b-to-4b-base-2n8g-fsdp2tp8-noncolocated.v1.yaml": (LOADS, {
+        "actor.tensor_parallel_size": 8, "trainer.nnodes": 1, "trainer.n_gpus_per_node": 8,
+        "async_training.enable": True, "async_training.max_trajectory_age_steps": 0,
+        "async_training.rollout_nnodes": 1, "async_training.rollout_n_gpus_per_node": 8}),
     RECIPE + "distillation-xtoken-off-policy-multiteacher-qwen3-4b-llama3.2-3b-to-llama3.2-1b-1n8g-dtensor-tp4cp2.yaml":
         "teachers",
     RECIPE + "distillation-xtoken-off-policy-qwen3-4b-to-llama3.2-1b-1n8g-dtensor-tp4cp2.yaml": "teachers",

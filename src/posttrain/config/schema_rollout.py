@@ -107,10 +107,10 @@ class RolloutConfig:
 
 @dataclass
 class AsyncTrainingConfig:
-    """Asynchronous training (docs/async.md): the rollout engine samples in a process of its own while the
-    trainer updates, up to max_trajectory_age_steps updates ahead. NeMo-RL's grpo.async_grpo.* and
-    policy.generation.colocated.enabled=false map here, and so do verl's one-step off-policy and fully asynchronous
-    trainers' keys (dialects/verl/fully_async.py)."""
+    """Asynchronous training (docs/async.md): the rollout engine samples in rollout workers of its own while the
+    trainer (one process or a group of FSDP2 workers) updates, up to max_trajectory_age_steps updates ahead.
+    NeMo-RL's grpo.async_grpo.* and policy.generation.colocated.* map here, and so do verl's one-step off-policy
+    and fully asynchronous trainers' keys (dialects/verl/fully_async.py)."""
 
     enable: bool = False
     # k: a batch trains weights at most k updates newer than those that sampled it (0: the synchronous algorithm,
@@ -120,7 +120,11 @@ class AsyncTrainingConfig:
     # (their KV cache as it was); fresher samples, not reproducible. false: between batches, deterministic
     in_flight_weight_updates: bool = False
     rollout_threads: Optional[int] = None  # the rollout process's torch threads on a CPU; null: half the cores
-    # the rollout's own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node): one process
+    # the rollout workers' own devices (verl's one-step off-policy rollout.nnodes / rollout.n_gpus_per_node, NeMo-RL's
+    # policy.generation.colocated.resources): nnodes x n_gpus_per_node / rollout.tensor_model_parallel_size rollout
+    # workers, each an engine over rollout.tensor_model_parallel_size of them
     rollout_nnodes: int = 1
     rollout_n_gpus_per_node: int = 1
+    # how many times over a run a dead rollout worker is replaced (its unfinished prompts sampled again) before the
+    # run stops; 0: the first failure stops it
     max_rollout_failures: int = 3

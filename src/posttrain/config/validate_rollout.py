@@ -65,7 +65,8 @@ def validate_rollout_lag(cfg: Config) -> None:
 
 
 def validate_async(cfg: Config) -> None:
-    """async_training.*: the rollout process beside one trainer process, k updates ahead at most."""
+    """async_training.*: R rollout workers beside the trainer (one process or an FSDP2 worker group), k updates
+    ahead at most; a dead rollout worker replaced up to max_rollout_failures times over the run."""
     a, key = cfg.async_training, "async_training"
     k = a.max_trajectory_age_steps
     need(whole(k),
@@ -73,8 +74,19 @@ def validate_async(cfg: Config) -> None:
          f"newer than those that sampled it; 0: synchronous), got {printable(k)}")
     need(a.rollout_threads is None or whole(a.rollout_threads, 1),
          f"{key}.rollout_threads must be an integer >= 1 or null (half the cores), got {printable(a.rollout_threads)}")
+    for name in ("rollout_nnodes", "rollout_n_gpus_per_node"):
+        need(whole(getattr(a, name), 1), f"{key}.{name} must be an integer >= 1 (the rollout workers' own devices), "
+             f"got {printable(getattr(a, name))}")
+    need(whole(a.max_rollout_failures),
+         f"{key}.max_rollout_failures must be an integer >= 0 (dead rollout workers replaced over the run; 0: the "
+         f"first failure stops it), got {printable(a.max_rollout_failures)}")
     if not a.enable:
         return
+    devices, tp = a.rollout_nnodes * a.rollout_n_gpus_per_node, cfg.rollout.tensor_model_parallel_size
+    need(devices % tp == 0,
+         f"{key}.rollout_nnodes x {key}.rollout_n_gpus_per_node = {devices} devices is not a multiple of "
+         f"rollout.tensor_model_parallel_size={tp} (each rollout worker's engine spans {tp}); give the rollout a "
+         f"multiple of {tp} devices, or a tensor-parallel size that divides {devices}")
     need(not (a.in_flight_weight_updates and cfg.rollout.name != "hf"),
          f"{key}.in_flight_weight_updates=true needs rollout.name=hf (its engine takes new weights between two "
          f"tokens); with rollout.name={cfg.rollout.name} set it to false: the weights then change between batches")

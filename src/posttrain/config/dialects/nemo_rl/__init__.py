@@ -10,6 +10,7 @@ One job per module, imports going down this list:
     keys.py                NeMo-RL's keys -> posttrain's (tables only)
     rollout_correction.py  loss_fn's importance-sampling correction -> algorithm.rollout_correction.*
     policy.py              policy.*, checkpointing.*, logger.*: the sections every layout shares
+    cluster.py             the cluster split with generation on GPUs of its own -> trainer.*, async_training.*
     ppo.py                 the PPO layout (ppo.*, value.*, value_loss_fn.*)
     distillation.py        the distillation layout (distillation.*, teacher.*, loss_fn.*)
     grpo.py                the GRPO layout (grpo.*, loss_fn.*, env.*, data.*), handing PPO and distillation on

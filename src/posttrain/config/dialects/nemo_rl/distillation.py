@@ -28,7 +28,7 @@ TEACHER_KEYS = ("model_name", "tokenizer.name", "precision", "logprob_batch_size
                 "dtensor_cfg.tensor_parallel_size")
 
 
-def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, str], dict]) -> dict[str, Any]:
+def translate_distillation(tree: dict, origin: str, translate: Callable[..., dict]) -> dict[str, Any]:
     """NeMo-RL's distillation layout -> posttrain's keys (module docstring)."""
     if tree.get("teachers") is not None:
         raise ConfigError(f"teachers ({origin}): NeMo-RL's cross-tokenizer off-policy distillation "
@@ -45,7 +45,8 @@ def translate_distillation(tree: dict, origin: str, translate: Callable[[dict, s
     teacher = tree.get("teacher") or {}
     rest = {key: v for key, v in tree.items() if key not in ("distillation", "loss_fn", "teacher", "teachers")}
     try:
-        out = translate({**rest, **({"grpo": dist} if dist else {})}, origin)
+        # NeMo-RL's distillation splits the cluster without a reward model's share (cluster.py)
+        out = translate({**rest, **({"grpo": dist} if dist else {})}, origin, reward_share=False)
     except ConfigError as e:  # its keys as the file spells them
         raise ConfigError(str(e).replace("grpo.", "distillation.")) from None
     kl_type = loss.pop("kl_type", "mixed")

@@ -59,6 +59,9 @@ def describe() -> list[str]:
             "overrides, ++key=value, ~key):", *(f"  {nemo} -> {ours}" for nemo, ours in RENAMES.items()),
             "  env.<name>.reward_functions, env.<name>.num_workers (the VLM environment data.*.env_name names) -> "
             "reward.functions, reward.num_workers",
+            "  grpo.async_grpo.max_generation_failures (async GRPO; else 0) -> async_training.max_rollout_failures",
+            "  policy.generation.colocated.resources.num_nodes, gpus_per_node (colocated.enabled: false) -> "
+            "async_training.rollout_nnodes, rollout_n_gpus_per_node; the rest of cluster.* -> trainer.*",
             "  ... and the keys that need a conversion (train_global_batch_size counts samples, the scheduler, "
             "keep_top_k, the loggers): docs/coming-from-nemo-rl.md"]
 

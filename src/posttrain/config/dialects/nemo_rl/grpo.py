@@ -22,6 +22,8 @@ import difflib
 import fnmatch
 from typing import Any
 
+from posttrain.config.checks import whole
+from posttrain.config.dialects.nemo_rl.cluster import split
 from posttrain.config.dialects.nemo_rl.rollout_correction import from_nemo_rl
 from posttrain.config.dialects.nemo_rl.keys import (IS_CORRECTION, KL_IN_REWARD, KL_TYPES, OFF, OTHER_TRAINERS, RENAMES,
                                                     SWITCHED, TUNING, VALIDATION_SPLITS)
@@ -31,9 +33,10 @@ from posttrain.errors import ConfigError
 from posttrain.text.lines import clipped
 
 
-def translate(tree: dict, origin: str) -> dict[str, Any]:
+def translate(tree: dict, origin: str, reward_share: bool = True) -> dict[str, Any]:
     """A resolved NeMo-RL tree -> {posttrain key: value}. ConfigError names the first NeMo-RL key
-    posttrain cannot honour."""
+    posttrain cannot honour. reward_share: a reward model's resources are its own in the cluster split (GRPO's
+    and PPO's rule; distillation.py passes false)."""
     if "ppo" in tree:  # NeMo-RL's PPO layout: grpo.*'s with a value model (ppo.py)
         from posttrain.config.dialects.nemo_rl.ppo import translate_ppo
 
@@ -56,7 +59,7 @@ def translate(tree: dict, origin: str) -> dict[str, Any]:
         if f.has(nemo):
             out[ours] = f.get(nemo)
     _grpo(f, out, origin)
-    _async(f, out, origin)
+    _async(f, out, origin, reward_share)
     _loss(f, out, origin)
     policy(f, out, origin)
     _force_on_policy(f, out, origin)
@@ -117,10 +120,11 @@ def _grpo(f: Leaves, out: dict, origin: str) -> None:
                 out.pop(f"reward.overlong_buffer.{key}", None)
 
 
-def _async(f: Leaves, out: dict, origin: str) -> None:
-    """grpo.async_grpo.* and policy.generation.colocated.enabled -> async_training.*: async GRPO is posttrain's
+def _async(f: Leaves, out: dict, origin: str, reward_share: bool) -> None:
+    """grpo.async_grpo.* and policy.generation.colocated.* -> async_training.*: async GRPO is posttrain's
     asynchronous training, k = max_trajectory_age_steps; generation on resources of its own without it is the
-    rollout in a process of its own, synchronous (k = 0)."""
+    rollout in workers of its own, synchronous (k = 0). Generation on GPUs of its own splits the cluster between
+    the rollout and the trainer as NeMo-RL does (cluster.py)."""
     a = "grpo.async_grpo."
     single_controller = f.under("async_rl")
     if single_controller and f.has("grpo.async_grpo"):  # grpo.async_grpo: null selects NeMo-RL's other path
@@ -132,10 +136,21 @@ def _async(f: Leaves, out: dict, origin: str) -> None:
         if value is not None and not isinstance(value, bool):
             raise ConfigError(f"{key}={clipped(value)} ({origin}): true or false")
     age, in_flight = f.get(a + "max_trajectory_age_steps", 1), f.get(a + "in_flight_weight_updates", False)
+    # NeMo-RL's AsyncTrajectoryCollector stops the run once more than this many rollout batches failed in a row (a
+    # batch done resets the count; 0: the first failure). posttrain counts the failures of the whole run, each a
+    # dead rollout worker replaced and its prompts sampled again: a run NeMo-RL stops stops here too, at the same
+    # failure or before. Synchronous (enabled: false), NeMo-RL does not read it: the first failure stops the run.
+    failures = f.get(a + "max_generation_failures")
+    if failures is not None and not whole(failures):
+        raise ConfigError(f"{a}max_generation_failures={clipped(failures)} ({origin}): an integer >= 0")
+    f.under("policy.generation.colocated.resources")  # split reads it; with colocated generation nothing does
     if on or colocated is False:
         out["async_training.enable"] = True
         out["async_training.max_trajectory_age_steps"] = age if on else 0
         out["async_training.in_flight_weight_updates"] = bool(in_flight) if on else False
+        out["async_training.max_rollout_failures"] = (failures or 0) if on else 0
+    if colocated is False:
+        out.update(split(f, origin, reward_share))
 
 
 def _loss(f: Leaves, out: dict, origin: str) -> None:

@@ -104,7 +104,6 @@ OFF = {
     "policy.generation.vllm_cfg.expert_parallel_size": (1,),
     "policy.generation.vllm_cfg.kv_cache_dtype": ("auto",),
     "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (False, None),  # the KV cache in flight stays as it is
-    "grpo.async_grpo.max_generation_failures": (0, None),  # the first failure of the rollout process stops the run
     "grpo.async_grpo": (None,),  # null: NeMo-RL's single-controller path (async_rl.*) decides instead
     "data.use_multiple_dataloader": (False,),
     "data.default.env_name": ("math", "reward_model", "math_multi_reward", None),
@@ -140,7 +139,7 @@ SWITCHED = {
 # engine, launcher and monitoring knobs: no effect on what is trained (the guide lists them)
 TUNING = (
     "policy.generation.port_range_*", "policy.generation.refit_*", "policy.generation.real_quant_export_cpu_offload",
-    "policy.generation.mcore_generation_config.*", "policy.generation.colocated.resources.*",
+    "policy.generation.mcore_generation_config.*",
     "policy.generation.vllm_cfg.use_tqdm", "policy.generation.vllm_cfg.enable_vllm_metrics_logger",
     "policy.generation.vllm_cfg.vllm_metrics_logger_interval", "policy.generation.vllm_cfg.http_refit_*",
     "policy.generation.vllm_cfg.zmq_refit_*", "policy.generation.vllm_cfg.reset_encoder_cache_after_weight_update",

@@ -22,6 +22,11 @@ def translate_ppo(tree: dict, origin: str, translate: Callable[[dict, str], dict
     adv = dict(ppo.pop("adv_estimator", None) or {})
     if "async_ppo" in ppo:  # off, its other settings do nothing
         a = dict(ppo.pop("async_ppo") or {})
+        failures = a.pop("max_generation_failures", None)  # not NeMo-RL's PPO's: its collector tolerates none
+        if a.get("enabled") and failures not in (None, 0):
+            raise ConfigError(f"ppo.async_ppo.max_generation_failures={clipped(failures)} ({origin}): NeMo-RL's "
+                              "asynchronous PPO has no such key (its first failed rollout batch stops the run); set "
+                              "it to 0 or drop it")
         ppo["async_grpo"] = a if a.get("enabled") else {"enabled": False}
     value, value_loss = tree.get("value") or {}, dict(tree.get("value_loss_fn") or {})
     rest = {k: v for k, v in tree.items() if k not in ("ppo", "value", "value_loss_fn")}
