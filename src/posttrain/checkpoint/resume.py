@@ -22,7 +22,9 @@ from posttrain.files.yamlfile import UnreadableYaml, load_yaml
 # (torch.distributed.checkpoint reshards the saved shards to the new layout).
 MAY_DIFFER = ("trainer.", "data.val_files", "data.val_dataset_name", "data.val_batch_size", "data.val_max_samples",
               "rollout.val_kwargs.", "reward.timeout_s", "profiler.",  # profiler.*: e.g. resume to profile a later step
-              "actor.tensor_parallel_size", "actor.sequence_parallel")
+              "actor.tensor_parallel_size", "actor.sequence_parallel",
+              # asynchronous training's rollout workers: how many and where (their sampling streams then start anew)
+              "async_training.rollout_", "async_training.max_rollout_failures")
 MUST_MATCH = ("trainer.seed",)
 
 
