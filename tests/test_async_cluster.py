@@ -164,3 +164,45 @@ def test_a_dead_rollout_actor_is_replaced_as_a_dead_process_is(cluster):
             pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
     finally:
         pool.close()
+
+
+@pytest.mark.ray
+def test_nemo_rls_non_colocated_example_runs_async_with_two_trainer_workers_and_one_rollout_worker(
+        cluster, tmp_path, trained_tiny_model_dir, capfd):
+    """grpo_math_8B_megatron_nixl.yaml (resolved, as tests/data/nemo_rl holds it; generation on GPUs of its own),
+    with the FSDP2 switch and async GRPO one step ahead, on a cluster of 3 "GPUs" of which generation takes 1:
+    2 trainer workers and 1 rollout worker, 3 steps of the tiny model on the arith task."""
+    import json
+
+    from posttrain.data.preprocess import arith
+
+    from test_nemo_rl_config import FSDP2, examples
+
+    train_file, test_file = arith.run(tmp_path / "data", num_train=32, num_test=8)
+    path = tmp_path / "grpo_math_8B_megatron_nixl.yaml"
+    path.write_text(json.dumps(examples()["configs"]["grpo_math_8B_megatron_nixl.yaml"]))  # JSON is YAML
+    small = [*FSDP2, "cluster.gpus_per_node=3", "cluster.num_nodes=1",
+             "policy.generation.colocated.resources.gpus_per_node=1", "policy.generation.colocated.resources.num_nodes=1",
+             "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+             "loss_fn.use_importance_sampling_correction=true",
+             "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=3",
+             "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
+             "policy.max_total_sequence_length=64", "policy.generation.backend=hf", "policy.precision=float32",
+             "grpo.val_period=0", "grpo.val_at_start=false", "checkpointing.enabled=false",
+             f"logger.log_dir={tmp_path / 'logs'}", "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
+             f"model.path={trained_tiny_model_dir}", f"trainer.run_dir={tmp_path / 'run'}",
+             f"trainer.ray_address={cluster['address']}", "trainer.device=cpu", "async_training.rollout_threads=1",
+             f"data.train_files=[{train_file}]", f"data.val_files=[{test_file}]", "data.prompt_file=null",
+             "data.max_response_length=3"]  # posttrain's keys mix in
+    cfg = load_config(str(path), small)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 2)
+    assert (cfg.async_training.rollout_nnodes, cfg.async_training.rollout_n_gpus_per_node) == (1, 1)
+    assert cfg.async_training.enable and cfg.async_training.max_trajectory_age_steps == 1
+    capfd.readouterr()
+    assert train(build_run(cfg))["steps"] == 3
+    said = capfd.readouterr().err
+    assert len(set(re.findall(r"posttrain: worker \d: pid (\d+)", said))) == 2, said[-3000:]
+    assert len(set(re.findall(r"posttrain: rollout worker \d: pid (\d+)", said))) == 1, said[-3000:]
+    steps = [m for m in read_metrics(tmp_path / "run") if "actor/pg_loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["async/trajectory_age"] for m in steps] == [0.0, 1.0, 1.0]  # one update ahead after the first
