@@ -206,3 +206,19 @@ def test_nemo_rls_non_colocated_example_runs_async_with_two_trainer_workers_and_
     steps = [m for m in read_metrics(tmp_path / "run") if "actor/pg_loss" in m]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert [m["async/trajectory_age"] for m in steps] == [0.0, 1.0, 1.0]  # one update ahead after the first
+
+
+def test_the_cluster_model_overlaps_the_phases_on_gpus_of_their_own():
+    """bench/async_cluster_model.py, by hand: gen 8 s and train 16 s on one GPU, 4 + 4 GPUs against 8 colocated."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from async_cluster_model import step_times
+
+    t = step_times(8.0, 16.0, trainer=4, rollout=4, floor=0.0, sync_s=0.0)
+    # colocated: 8/8 + 16/8 = 3 s; apart: max(8/4, 16/4) = 4 s, the rollout idle half the time
+    assert (t["sync"], t["async"], t["speedup"], t["rollout idle"]) == (3.0, 4.0, 0.75, 0.5)
+    # generation that cannot go below 3 s: colocated 3 + 2 = 5 s, apart max(3, 4 + 0.5) = 4.5 s
+    t = step_times(8.0, 16.0, trainer=4, rollout=4, floor=3.0, sync_s=0.5)
+    assert (t["sync"], t["async"]) == (5.0, 4.5) and t["trainer idle"] == 0.0
