@@ -222,3 +222,25 @@ def test_the_cluster_model_overlaps_the_phases_on_gpus_of_their_own():
     # generation that cannot go below 3 s: colocated 3 + 2 = 5 s, apart max(3, 4 + 0.5) = 4.5 s
     t = step_times(8.0, 16.0, trainer=4, rollout=4, floor=3.0, sync_s=0.5)
     assert (t["sync"], t["async"]) == (5.0, 4.5) and t["trainer idle"] == 0.0
+
+
+@pytest.mark.ray
+def test_a_trainer_group_beside_rollout_workers_stops_and_resumes_exactly(cluster, tmp_path, data, tiny_model_dir):
+    """2 trainer workers, 2 rollout workers, k = 2: the checkpoint at step 2 holds the batches sampled ahead and
+    both rollout workers' sampling streams (worker 0's random state); the resumed run goes on as the whole one,
+    the batch it samples itself (step 5's) included."""
+    from helpers import resume_overrides
+
+    shape = ("trainer.n_gpus_per_node=2", f"trainer.ray_address={cluster['address']}", "trainer.test_freq=-1",
+             *ASYNC, "async_training.max_trajectory_age_steps=2", "async_training.rollout_n_gpus_per_node=2")
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "whole", 5, "trainer.save_freq=5", *shape))
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "split", 2, "trainer.save_freq=2", *shape))
+    saved = torch.load(tmp_path / "split/checkpoints/global_step_2/rollouts_ahead.pt", weights_only=True)
+    assert [b["step"] for b in saved["batches"]] == [3, 4]
+    # steps 3-4 from the checkpoint's batches, step 5's sampled after the resume with the streams it restored
+    assert run(resume_overrides(tiny_model_dir, data, tmp_path / "split", 5, "trainer.save_freq=5", *shape))[
+        "steps"] == 5
+    whole, split = comparable(tmp_path / "whole"), comparable(tmp_path / "split")
+    assert [m["step"] for m in split if "actor/pg_loss" in m] == [1, 2, 3, 4, 5]
+    split[2] = {k: v for k, v in split[2].items() if not k.startswith("val/")}  # the first half's validation at its end
+    assert whole == split
