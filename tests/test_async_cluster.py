@@ -182,7 +182,8 @@ def test_nemo_rls_non_colocated_example_runs_async_with_two_trainer_workers_and_
     path = tmp_path / "grpo_math_8B_megatron_nixl.yaml"
     path.write_text(json.dumps(examples()["configs"]["grpo_math_8B_megatron_nixl.yaml"]))  # JSON is YAML
     small = [*FSDP2, "cluster.gpus_per_node=3", "cluster.num_nodes=1",
-             "policy.generation.colocated.resources.gpus_per_node=1", "policy.generation.colocated.resources.num_nodes=1",
+             "policy.generation.colocated.resources.gpus_per_node=1",
+             "policy.generation.colocated.resources.num_nodes=1",
              "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
              "loss_fn.use_importance_sampling_correction=true",
              "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=3",

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
+from posttrain.rollout.pool import RolloutPool
 from posttrain.training.actor import move_optimizer_state, update_policy
 from posttrain.worker import models, passes, process
 from posttrain.worker.engines import autocast_of, engine_dtype_of, rollout_dtype_of
@@ -95,8 +96,8 @@ class Worker:
                 "device_name": flops["device_name"], "peak_flops": flops["peak_flops"],
                 "sequence_parallel": self.sp.size if self.sp else 1, "sharded": self.sharded,
                 "tensor_parallel": self.tp.size if self.tp else 1,
-                "rollout_workers": [(w.pid, getattr(w, "where", {}).get("host", process.host()))
-                                    for w in getattr(self.engine, "workers", ())],  # asynchronous training's
+                "rollout_workers": [(w.pid, getattr(w, "where", {}).get("host", process.host()))  # asynchronous
+                                    for w in (self.engine.workers if isinstance(self.engine, RolloutPool) else ())],
                 "peak_key": flops["peak_key"]}
 
     @property

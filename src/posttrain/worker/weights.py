@@ -78,8 +78,9 @@ def make_rollout_copy(spec: WorkerSpec, policy: torch.nn.Module, kwargs: dict) -
 
 def pushed_at_start(spec: WorkerSpec, history) -> bool:
     """The engine is given the policy's weights at setup: vLLM loaded none (rollout.weights_from_policy), a
-    history starts from them (on every worker of a group: the gathers are collectives), or the engine's own weights are not the policy's (resuming from policy_dir,
-    starting from lora_adapter_path): pushed now, not one step late."""
+    history starts from them (asynchronous training's on every worker of a group: the gathers are collectives),
+    or the engine's own weights are not the policy's (resuming from policy_dir, starting from
+    lora_adapter_path): pushed now, not one step late."""
     not_model_dir = spec.policy_dir is not None or (spec.lora is not None and spec.lora.adapter_path is not None)
     return spec.rollout.weights_from_policy or spec.rollout.remote or history is not None or not_model_dir
 
