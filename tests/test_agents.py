@@ -67,7 +67,8 @@ def test_an_openai_client_agent_with_tools_is_served_the_tokens_a_tool_rollout_s
         a, b = out.response_attention_mask[i].bool(), ref.response_attention_mask[i].bool()
         assert out.response_ids[i][a].tolist() == ref.response_ids[i][b].tolist()
         assert out.response_mask[i][a].tolist() == ref.response_mask[i][b].tolist()
-        assert torch.allclose(out.log_probs[i][a], ref.log_probs[i][b])
+        # the endpoint's requests come one by one, the tool rollout's as a batch of 3: other shapes, other rounding
+        assert torch.allclose(out.log_probs[i][a], ref.log_probs[i][b], rtol=0, atol=1e-5)
         assert out.prompt_ids[i][out.prompt_mask[i].bool()].tolist() == ref.prompt_ids[i][ref.prompt_mask[i].bool()].tolist()
         assert trajs[i].turns == ref_trajs[i].turns and trajs[i].answer == ref_trajs[i].answer
 

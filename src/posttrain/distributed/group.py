@@ -56,6 +56,8 @@ class WorkerGroup:
                 f"the Ray cluster cannot place {self.world_size} workers with {bundle} each "
                 f"({'on one node' if nnodes == 1 else f'over {nnodes} nodes'}; available: {describe_resources()}); "
                 "lower trainer.n_gpus_per_node / trainer.nnodes / trainer.cpus_per_worker or add nodes")
+        if spec.rollout.remote:  # asynchronous training: worker 0 places its rollout workers in this group's name
+            spec.rollout.placement_group = f"posttrain-rollout-{uuid.uuid4().hex[:12]}"
         env = worker_env(spec.env, one_cpu_node=nnodes == 1 and not gpu)
         spec.env, spec.threads = env, spec.threads or cpus_per_worker
         remote = ray.remote(Worker)
@@ -231,6 +233,11 @@ class WorkerGroup:
             ray.util.remove_placement_group(self.pg)
         except Exception:
             pass
+        if self.spec.rollout.placement_group:  # worker 0's rollout workers' (killed with it: their bundles stay)
+            try:
+                ray.util.remove_placement_group(ray.util.get_placement_group(self.spec.rollout.placement_group))
+            except Exception:
+                pass
         if self._rdzv_dir:
             import shutil
 

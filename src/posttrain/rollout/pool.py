@@ -151,6 +151,9 @@ class RolloutPool:
         for w in self.workers:
             w.close()
         self._ex.shutdown(wait=False)
+        close = getattr(self.spawn, "close", None)  # what the workers were placed in (a Ray placement group)
+        if close is not None:
+            close()
 
 
 class PoolGenerator:

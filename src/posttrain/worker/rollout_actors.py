@@ -134,14 +134,16 @@ class RayEngine:
 
 def ray_spawner(spec: WorkerSpec, eos: list[int], pad_token_id: int, size: int):
     """Place `size` rollout workers' bundles (one device each, rollout.tensor_parallel_size on a GPU) and return
-    spawn(i, attempt) -> a `RayEngine` in bundle i (a replacement in the dead one's bundle)."""
+    spawn(i, attempt) -> a `RayEngine` in bundle i (a replacement in the dead one's bundle); `spawn.close()`
+    removes the placement group. It is named (spec.rollout.placement_group) so that the trainer group removes
+    it at its end even when its worker 0 is gone: a placement group outlives the actor that made it."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     gpu = spec.device == "cuda"
     bundle = {"CPU": 1, **({"GPU": spec.rollout.tensor_parallel_size} if gpu else {})}
-    pg = placement_group([bundle] * size, strategy="PACK")
+    pg = placement_group([bundle] * size, strategy="PACK", name=spec.rollout.placement_group or "")
     ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         ray.util.remove_placement_group(pg)
@@ -164,4 +166,5 @@ def ray_spawner(spec: WorkerSpec, eos: list[int], pad_token_id: int, size: int):
                   file=sys.stderr)
         return engine
 
+    spawn.close = lambda: ray.util.remove_placement_group(pg)  # the pool's end frees the bundles
     return spawn

@@ -91,6 +91,7 @@ class RolloutSpec:
     # them); a dead one is replaced up to `max_failures` times over the run
     workers: int = 1
     max_failures: int = 0
+    placement_group: str | None = None  # beside a trainer group: the name of the rollout workers' placement group
     in_flight: bool = False  # async_training.in_flight_weight_updates: new weights reach it mid-batch
 
 
