@@ -51,7 +51,6 @@ class RolloutPool:
         self._ex = ThreadPoolExecutor(size, thread_name_prefix="posttrain-rollout-pool")
         gens = [getattr(w, "generator", None) for w in self.workers]
         self.generator = PoolGenerator(self) if all(g is not None for g in gens) else None
-        self.name = f"{size} rollout workers"
 
     @property
     def pid(self) -> list:
@@ -84,7 +83,7 @@ class RolloutPool:
                 self._replace(i, worker, e)
 
     def _replace(self, i: int, dead, error: RolloutProcessError) -> None:
-        how = str(error).split(": the run stops here")[0]  # "the rollout worker 1 process (pid N) was killed by ..."
+        how = error.how  # "the rollout worker 1 process (pid N) was killed by signal 9 during generate"
         with self._lock:
             if self.failures >= self.max_failures:
                 raise RolloutProcessError(

@@ -35,7 +35,12 @@ def on_cpu(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch
 
 
 class RolloutProcessError(RuntimeError):
-    """The rollout process died, or did not start."""
+    """The rollout process died, or did not start. `how`: the death in a phrase ("the rollout process (pid 7)
+    was killed by signal 9 during generate"), without what to do about it."""
+
+    def __init__(self, message: str, how: str | None = None):
+        super().__init__(message)
+        self.how = how or message
 
 
 class InFlight:
@@ -83,15 +88,43 @@ class InFlight:
             self.engine.weights_version = version
 
 
+class EngineServer:
+    """An engine's verbs as a rollout process of its own (here) or a Ray rollout actor
+    (worker/rollout_actors.py) answers them, by name: `getattr(server, verb)(*args)`."""
+
+    VERBS = ("generate", "load_weights", "get_rng_state", "set_rng_state")
+
+    def __init__(self, engine, in_flight: InFlight | None = None):
+        self.engine, self.in_flight = engine, in_flight
+
+    def generate(self, prompts, params, min_version):
+        """In flight: first wait for `min_version` of the weights (or a newer one), then sample."""
+        if self.in_flight is not None and min_version is not None:
+            self.in_flight.wait_for(min_version)
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, weights) -> None:
+        self.engine.load_weights(iter(weights))
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.engine.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.engine.generator.set_state(state)
+
+    def shutdown(self) -> None:
+        stop = getattr(getattr(self.engine, "engine", self.engine), "shutdown", None)
+        if stop is not None:  # vLLM's engine-core process: a spawned child exits without atexit handlers
+            stop()
+
+
 def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
     """The child: build the engine, then answer (verb, args) until "close" or the parent is gone."""
     if threads:
         torch.set_num_threads(threads)
-    in_flight = None
     try:
         engine = build()
-        if weights_conn is not None:
-            in_flight = InFlight(engine, weights_conn)
+        server = EngineServer(engine, InFlight(engine, weights_conn) if weights_conn is not None else None)
     except BaseException:  # noqa: BLE001  any failure to build is the parent's to report
         conn.send(("error", traceback.format_exc()))
         return
@@ -102,27 +135,13 @@ def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
         except (EOFError, OSError):  # the parent is gone
             return
         if verb == "close":
-            shutdown = getattr(getattr(engine, "engine", engine), "shutdown", None)
-            if shutdown is not None:  # vLLM's engine-core process: a spawned child exits without atexit handlers
-                shutdown()
+            server.shutdown()
             conn.send(("ok", None))
             return
         try:
-            if verb == "generate":
-                prompts, params, min_version = args
-                if in_flight is not None and min_version is not None:
-                    in_flight.wait_for(min_version)
-                result = engine.generate(prompts, params)
-            elif verb == "load_weights":
-                engine.load_weights(iter(args))
-                result = None
-            elif verb == "get_rng_state":
-                result = engine.generator.get_state()
-            elif verb == "set_rng_state":
-                engine.generator.set_state(args)
-                result = None
-            else:
+            if verb not in EngineServer.VERBS:
                 raise ValueError(f"unknown verb {verb!r}")
+            result = getattr(server, verb)(*args)
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
             continue
@@ -130,9 +149,10 @@ def _serve(conn, weights_conn, build: Callable, threads: int | None) -> None:
 
 
 class RemoteGenerator:
-    """The child engine's torch.Generator, as checkpoints see one: get_state / set_state."""
+    """The engine's torch.Generator in another process (a child's, a Ray actor's), as checkpoints see one:
+    get_state / set_state, over its `call`."""
 
-    def __init__(self, engine: RemoteEngine):
+    def __init__(self, engine):
         self.engine = engine
 
     def get_state(self) -> torch.Tensor:
@@ -170,39 +190,40 @@ class RemoteEngine:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def call(self, verb: str, args=None):
+    def call(self, verb: str, *args):
         with self._lock:
             if not self.process.is_alive():
-                raise RolloutProcessError(self._death(verb))
+                raise self._death(verb)
             self._conn.send((verb, args))
             return self._reply(verb)
 
     def _reply(self, verb: str):
         while not self._conn.poll(POLL_S):
             if not self.process.is_alive():
-                raise RolloutProcessError(self._death(verb))
+                raise self._death(verb)
         try:
             status, value = self._conn.recv()
         except (EOFError, OSError):
             self.process.join(5)
-            raise RolloutProcessError(self._death(verb)) from None
+            raise self._death(verb) from None
         if status == "error":
             raise RuntimeError(f"the {self.name} process (pid {self.pid}) failed in {verb}:\n{value.rstrip()}")
         return value
 
-    def _death(self, verb: str) -> str:
+    def _death(self, verb: str) -> RolloutProcessError:
         code = self.process.exitcode
         how = (f"was killed by signal {-code}" if code is not None and code < 0
                else f"exited with status {code}" if code is not None else "is gone")
-        return (f"the {self.name} process (pid {self.pid}) {how} during {verb}: the run stops here; its last "
-                "checkpoint holds every update up to it: run the same command again to resume (a signal 9 with no "
-                "one sending it is usually the out-of-memory killer: give the machine more memory, or the engine "
-                "less)")
+        how = f"the {self.name} process (pid {self.pid}) {how} during {verb}"
+        return RolloutProcessError(
+            f"{how}: the run stops here; its last checkpoint holds every update up to it: run the same command again "
+            "to resume (a signal 9 with no one sending it is usually the out-of-memory killer: give the machine more "
+            "memory, or the engine less)", how)
 
     # ------------------------------------------------------------ the RolloutEngine verbs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        return self.call("generate", (prompts, params, self.min_version))
+        return self.call("generate", prompts, params, self.min_version)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.call("load_weights", on_cpu(weights))
@@ -211,7 +232,7 @@ class RemoteEngine:
         """In-flight: hand the child `version` of the weights now, even while it generates; it loads them before
         its next forward (the sequences in flight go on with them)."""
         if not self.process.is_alive():
-            raise RolloutProcessError(self._death("a weight update"))
+            raise self._death("a weight update")
         with self._weights_lock:
             self._weights.send((version, on_cpu(weights)))
 

@@ -21,64 +21,32 @@ import sys
 from functools import partial
 from typing import Callable
 
-from posttrain.rollout.remote import InFlight, RolloutProcessError, on_cpu
+from posttrain.rollout.remote import EngineServer, InFlight, RemoteGenerator, RolloutProcessError, on_cpu
 from posttrain.worker.engines import build_rollout_engine
 from posttrain.worker.spec import WorkerSpec
 
 PLACEMENT_TIMEOUT_S = 120.0
 
 
-class RolloutActor:
+class RolloutActor(EngineServer):
     """One rollout worker, in a Ray actor of its own (threaded: an in-flight update comes while it generates):
-    `build()` makes its engine there, as a rollout/remote.py child process's does."""
+    `build()` makes its engine there, and it answers the verbs a rollout/remote.py child process answers."""
 
     def __init__(self, build: Callable, threads: int | None = None, in_flight: bool = False):
         import torch
 
         if threads:
             torch.set_num_threads(threads)
-        self.engine = build()
-        self.in_flight = InFlight(self.engine) if in_flight else None
+        engine = build()
+        super().__init__(engine, InFlight(engine) if in_flight else None)
 
     def ready(self) -> dict:
         from posttrain.worker.process import host
 
         return {"pid": os.getpid(), "host": host(), "generator": getattr(self.engine, "generator", None) is not None}
 
-    def generate(self, prompts, params, min_version):
-        if self.in_flight is not None and min_version is not None:
-            self.in_flight.wait_for(min_version)
-        return self.engine.generate(prompts, params)
-
-    def load_weights(self, weights) -> None:
-        self.engine.load_weights(iter(weights))
-
     def send_weights(self, version: int, weights) -> None:
         self.in_flight.offer((version, weights))
-
-    def get_rng_state(self):
-        return self.engine.generator.get_state()
-
-    def set_rng_state(self, state) -> None:
-        self.engine.generator.set_state(state)
-
-    def shutdown(self) -> None:
-        stop = getattr(getattr(self.engine, "engine", self.engine), "shutdown", None)
-        if stop is not None:  # vLLM's engine-core process
-            stop()
-
-
-class ActorGenerator:
-    """An actor engine's torch.Generator, as checkpoints see one."""
-
-    def __init__(self, engine: RayEngine):
-        self.engine = engine
-
-    def get_state(self):
-        return self.engine.call("get_rng_state").clone()
-
-    def set_state(self, state) -> None:
-        self.engine.call("set_rng_state", state)
 
 
 class RayEngine:
@@ -88,7 +56,7 @@ class RayEngine:
         self.actor, self.name, self.min_version = actor, name, None
         self.where = {}
         self.where = self.call("ready")
-        self.generator = ActorGenerator(self) if self.where["generator"] else None
+        self.generator = RemoteGenerator(self) if self.where["generator"] else None
 
     @property
     def pid(self) -> int | None:
