@@ -11,6 +11,7 @@ SmolLM2 example (`--model smollm2`). Settings:
   ...-lenN    every response exactly N tokens (data.max_response_length=N, rollout.ignore_eos=true), e.g. k1f-len96
   ...-gN       N trainer workers (FSDP2, on Ray: trainer.n_gpus_per_node=N), e.g. sync-g2, k1-tis-g2
   ...-rM       M rollout workers of their own (async_training.rollout_n_gpus_per_node=M), e.g. k1-tis-g2-r2
+  ...-sP       streamed samples, P prompts a piece (async_training.stream_samples=true), e.g. k1-tis-r2-s1
   ...-lenN-mbM  and the batch sampled M sequences at a time (rollout.micro_batch_size=M): a slower engine, so
               generation is the longer phase and in-flight updates land mid-batch (k1f-len96-mb16)
 
@@ -57,13 +58,15 @@ PHASES = {"step": "timing_s/step", "gen": "timing_s/gen", "update": "timing_s/up
 
 
 def shape_of(setting: str) -> tuple[str, list[str]]:
-    """'k1-tis-g2-r2' -> ('k1-tis', the keys of 2 trainer workers on Ray and 2 rollout workers)."""
+    """'k1-tis-g2-r2-s1' -> ('k1-tis', the keys of 2 trainer workers on Ray, 2 rollout workers, streamed)."""
     rest, keys = [], []
     for part in setting.split("-"):
         if re.fullmatch(r"g\d+", part):
             keys += [f"trainer.n_gpus_per_node={part[1:]}", "trainer.use_ray=true"]
         elif re.fullmatch(r"r\d+", part):
             keys += [f"{A}rollout_n_gpus_per_node={part[1:]}"]
+        elif re.fullmatch(r"s\d+", part):
+            keys += [f"{A}stream_samples=true", f"{A}stream_piece_size={part[1:]}"]
         else:
             rest.append(part)
     return "-".join(rest), keys

@@ -7,6 +7,7 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pytest
@@ -96,6 +97,121 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_sampled_again():
         pool.close()
 
 
+# ------------------------------------------------------------ streamed pieces
+
+
+class Seeded(Echo):
+    """A toy engine whose response is its prompt + (the piece's seed mod 1000, its weights): what it samples does
+    not depend on the worker; which worker sampled each row is in the log-probs (its own seed)."""
+
+    def generate(self, prompts, params):
+        time.sleep(self.delay_s)
+        rows = [p + [(self.seed if params.seed is None else params.seed) % 1000, self.weights or 0]
+                for p in prompts for _ in range(params.n)]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        return RolloutOutput(prompt_ids=torch.ones(len(rows), 1, dtype=torch.long),
+                             prompt_mask=torch.ones(len(rows), 1, dtype=torch.long), response_ids=ids,
+                             response_mask=mask, log_probs=torch.full(ids.shape, float(self.seed)))
+
+
+def seeded(seed: int, delay_s: float = 0.0) -> Seeded:
+    return Seeded(seed, delay_s)
+
+
+def streamed_pool(delays: list[float], max_failures: int = 0) -> RolloutPool:
+    """len(delays) rollout processes taking one prompt at a time; worker i sleeps delays[i] per piece."""
+    def spawn(i, attempt):
+        return RemoteEngine(partial(seeded, 100 + i + attempt * len(delays), delays[i]), name=f"rollout worker {i}")
+
+    pool = RolloutPool(spawn, len(delays), pad_token_id=0, max_failures=max_failures, piece_size=1)
+    pool.weights_of = lambda version: iter([("w", torch.tensor(10 * version))])
+    return pool
+
+
+def test_streamed_pieces_go_to_whichever_worker_is_free_and_sample_alike_there():
+    """8 prompts a piece each over a fast worker and a slow one: the fast one takes more pieces; every piece is
+    sampled from its own seed with the call's version of the weights, loaded into the worker that takes it, so
+    the answers are those of a pool of one worker, in prompt order."""
+    from posttrain.rollout.base import mixed_seed
+
+    prompts = [[i] for i in range(1, 9)]
+    params = SamplingParams(max_new_tokens=2, seed=5, weights_version=3)
+    expected = [[i, mixed_seed(5, i - 1) % 1000, 30] for i in range(1, 9)]
+    pool, alone = streamed_pool([0.02, 0.8]), streamed_pool([0.0])
+    try:
+        out = pool.generate(prompts, params)
+        assert responses(out) == expected
+        takers = out.log_probs[:, 0].tolist()
+        assert set(takers) == {100.0, 101.0} and takers.count(100.0) > takers.count(101.0), takers
+        assert responses(alone.generate(prompts, params)) == expected
+        # two calls at once, with versions of their own: each piece loads its call's version where it runs
+        later = SamplingParams(max_new_tokens=2, seed=6, weights_version=4)
+        with ThreadPoolExecutor(2) as ex:
+            first, second = ex.map(lambda p: pool.generate(prompts[:4], p), [params, later])
+        assert responses(first) == expected[:4]
+        assert responses(second) == [[i, mixed_seed(6, i - 1) % 1000, 40] for i in range(1, 5)]
+        assert pool.oldest_needed() == 4  # no piece needs version 3 any more: it may be let go
+        # a call without a seed (validation) is cut in chunks, one per worker, as unstreamed
+        pool.load_weights([("w", torch.tensor(7))])
+        out = pool.generate([[1], [2]], SamplingParams(max_new_tokens=2))
+        assert out.log_probs[:, 0].tolist() == [100.0, 101.0]
+    finally:
+        pool.close()
+        alone.close()
+
+
+def test_a_streamed_piece_of_a_killed_worker_is_sampled_again_alike():
+    """A worker killed while it samples a piece: the piece goes back to the queue, the replacement (or the other
+    worker) samples it from the same seed, and the call's answers are those of a run without the death."""
+    from posttrain.rollout.base import mixed_seed
+
+    pool = streamed_pool([1.0, 1.0], max_failures=1)
+    try:
+        victim = pool.workers[1].pid
+        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()  # both are inside their first piece
+        out = pool.generate([[1], [2], [3]], SamplingParams(max_new_tokens=2, seed=9, weights_version=0))
+        assert responses(out) == [[i, mixed_seed(9, i - 1) % 1000, 0] for i in (1, 2, 3)]
+        assert pool.failures == 1
+        deadline = time.monotonic() + 60  # worker 0 may have sampled every piece while the replacement started
+        while pool.workers[1].pid == victim and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.workers[1].pid != victim
+        os.kill(pool.workers[0].pid, signal.SIGKILL)  # one death too many: the call raises it, and so do later ones
+        for _ in range(2):
+            with pytest.raises(RolloutProcessError, match=r"^the rollout worker 0 process \(pid \d+\) was killed by "
+                               r"signal 9 during generate \(rollout worker 0 of 2; 1 replacement"):
+                pool.generate([[1], [2], [3]], SamplingParams(max_new_tokens=2, seed=9, weights_version=0))
+    finally:
+        pool.close()
+
+
+def test_a_streamed_run_is_its_seeds_whatever_its_rollout_workers_and_resumes_exactly(tmp_path, data,
+                                                                                       tiny_model_dir):
+    """Streamed, one update ahead, a piece a prompt: one rollout worker for 4 steps, and two stopped at step 2 and
+    resumed to 4, are the same run (each piece sampled from its own seed with its batch's weights), and the
+    second batch was sampled while the first was (overlap)."""
+    from helpers import resume_overrides
+
+    shape = ("trainer.test_freq=-1", *ASYNC, "async_training.max_trajectory_age_steps=1",
+             "async_training.stream_samples=true", "async_training.stream_piece_size=1",
+             "algorithm.rollout_correction.rollout_is=token")
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "one", 4, "trainer.save_freq=4", *shape))
+    two = (*shape, "async_training.rollout_n_gpus_per_node=2")
+    run(resume_overrides(tiny_model_dir, data, tmp_path / "two", 2, "trainer.save_freq=2", *two))
+    assert run(resume_overrides(tiny_model_dir, data, tmp_path / "two", 4, "trainer.save_freq=4", *two))[
+        "steps"] == 4
+    one, two = comparable(tmp_path / "one"), comparable(tmp_path / "two")
+    assert [m["step"] for m in two if "actor/pg_loss" in m] == [1, 2, 3, 4]
+    assert [m["async/trajectory_age"] for m in one if "actor/pg_loss" in m] == [0, 1, 1, 1]
+    two[2] = {k: v for k, v in two[2].items() if not k.startswith("val/")}  # the first half's validation at its end
+    assert one == two
+    # batch 2's version (0) exists from the start: its thread starts while batch 1's samples (2 at once)
+    sampling = [m["perf/batches_sampling"] for m in read_metrics(tmp_path / "one") if "actor/pg_loss" in m]
+    assert sampling[0] == 1 and max(sampling) == 2, sampling
+
+
 # ------------------------------------------------------------ a trainer group beside rollout workers (Ray)
 
 
@@ -133,6 +249,27 @@ def test_two_trainer_workers_beside_two_rollout_workers_at_k_0_are_the_synchrono
     a = [{k: v for k, v in line.items() if not k.startswith("async/")} for line in comparable(tmp_path / "async")]
     assert a == comparable(tmp_path / "sync")
     assert [m["step"] for m in read_metrics(tmp_path / "async") if "actor/pg_loss" in m] == [1, 2, 3]
+
+
+@pytest.mark.ray
+def test_a_trainer_group_streams_to_rollout_actors_as_one_trainer_process_does(cluster, tmp_path, data,
+                                                                               trained_tiny_model_dir):
+    """Streamed, one update ahead: 2 trainer workers on Ray with 2 rollout actors (each piece's weights put in
+    Ray's store once, loaded by the actor that takes it) train the run one trainer process with one rollout
+    process trains, step by step, within float rounding (the trainer group's sums run in another order)."""
+    shape = ("trainer.test_freq=-1", "trainer.save_freq=-1", *ASYNC, "async_training.max_trajectory_age_steps=1",
+             "async_training.stream_samples=true", "async_training.stream_piece_size=1")
+    run(small_run_overrides(trained_tiny_model_dir, data, tmp_path / "one", 3, *shape))
+    run(small_run_overrides(trained_tiny_model_dir, data, tmp_path / "group", 3, *shape, "trainer.n_gpus_per_node=2",
+                            f"trainer.ray_address={cluster['address']}", "async_training.rollout_n_gpus_per_node=2"))
+    one, group = (comparable(tmp_path / d) for d in ("one", "group"))
+    assert [m["step"] for m in group if "actor/pg_loss" in m] == [1, 2, 3]
+    assert [m["async/trajectory_age"] for m in group if "actor/pg_loss" in m] == [0, 1, 1]
+    for a, b in zip(one, group):
+        assert a.keys() == b.keys()
+        assert {k: a[k] for k in a if "response_length" in k} == {k: b[k] for k in b if "response_length" in k}
+        assert all(a[k] == pytest.approx(b[k], rel=1e-3, abs=1e-5) for k in a), [
+            (k, a[k], b[k]) for k in a if a[k] != pytest.approx(b[k], rel=1e-3, abs=1e-5)]
 
 
 @pytest.mark.ray

@@ -128,3 +128,8 @@ class AsyncTrainingConfig:
     # how many times over a run a dead rollout worker is replaced (its unfinished prompts sampled again) before the
     # run stops; 0: the first failure stops it
     max_rollout_failures: int = 3
+    # the rollout workers take each batch's prompts a piece at a time from one queue and hand each piece back as it
+    # is done: a fast worker takes more, and the next batch's pieces start while this one's last finish (k >= 1).
+    # Each piece is sampled from its own seed: the samples do not depend on the workers' number or speed
+    stream_samples: bool = False
+    stream_piece_size: int = 0  # prompts per piece (each with its n samples); 0: the batch's over 4 x rollout workers

@@ -80,6 +80,9 @@ def validate_async(cfg: Config) -> None:
     need(whole(a.max_rollout_failures),
          f"{key}.max_rollout_failures must be an integer >= 0 (dead rollout workers replaced over the run; 0: the "
          f"first failure stops it), got {printable(a.max_rollout_failures)}")
+    need(whole(a.stream_piece_size),
+         f"{key}.stream_piece_size must be an integer >= 0 (prompts per streamed piece; 0: the batch's over 4 x the "
+         f"rollout workers), got {printable(a.stream_piece_size)}")
     if not a.enable:
         return
     devices, tp = a.rollout_nnodes * a.rollout_n_gpus_per_node, cfg.rollout.tensor_model_parallel_size

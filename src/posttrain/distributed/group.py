@@ -65,8 +65,9 @@ class WorkerGroup:
             remote.options(
                 num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0, max_restarts=0, name=None,
                 # asynchronous training: worker 0 answers the sampling thread's verbs (generate, engine_weights: its
-                # rollout workers do the work) while the trainer's run; the trainer's collectives come one at a time
-                max_concurrency=2 if spec.rollout.remote else 1,
+                # rollout workers do the work) while the trainer's run (streamed: several batches' generates); the
+                # trainer's collectives come one at a time
+                max_concurrency=(8 if spec.rollout.piece_size else 2) if spec.rollout.remote else 1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
                 runtime_env={"env_vars": env} if env else None,
             ).remote(spec, rank=i, world_size=self.world_size, sharded=True)

@@ -12,6 +12,14 @@ algorithm (the thread waits for each update), and k = 1 is one-step off-policy.
     ahead.updated(run.global_step) # after the step's update: versions up to it may be sampled with
     with ahead.settled(): ...      # validation, checkpoints: the thread has sampled all it may and waits
 
+**Streamed** (async_training.stream_samples): the thread draws step j's prompts and hands them to a thread of
+their own, which samples them (the rollout workers take them a piece at a time: rollout/pool.py) and scores them,
+and goes on to step j + 1 as soon as its version exists: with k >= 1 the next batch's pieces start while this
+one's last are sampled. Batches are queued in step order whatever order they finish in. Each batch's samples come
+from its own seed (the run's and the step's, `Pinned`), and its weights' version travels with its prompts, so a
+streamed run is determined by its seed too (not equal to the unstreamed one: other seeds). Everything but the
+sampling itself (decoding, tools, scoring) runs one batch at a time.
+
 At a checkpoint the queued batches (up to k of them, past the run's last step too) are saved with it
 (`state`), and the data position and the rollout's random stream saved are the thread's, after them: a resumed
 run takes the same batches and goes on as the uninterrupted one would (`restore`).
@@ -20,6 +28,8 @@ run takes the same batches and goes on as the uninterrupted one would (`restore`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import json
 import threading
 import time
@@ -31,6 +41,7 @@ import torch
 
 from posttrain.driver.batch import RolloutBatch
 from posttrain.driver.rollouts import StepRollouts, rollout_and_score
+from posttrain.rollout.base import SamplingParams, mixed_seed
 
 LISTS = ("data_source", "ground_truth", "extra_info", "response_text")  # RolloutBatch's per-row Python lists
 
@@ -50,14 +61,21 @@ class RolloutsAhead:
     """The sampling thread and its queue (module docstring). `k`: async_training.max_trajectory_age_steps."""
 
     def __init__(self, rollouts: StepRollouts, draw: Callable[[], tuple[int, list]], total_steps: int, k: int,
-                 in_flight: bool = False, start_step: int = 0):
+                 in_flight: bool = False, start_step: int = 0, stream: bool = False, seed: int = 0):
         """rollouts: what sampling and scoring take (its actor's engine_weights verb picks the weights' version);
-        draw(): the next prompts (epoch, items); total_steps: the run's last step."""
+        draw(): the next prompts (epoch, items); total_steps: the run's last step; stream: streamed batches
+        (module docstring), sampled from seeds made of `seed` and their step."""
         self.rollouts, self.draw, self.total_steps, self.k, self.in_flight = rollouts, draw, total_steps, k, in_flight
+        self.stream, self.seed = stream, seed
+        # dynamic sampling draws more prompts while it samples: its batches one at a time, to keep the data order
+        self.overlap = stream and not getattr(rollouts.filter_groups, "enable", False)
         self.queue: list[Sampled] = []
+        self.done: dict[int, Sampled] = {}  # streamed: batches sampled before an earlier one, by step
         self.reset(start_step)
         self.cond = threading.Condition()
-        self.busy = self.paused = self.stopping = False
+        self.running = 0  # batches being sampled now (streamed: several)
+        self.work_lock = threading.Lock()  # streamed: held by a batch's thread but while it samples
+        self.paused = self.stopping = False
         self.past_end = False  # may sample for steps after the run's last (for a checkpoint: see settled)
         self.error: BaseException | None = None
         self.idle_s = 0.0  # the thread's time waiting for weights, since the last take
@@ -68,7 +86,9 @@ class RolloutsAhead:
         self.base = start_step  # the weights' version numbers count updates from here (engine_weights)
         self.trainer_step = start_step  # updates done: versions up to it exist
         self.next_step = start_step + 1  # the step the next batch sampled is for
+        self.next_queued = start_step + 1  # the step the next batch queued is for
         self.queue.clear()
+        self.done.clear()
 
     def version_for(self, step: int) -> int:
         return max(self.base, step - 1 - self.k)
@@ -82,22 +102,34 @@ class RolloutsAhead:
         return (not self.paused and self.version_for(self.next_step) <= self.trainer_step
                 and (self.next_step <= self.total_steps or self.past_end))
 
+    def _may_start(self) -> bool:
+        return self._may_sample() and (self.running == 0 or self.overlap)
+
     def _run(self) -> None:
         try:
             while True:
                 with self.cond:
                     waited = time.perf_counter()
-                    while not (self.stopping or self._may_sample()):
+                    while not (self.stopping or self._may_start()):
                         self.cond.wait()
                     if self.stopping:
                         return
                     self.idle_s += time.perf_counter() - waited
-                    self.busy, step = True, self.next_step
-                self.queue_one(step)
+                    self.running += 1
+                    step = self.next_step
+                    if self.stream:
+                        self.next_step += 1
+                if self.stream:
+                    self.start_one(step)
+                else:
+                    self.queue_one(step)
         except BaseException as e:  # noqa: BLE001  the trainer raises it at its next take
-            with self.cond:
-                self.error, self.busy = e, False
-                self.cond.notify_all()
+            self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        with self.cond:
+            self.error, self.running = self.error or e, self.running - 1
+            self.cond.notify_all()
 
     def queue_one(self, step: int) -> None:
         """Sample and score step `step`'s batch with its version of the weights, and queue it. In flight: with
@@ -113,7 +145,34 @@ class RolloutsAhead:
         batch = rollout_and_score(self.rollouts, items, m)
         with self.cond:
             self.queue.append(Sampled(step, version, epoch, batch, m))
-            self.next_step, self.busy = step + 1, False
+            self.next_step = self.next_queued = step + 1
+            self.running -= 1
+            self.cond.notify_all()
+
+    def start_one(self, step: int) -> None:
+        """Streamed: draw step `step`'s prompts here, in step order, and sample and score them in a thread of
+        their own, with their version of the weights (in flight: the newest, or newer) and their own seed."""
+        with self.cond:
+            version = self.trainer_step if self.in_flight else self.version_for(step)
+            m: dict = {"perf/batches_sampling": float(self.running)}  # with this one (timing-dependent)
+        epoch, items = self.draw()
+        pinned = Pinned(self.rollouts.actor, version - self.base, mixed_seed(self.seed, step), self.work_lock)
+        threading.Thread(target=self._sample_one, args=(step, version, epoch, items, pinned, m), daemon=True,
+                         name=f"posttrain-rollouts-{step}").start()
+
+    def _sample_one(self, step: int, version: int, epoch: int, items, pinned: "Pinned", m: dict) -> None:
+        try:
+            with self.work_lock:
+                batch = rollout_and_score(dataclasses.replace(self.rollouts, actor=pinned), items, m)
+        except BaseException as e:  # noqa: BLE001  the trainer raises it at its next take
+            self._failed(e)
+            return
+        with self.cond:
+            self.done[step] = Sampled(step, version, epoch, batch, m)
+            while self.next_queued in self.done:
+                self.queue.append(self.done.pop(self.next_queued))
+                self.next_queued += 1
+            self.running -= 1
             self.cond.notify_all()
 
     # ------------------------------------------------------------ the trainer's side
@@ -179,7 +238,7 @@ class RolloutsAhead:
         with self.cond:
             self.past_end = self.past_end or checkpoint
             self.cond.notify_all()
-            while (self.busy or self._may_sample()) and self.error is None:
+            while (self.running or self._may_sample()) and self.error is None:
                 self.cond.wait()
             self.raise_error()
             self.paused = True
@@ -218,8 +277,30 @@ class RolloutsAhead:
             self.queue.append(Sampled(s["step"], s["version"], s["epoch"], batch_from_state(s["batch"]),
                                       json.loads(s["metrics"])))
         if self.queue:
-            self.next_step = self.queue[-1].step + 1
+            self.next_step = self.next_queued = self.queue[-1].step + 1
         return len(saved) - len(kept)
+
+
+class Pinned:
+    """A streamed batch's view of the actor: each generate samples with the batch's version of the weights and
+    from a seed of its own (the batch's and the call's count: tools, greedy baselines and dynamic sampling call
+    more than once), and lets go of `lock` (everything else of the batch, one at a time) while it waits."""
+
+    def __init__(self, actor, version: int, seed: int, lock: threading.Lock):
+        self.actor, self.version, self.seed, self.lock = actor, version, seed, lock
+        self.calls = itertools.count()
+
+    def generate(self, prompts, params: SamplingParams):
+        params = dataclasses.replace(params, seed=mixed_seed(self.seed, next(self.calls)),
+                                     weights_version=self.version)
+        self.lock.release()
+        try:
+            return self.actor.generate(prompts, params)
+        finally:
+            self.lock.acquire()
+
+    def __getattr__(self, name: str):
+        return getattr(self.actor, name)
 
 
 def batch_state(batch: RolloutBatch) -> dict:

@@ -263,7 +263,8 @@ def build_run(cfg) -> Run:
     if cfg.async_training.enable:  # started by train(), after any resume and the first validation
         a = cfg.async_training
         run.ahead = RolloutsAhead(run.rollouts, run.draw, total_steps, a.max_trajectory_age_steps,
-                                 in_flight=a.in_flight_weight_updates, start_step=run.global_step)
+                                 in_flight=a.in_flight_weight_updates, start_step=run.global_step,
+                                 stream=a.stream_samples, seed=tr.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
     if resume_from is not None:

@@ -81,7 +81,17 @@ def rollout_spec(cfg, device: str = "cpu") -> RolloutSpec:
         remote=cfg.async_training.enable, threads=split_threads(cfg, device)[1],
         in_flight=cfg.async_training.enable and cfg.async_training.in_flight_weight_updates,
         workers=rollout_workers(cfg), max_failures=cfg.async_training.max_rollout_failures,
+        piece_size=stream_piece_size(cfg),
     )
+
+
+def stream_piece_size(cfg) -> int:
+    """async_training.stream_samples: prompts per streamed piece (async_training.stream_piece_size, or the batch's
+    prompts over 4 x the rollout workers); 0: not streamed."""
+    a = cfg.async_training
+    if not (a.enable and a.stream_samples):
+        return 0
+    return a.stream_piece_size or max(1, -(-cfg.data.train_batch_size // (4 * rollout_workers(cfg))))
 
 
 def rollout_workers(cfg) -> int:

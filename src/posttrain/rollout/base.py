@@ -27,6 +27,11 @@ class SamplingParams:
     do_sample: bool = True
     ignore_eos: bool = False
     logprobs: bool = False  # also return each sampled token's log-prob
+    # streamed rollouts (async_training.stream_samples): sample from this seed's stream, not the engine's own, so
+    # that a piece of a batch is sampled alike whichever rollout worker takes it; None: the engine's stream
+    seed: int | None = None
+    # ... with this version of the weights (updates since the start or the resume); None: those the engine holds
+    weights_version: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +94,14 @@ class RolloutEngine(Protocol):
         """Load full tensors under Hugging Face names into the engine's own
         copy of the model (from a sharded trainer: `rollout.weights`)."""
         ...
+
+
+def mixed_seed(*keys: int) -> int:
+    """A seed made from several integers (a run's seed, a step, a piece's index), well apart from the seeds of
+    nearby keys: numpy's SeedSequence, 63 bits."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(k) % 2 ** 64 for k in keys]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def even_chunks(count: int, parts: int) -> list[range]:

@@ -142,9 +142,12 @@ class HFRolloutEngine:
         order = list(range(len(prompts)))
         if self.remove_padding and per_chunk < len(prompts):  # alike lengths together: less prompt padding
             order.sort(key=lambda i: -len(prompts[i]))
-        # [N, max_new_tokens]: sequence i's step-t draw, whichever chunk runs it and when
+        # [N, max_new_tokens]: sequence i's step-t draw, whichever chunk runs it and when; from params.seed's own
+        # stream when it names one (a streamed rollout's piece), else the engine's
+        generator = (self.generator if params.seed is None
+                     else torch.Generator(device=self.device).manual_seed(params.seed))
         uniforms = None if params.greedy else torch.rand((len(expanded), params.max_new_tokens),
-                                                         generator=self.generator, device=self.device)
+                                                         generator=generator, device=self.device)
         # static decoding's buffers: the largest chunk's rows, the longest prompt and the new tokens
         self._static_rows = min(per_chunk, len(prompts)) * n
         self._static_columns = max(len(p) for p in prompts) + params.max_new_tokens

@@ -34,6 +34,12 @@ def on_cpu(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch
     return [(name, t.detach().cpu()) for name, t in weights]
 
 
+def min_version_of(engine, params: SamplingParams) -> int | None:
+    """In flight: the weights' version a generate waits for: a streamed piece's own (params.weights_version), else
+    the one the engine was last told (its `min_version`)."""
+    return params.weights_version if params.weights_version is not None else engine.min_version
+
+
 class RolloutProcessError(RuntimeError):
     """The rollout process died, or did not start. `how`: the death in a phrase ("the rollout process (pid 7)
     was killed by signal 9 during generate"), without what to do about it."""
@@ -223,7 +229,7 @@ class RemoteEngine:
     # ------------------------------------------------------------ the RolloutEngine verbs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        return self.call("generate", prompts, params, self.min_version)
+        return self.call("generate", prompts, params, min_version_of(self, params))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.call("load_weights", on_cpu(weights))

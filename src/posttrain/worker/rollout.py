@@ -127,9 +127,15 @@ class RemoteRollout:
         self.engine, self.history = engine, history
         self.merged, self.in_flight = merged_rollout(spec), spec.rollout.in_flight
         self.version: int | None = None  # the version load_version loaded into the rollout process
+        self.streamed = spec.rollout.piece_size > 0 and not self.in_flight
+        if self.streamed:  # a streamed piece names its version; the pool loads it from here into the worker
+            engine.weights_of = history.get
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
-        return self.engine.generate(prompts, params)  # under the policy's autocast there (engines.InAutocast)
+        out = self.engine.generate(prompts, params)  # under the policy's autocast there (engines.InAutocast)
+        if self.streamed and params.weights_version is not None:  # versions no piece needs any more let go
+            self.history.drop_below(self.engine.oldest_needed())
+        return out
 
     def push_weights(self, policy: torch.nn.Module, restart: bool = False) -> None:
         """A new version; the rollout process takes the one the driver names (load_version) or, in flight, each
@@ -137,6 +143,8 @@ class RemoteRollout:
         self.history.push(full_weights(policy, self.merged), restart=restart)
         if restart:
             self.version = None
+            if self.streamed:
+                self.engine.forget_versions()
         if self.in_flight:
             self.engine.send_weights(self.history.newest_version, self.history.newest())
 
@@ -205,7 +213,7 @@ def rollout_pool(spec: WorkerSpec, eos: list[int], pad_token_id: int, sharded: b
             return RemoteEngine(partial(build_rollout_engine, spec, eos, pad_token_id, i + attempt * r.workers),
                                 threads=threads, name="rollout" if r.workers == 1 else f"rollout worker {i}",
                                 in_flight=r.in_flight)
-    return RolloutPool(spawn, r.workers, pad_token_id, max_failures=r.max_failures)
+    return RolloutPool(spawn, r.workers, pad_token_id, max_failures=r.max_failures, piece_size=r.piece_size)
 
 
 def make_rollout(spec: WorkerSpec, policy: torch.nn.Module, copy: torch.nn.Module | None, eos: list[int],

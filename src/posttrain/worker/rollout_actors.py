@@ -21,7 +21,8 @@ import sys
 from functools import partial
 from typing import Callable
 
-from posttrain.rollout.remote import EngineServer, InFlight, RemoteGenerator, RolloutProcessError, on_cpu
+from posttrain.rollout.remote import (EngineServer, InFlight, RemoteGenerator, RolloutProcessError, min_version_of,
+                                     on_cpu)
 from posttrain.worker.engines import build_rollout_engine
 from posttrain.worker.spec import WorkerSpec
 
@@ -75,7 +76,7 @@ class RayEngine:
             raise RuntimeError(f"the {self.name} (pid {self.pid}) failed in {verb}:\n{e}") from None
 
     def generate(self, prompts, params):
-        return self.call("generate", prompts, params, self.min_version)
+        return self.call("generate", prompts, params, min_version_of(self, params))
 
     @staticmethod
     def prepare_weights(weights):

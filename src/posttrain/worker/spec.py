@@ -93,6 +93,9 @@ class RolloutSpec:
     max_failures: int = 0
     placement_group: str | None = None  # beside a trainer group: the name of the rollout workers' placement group
     in_flight: bool = False  # async_training.in_flight_weight_updates: new weights reach it mid-batch
+    # async_training.stream_samples: the workers take a batch's prompts this many at a time from one queue (0: one
+    # chunk each); rollout/pool.py
+    piece_size: int = 0
 
 
 @dataclass
