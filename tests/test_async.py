@@ -340,11 +340,15 @@ def test_in_flight_with_k_0_is_still_the_synchronous_run(tmp_path, data, trained
     assert same_weights(final_weights(tmp_path / "sync", 3), final_weights(tmp_path / "async", 3))
 
 
-def test_in_flight_with_k_2_stays_within_k_and_tags_the_tokens(tmp_path, data, trained_tiny_model_dir):
+@pytest.mark.parametrize("streamed", [(), ("async_training.stream_samples=true", "async_training.stream_piece_size=1",
+                                             "async_training.rollout_n_gpus_per_node=2")], ids=["batches", "streamed"])
+def test_in_flight_with_k_2_stays_within_k_and_tags_the_tokens(tmp_path, data, trained_tiny_model_dir, streamed):
+    """In flight, whole batches or streamed over two rollout workers (each piece waits for its batch's version,
+    then takes every newer one at its next token): within k, each token tagged."""
     summary = run(small_run_overrides(trained_tiny_model_dir, data, tmp_path / "run", 6, *ASYNC,
                                       "async_training.max_trajectory_age_steps=2",
                                       "async_training.in_flight_weight_updates=true",
-                                      "algorithm.rollout_correction.rollout_is=token"))
+                                      "algorithm.rollout_correction.rollout_is=token", *streamed))
     assert summary["steps"] == 6
     steps = [line for line in read_metrics(tmp_path / "run") if "critic/score/mean" in line]
     assert all(0 <= line["async/trajectory_age"] <= 2 for line in steps)

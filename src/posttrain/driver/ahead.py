@@ -163,6 +163,7 @@ class RolloutsAhead:
     def _sample_one(self, step: int, version: int, epoch: int, items, pinned: "Pinned", m: dict) -> None:
         try:
             with self.work_lock:
+                pinned.owner = threading.get_ident()
                 batch = rollout_and_score(dataclasses.replace(self.rollouts, actor=pinned), items, m)
         except BaseException as e:  # noqa: BLE001  the trainer raises it at its next take
             self._failed(e)
@@ -289,10 +290,13 @@ class Pinned:
     def __init__(self, actor, version: int, seed: int, lock: threading.Lock):
         self.actor, self.version, self.seed, self.lock = actor, version, seed, lock
         self.calls = itertools.count()
+        self.owner: int | None = None  # the batch's thread, which holds `lock`
 
     def generate(self, prompts, params: SamplingParams):
         params = dataclasses.replace(params, seed=mixed_seed(self.seed, next(self.calls)),
                                      weights_version=self.version)
+        if threading.get_ident() != self.owner:  # an agent's server thread: the batch's thread keeps the lock
+            return self.actor.generate(prompts, params)
         self.lock.release()
         try:
             return self.actor.generate(prompts, params)

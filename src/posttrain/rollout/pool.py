@@ -110,6 +110,8 @@ class RolloutPool:
 
     def _replace(self, i: int, dead, error: RolloutProcessError) -> None:
         how = error.how  # "the rollout worker 1 process (pid N) was killed by signal 9 during generate"
+        if self._closing:  # closed under a call still going (the sampling thread's, at the run's end): no one waits
+            raise RolloutProcessError(f"{how}: the rollout workers were closed", how) from None
         with self._lock:
             if self.failures >= self.max_failures:
                 raise RolloutProcessError(
@@ -290,6 +292,7 @@ class RolloutPool:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        self._fail_all(RolloutProcessError("the rollout workers were closed"))  # nothing waits on a piece for ever
         for w in self.workers:
             w.close()
         self._ex.shutdown(wait=False)
