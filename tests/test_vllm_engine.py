@@ -311,14 +311,22 @@ def test_the_default_run_with_vllm_rollouts_trains_end_to_end(tmp_path):
     assert max((new[k] - old[k]).abs().max().item() for k in old) > 0
 
 
-def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path):
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path, in_flight):
     """async_training with rollout.name=vllm: the engine in a process of its own, one update ahead; the
-    checkpoint holds the batch sampled for the step after the last."""
+    checkpoint holds the batch sampled for the step after the last. In flight, each update reaches the engine
+    mid-batch (partial rollout): the batches' tokens are tagged, and none is more than one update old."""
     steps = ["trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=3"]
     lines, proc = train(tmp_path, "async", "actor_rollout_ref.rollout.name=vllm", "async_training.enable=true",
-                        "algorithm.rollout_correction.rollout_is=token", *steps)
+                        "algorithm.rollout_correction.rollout_is=token",
+                        f"async_training.in_flight_weight_updates={str(in_flight).lower()}", *steps)
     trained = [m for m in lines if "timing_s/step" in m]
-    assert [m["async/trajectory_age"] for m in trained] == [0, 1, 1]
+    if in_flight:
+        assert len(trained) == 3 and all(m["async/trajectory_age"] <= 1 for m in trained)
+        assert all(0 <= m["async/in_flight_updated_share"] <= 1 and 0 <= m["async/token_age_mean"] <= 1
+                   for m in trained)
+    else:
+        assert [m["async/trajectory_age"] for m in trained] == [0, 1, 1]
     assert all(m["rollout_corr/rollout_is_mean"] > 0 for m in trained)
     import torch
 
