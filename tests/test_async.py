@@ -169,8 +169,6 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
 
 @pytest.mark.parametrize("overrides, message", [
     (["async_training.max_trajectory_age_steps=-1"], "max_trajectory_age_steps must be an integer >= 0"),
-    (["async_training.enable=true", "async_training.in_flight_weight_updates=true", "rollout.name=vllm"],
-     "needs rollout.name=hf"),
     (["async_training.enable=true", "rollout.stale_updates=1"], "set rollout.stale_updates=0"),
     (["async_training.enable=true", "async_training.rollout_n_gpus_per_node=3", "rollout.tensor_model_parallel_size=2"],
      r"rollout_nnodes x async_training.rollout_n_gpus_per_node = 3 devices is not a multiple of "
@@ -183,6 +181,21 @@ def test_the_rollout_process_samples_as_the_engine_in_the_trainer_does(trained_t
 def test_settings_that_cannot_work_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message) as refused:
         load_config(None, overrides)
+    assert "\n" not in str(refused.value)
+
+
+def test_in_flight_updates_take_the_hf_or_the_vllm_engine():
+    """vLLM takes in-flight updates by partial rollout (rollout/vllm_partial.py); another engine name is refused
+    in one line naming the two."""
+    from posttrain.config.validate_rollout import validate_async
+
+    for name in ("hf", "vllm"):
+        c = load_config(None, ["async_training.enable=true", "async_training.in_flight_weight_updates=true",
+                               f"rollout.name={name}", "algorithm.rollout_correction.rollout_is=token"])
+        assert (c.rollout.name, c.async_training.in_flight_weight_updates) == (name, True)
+    c.rollout.name = "sglang"  # refused before this check by rollout.name's own; the check still names both
+    with pytest.raises(ConfigError, match="in_flight_weight_updates=true needs rollout.name=hf or vllm") as refused:
+        validate_async(c)
     assert "\n" not in str(refused.value)
 
 
@@ -225,7 +238,7 @@ VERL_FULLY_ASYNC = ["actor_rollout_ref.hybrid_engine=False", "data.train_batch_s
 
 def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
     """A weight version is mini x require x trigger prompts (2 x 2 x 2 = 8): one step of 8 prompts, 4 optimizer
-    steps; k = ceil(0.5) = 1; partial rollouts are in-flight updates (hf); the rollout's log-probs are the old
+    steps; k = ceil(0.5) = 1; partial rollouts are in-flight updates (hf, vllm); the rollout's log-probs are the old
     policy's (bypass mode); 20 prompts = ceil(20 / 8) = 3 steps."""
     c = load_config(None, VERL_FULLY_ASYNC)
     a = c.async_training
@@ -240,9 +253,8 @@ def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
     c = load_config(None, [*VERL_FULLY_ASYNC, "trainer.n_gpus_per_node=2"])  # two trainer workers, one rollout's
     a = c.async_training
     assert (c.trainer.n_gpus_per_node, a.enable, a.rollout_nnodes, a.rollout_n_gpus_per_node) == (2, True, 1, 1)
-    with pytest.warns(UserWarning, match="samples whole batches between weight updates"):
-        c = load_config(None, [*VERL_FULLY_ASYNC, "actor_rollout_ref.rollout.name=vllm"])
-    assert not c.async_training.in_flight_weight_updates
+    c = load_config(None, [*VERL_FULLY_ASYNC, "actor_rollout_ref.rollout.name=vllm"])  # vLLM's partial rollout
+    assert (c.rollout.name, c.async_training.in_flight_weight_updates) == ("vllm", True)
     with pytest.raises(ConfigError, match="make a weight version .* = 8 prompts; set data.train_batch_size=0"):
         load_config(None, [*VERL_FULLY_ASYNC, "data.train_batch_size=16"])
     with pytest.raises(ConfigError, match="disagree; set one of them"):

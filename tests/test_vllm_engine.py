@@ -161,6 +161,96 @@ def test_the_cpu_build_has_no_sleep_mode_and_the_worker_does_not_call_it(worker,
     assert called == []
 
 
+def in_flight(engine, update_at: int, load):
+    """A weights hook and pending flag as rollout/remote.py's InFlight sets them, deterministic: new weights wait
+    from the `update_at`-th time the engine asks (once before each step) until the hook loads them with `load`
+    as version 1. -> the asks made when the hook ran."""
+    asked, hooked = [], []
+
+    def pending():
+        asked.append(1)
+        return len(asked) == update_at
+
+    def hook():
+        hooked.append(len(asked))
+        if len(asked) == update_at:
+            load()
+            engine.weights_version = 1
+
+    engine.weights_hook, engine.weights_pending = hook, pending
+    return hooked
+
+
+def model_with(weights, model_dir):
+    from posttrain.models import load_model
+
+    model = load_model(model_dir)
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+def test_in_flight_vllm_aborts_resumes_and_tags_each_token_with_the_weights_that_sampled_it(worker,
+                                                                                           trained_tiny_model_dir):
+    """Partial rollout: new weights wait after 3 steps; every request is aborted, the weights load, and each is
+    resumed with its tokens so far. Each row is version 0 then version 1, max_new_tokens long, and each token's
+    log-prob is that of the weights its version names (the old before the switch, the new after)."""
+    from posttrain.rollout.weights import named_full_weights
+    from posttrain.training.logprobs import PassOptions, log_probs_and_entropy
+
+    engine, prompts = worker.engine, prompts_of(worker, 4)
+    old = {k: v.detach().clone() for k, v in named_full_weights(worker.policy)}
+    torch.manual_seed(0)
+    new = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in old.items()}
+    params = SamplingParams(max_new_tokens=12, n=2, temperature=1.0, logprobs=True, ignore_eos=True)
+    hooked = in_flight(engine, 4, lambda: engine.load_weights(iter(new.items())))
+    try:
+        out = engine.generate(prompts, params)
+    finally:
+        engine.weights_hook = engine.weights_pending = None
+        engine.weights_version = 0
+        engine.load_weights(iter(old.items()))
+    assert hooked == [0, 4]  # once before the first request, once at the update
+    v = out.weight_versions
+    assert v.shape == (8, 12) and out.response_mask.all() and out.truncated.all()
+    assert (v[:, 1:] >= v[:, :-1]).all() and ((v == 0).any(1) & (v == 1).any(1)).all(), v
+    batch = RolloutBatch.from_rollout(out, 2, ["arith"] * 4, ["0"] * 4, [{}] * 4, [""] * 8)
+    with torch.no_grad():
+        lp = {name: log_probs_and_entropy(model_with(w, trained_tiny_model_dir), batch, torch.device("cpu"), 1.0,
+                                          PassOptions(), with_entropy=False)[0] for name, w in (("old", old),
+                                                                                              ("new", new))}
+    before, after = v == 0, v == 1
+    assert (lp["old"] - out.log_probs)[before].abs().max().item() < LOGP_ATOL
+    assert (lp["new"] - out.log_probs)[after].abs().max().item() < LOGP_ATOL
+    for weights, tokens in (("old", after), ("new", before)):  # the update changed them: each has its own
+        assert (lp[weights] - out.log_probs)[tokens].abs().mean().item() > 100 * LOGP_ATOL
+    # the weights are back: without a hook, LLM.generate's path and no versions
+    again = engine.generate(prompts, GREEDY)
+    assert again.weight_versions is None
+    assert again.response_ids.tolist() == hf_engine(worker).generate(prompts, GREEDY).response_ids.tolist()
+
+
+def test_in_flight_vllm_resumed_requests_end_as_uninterrupted_ones(worker):
+    """Greedy, EOS on: an update that loads the same weights after 3 steps aborts and resumes every request;
+    the tokens, masks (EOS kept once) and truncation are those of LLM.generate's path without the update."""
+    from posttrain.rollout.weights import named_full_weights
+
+    engine, prompts = worker.engine, prompts_of(worker)
+    same = [(k, v.detach().clone()) for k, v in named_full_weights(worker.policy)]
+    plain = engine.generate(prompts, GREEDY)
+    in_flight(engine, 4, lambda: engine.load_weights(iter(same)))
+    try:
+        out = engine.generate(prompts, GREEDY)
+    finally:
+        engine.weights_hook = engine.weights_pending = None
+        engine.weights_version = 0
+    assert out.response_ids.tolist() == plain.response_ids.tolist()
+    assert out.response_mask.tolist() == plain.response_mask.tolist()
+    assert out.truncated.tolist() == plain.truncated.tolist() and not plain.truncated.all()
+    v, mask = out.weight_versions, plain.response_mask.bool()
+    assert (v[~mask] == -1).all() and (v[:, 0] == 0).all() and (v[mask] == 1).any()  # resumed, then ended
+    assert ((v[:, 1:] >= v[:, :-1]) | ~mask[:, 1:]).all()
+
+
 def test_engine_arguments_are_checked_against_the_real_engine_args():
     from posttrain.config import VLLM_SETTINGS
     from posttrain.errors import ConfigError
@@ -221,14 +311,22 @@ def test_the_default_run_with_vllm_rollouts_trains_end_to_end(tmp_path):
     assert max((new[k] - old[k]).abs().max().item() for k in old) > 0
 
 
-def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path):
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path, in_flight):
     """async_training with rollout.name=vllm: the engine in a process of its own, one update ahead; the
-    checkpoint holds the batch sampled for the step after the last."""
+    checkpoint holds the batch sampled for the step after the last. In flight, each update reaches the engine
+    mid-batch (partial rollout): the batches' tokens are tagged, and none is more than one update old."""
     steps = ["trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=3"]
     lines, proc = train(tmp_path, "async", "actor_rollout_ref.rollout.name=vllm", "async_training.enable=true",
-                        "algorithm.rollout_correction.rollout_is=token", *steps)
+                        "algorithm.rollout_correction.rollout_is=token",
+                        f"async_training.in_flight_weight_updates={str(in_flight).lower()}", *steps)
     trained = [m for m in lines if "timing_s/step" in m]
-    assert [m["async/trajectory_age"] for m in trained] == [0, 1, 1]
+    if in_flight:
+        assert len(trained) == 3 and all(m["async/trajectory_age"] <= 1 for m in trained)
+        assert all(0 <= m["async/in_flight_updated_share"] <= 1 and 0 <= m["async/token_age_mean"] <= 1
+                   for m in trained)
+    else:
+        assert [m["async/trajectory_age"] for m in trained] == [0, 1, 1]
     assert all(m["rollout_corr/rollout_is_mean"] > 0 for m in trained)
     import torch
 

@@ -90,9 +90,10 @@ def validate_async(cfg: Config) -> None:
          f"{key}.rollout_nnodes x {key}.rollout_n_gpus_per_node = {devices} devices is not a multiple of "
          f"rollout.tensor_model_parallel_size={tp} (each rollout worker's engine spans {tp}); give the rollout a "
          f"multiple of {tp} devices, or a tensor-parallel size that divides {devices}")
-    need(not (a.in_flight_weight_updates and cfg.rollout.name != "hf"),
-         f"{key}.in_flight_weight_updates=true needs rollout.name=hf (its engine takes new weights between two "
-         f"tokens); with rollout.name={cfg.rollout.name} set it to false: the weights then change between batches")
+    need(not (a.in_flight_weight_updates and cfg.rollout.name not in ("hf", "vllm")),
+         f"{key}.in_flight_weight_updates=true needs rollout.name=hf or vllm (hf takes new weights between two "
+         f"tokens, vLLM aborts its requests and resumes them under them); with rollout.name={cfg.rollout.name} set "
+         "it to false: the weights then change between batches")
     need(cfg.rollout.stale_updates == 0,
          f"rollout.stale_updates={cfg.rollout.stale_updates} with {key}.enable=true: asynchronous training's "
          f"staleness is its own ({key}.max_trajectory_age_steps); set rollout.stale_updates=0")

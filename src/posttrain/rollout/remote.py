@@ -52,13 +52,15 @@ class RolloutProcessError(RuntimeError):
 class InFlight:
     """The rollout side of in-flight weight updates: (version, weights) come while the engine generates (from
     their own pipe here, or a Ray actor's method: worker/rollout_actors.py); the engine's `weights_hook` loads the
-    newest at its next forward (rollout/hf.py)."""
+    newest at its next forward (rollout/hf.py), or, on vLLM's engine, between two steps once `weights_pending()`
+    says one waits (rollout/vllm_partial.py)."""
 
     def __init__(self, engine, conn=None):
         self.engine = getattr(engine, "engine", engine)  # the HF engine inside any wrapper
         self.pending: tuple | None = None
         self.lock = threading.Condition()
         self.engine.weights_hook = self.apply
+        self.engine.weights_pending = lambda: self.pending is not None  # asked without loading (vLLM's engine)
         if conn is not None:
             threading.Thread(target=self._receive, args=(conn,), name="posttrain-weights", daemon=True).start()
 

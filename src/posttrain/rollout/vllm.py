@@ -16,6 +16,9 @@ A vision-language model's prompts (ImagePrompts with `.images`) go to vLLM with 
 (rollout/vllm_vision.py); the weights of the trainer's VLM (`model.language_model.*`, `model.visual.*`) map
 onto vLLM's through its model's own `load_weights`.
 
+With in-flight weight updates (asynchronous training), `generate` is a partial rollout: at an update every request
+is aborted and resumed under the new weights with its tokens so far (rollout/vllm_partial.py).
+
 Every vLLM import is inside a function: this module imports without vLLM.
 """
 
@@ -124,38 +127,54 @@ def sampling_kwargs(params: SamplingParams, eos_token_ids: list[int], seed: int 
 
 def to_rollout_output(request_outputs, prompts: list[list[int]], n: int, pad_token_id: int,
                       eos_token_ids: list[int], want_logprobs: bool) -> RolloutOutput:
-    """vLLM RequestOutputs (one per prompt, n completions each) -> RolloutOutput,
-    prompt-major. A completion that stopped on an EOS or stop token ends with
-    that token exactly once (vLLM leaves a stop token out of `token_ids`).
-    A completion whose finish_reason is "length" is `truncated`."""
-    rows, row_logprobs, truncated = [], [], []
+    """vLLM RequestOutputs (one per prompt, n completions each) -> RolloutOutput, prompt-major."""
+    rows = []
     for req in request_outputs:
         if len(req.outputs) != n:
             raise RuntimeError(f"vLLM returned {len(req.outputs)} completions for a prompt, expected {n}")
         for c in req.outputs:
-            ids, lps = list(c.token_ids), _sampled_logprobs(c, want_logprobs)
-            stop = getattr(c, "stop_reason", None)
-            if c.finish_reason == "stop" and isinstance(stop, int) and (not ids or ids[-1] != stop):
-                ids.append(stop)  # stopped on a stop_token_id: keep it, as the HF engine does
-                if want_logprobs:
-                    lps.append(0.0)  # vLLM reports no log-prob for a stop token it leaves out
-            rows.append(ids)
-            row_logprobs.append(lps)
-            truncated.append(c.finish_reason == "length")
+            rows.append(completion_row(list(c.token_ids), _sampled_logprobs(c, want_logprobs), c.finish_reason,
+                                       getattr(c, "stop_reason", None), want_logprobs))
+    return rows_to_output(rows, prompts, n, pad_token_id, want_logprobs)
+
+
+def completion_row(ids: list[int], lps: list[float], finish_reason, stop_reason, want_logprobs: bool,
+                   versions: list[int] | None = None) -> tuple:
+    """One completion's token ids, log-probs (and weights versions) -> (ids, log-probs, truncated, versions). A
+    completion that stopped on an EOS or stop token ends with that token exactly once (vLLM leaves a stop token
+    out of `token_ids` when it detokenizes); the token added takes the last token's version. A completion whose
+    finish_reason is "length" is `truncated`."""
+    if finish_reason == "stop" and isinstance(stop_reason, int) and (not ids or ids[-1] != stop_reason):
+        ids.append(stop_reason)  # stopped on a stop_token_id: keep it, as the HF engine does
+        if want_logprobs:
+            lps.append(0.0)  # vLLM reports no log-prob for a stop token it leaves out
+        if versions is not None:
+            versions.append(versions[-1] if versions else -1)
+    return ids, lps, finish_reason == "length", versions
+
+
+def rows_to_output(rows: list[tuple], prompts: list[list[int]], n: int, pad_token_id: int,
+                   want_logprobs: bool) -> RolloutOutput:
+    """completion_row's rows (prompt-major, n per prompt) -> RolloutOutput; `weight_versions` when the rows carry
+    versions (-1 on padding)."""
     expanded = [p for p in prompts for _ in range(n)]
     prompt_ids, prompt_mask = left_pad(expanded, pad_token_id, max(len(p) for p in expanded))
-    width = max(1, max(len(r) for r in rows))
+    width = max(1, max(len(ids) for ids, *_ in rows))
     response_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [N, R]
     response_mask = torch.zeros((len(rows), width), dtype=torch.long)
     log_probs = torch.zeros((len(rows), width), dtype=torch.float32) if want_logprobs else None
-    for i, ids in enumerate(rows):
+    tagged = bool(rows) and rows[0][3] is not None
+    versions = torch.full((len(rows), width), -1, dtype=torch.long) if tagged else None
+    for i, (ids, lps, _, vers) in enumerate(rows):
         if ids:
             response_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             response_mask[i, :len(ids)] = 1
             if log_probs is not None:
-                log_probs[i, :len(ids)] = torch.tensor(row_logprobs[i], dtype=torch.float32)
+                log_probs[i, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
+            if versions is not None:
+                versions[i, :len(ids)] = torch.tensor(vers, dtype=torch.long)
     return RolloutOutput(prompt_ids, prompt_mask, response_ids, response_mask, log_probs,
-                         torch.tensor(truncated, dtype=torch.bool))
+                         torch.tensor([cut for _, _, cut, _ in rows], dtype=torch.bool), weight_versions=versions)
 
 
 def check_expanded_prompts(request_outputs, prompts) -> None:
@@ -246,6 +265,12 @@ class VLLMRolloutEngine:
         )
         self.lora_request = None  # the adapters of the newest load_adapter
         self.adapter_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-")) if lora_rank else None
+        # in-flight weight updates (asynchronous training; rollout/remote.py's InFlight sets them): whether new
+        # weights wait (asked between two steps, loading nothing), and the hook that loads them (and sets
+        # `weights_version`); with a hook, generate is a partial rollout (rollout/vllm_partial.py)
+        self.weights_hook = None
+        self.weights_pending = None
+        self.weights_version = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
         from vllm import SamplingParams as VSamplingParams
@@ -253,6 +278,10 @@ class VLLMRolloutEngine:
         # vLLM's CPU build cannot rewind a request's own generator (a seeded request cut by chunked prefill fails:
         # "CPU Generator does not use offset"): there the engine's seed, set at start, drives the sampling
         seed = next(self.seeds) if self.can_seed_requests else None
+        if self.weights_hook is not None:  # in flight: new weights may come mid-batch
+            from posttrain.rollout.vllm_partial import generate_partial
+
+            return generate_partial(self, prompts, params, seed)
         sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, seed))
         outs = self.llm.generate([self.tokens_prompt(p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.lora_request)
@@ -284,7 +313,9 @@ class VLLMRolloutEngine:
         for bucket in weight_buckets(weights):
             self.llm.collective_rpc("load_posttrain_weights", args=(pack_bucket(bucket),))
         self.llm.collective_rpc("finish_posttrain_weights")
-        self.llm.reset_prefix_cache()
+        if self.llm.reset_prefix_cache() is False:  # vLLM keeps it while a request holds its blocks
+            raise RuntimeError("vLLM kept its prefix cache (a request is still running): new weights load between "
+                               "requests, or after aborting them (rollout/vllm_partial.py)")
         self.forget_encoder_outputs()
 
     def forget_encoder_outputs(self) -> None:

@@ -58,11 +58,12 @@ def translate(read: dict[str, Any], value: Callable[[str], Any], given: set[str]
         if "trainer.total_training_steps" not in given:
             out["trainer.total_training_steps"] = math.ceil(a["total_rollout_prompts"] / batch)
     if a["partial_rollout"] is not False and A + "in_flight_weight_updates" not in given and k > 0:
-        if value("rollout.name") == "hf":
+        if value("rollout.name") in ("hf", "vllm"):  # hf continues a sequence, vLLM aborts and resumes it (verl's)
             out[A + "in_flight_weight_updates"] = True
         elif a["partial_rollout"]:
             warnings.warn(f"{A}partial_rollout=true: the rollout.name={value('rollout.name')} engine samples whole "
-                          "batches between weight updates (in-flight updates need rollout.name=hf)", stacklevel=4)
+                          "batches between weight updates (in-flight updates need rollout.name=hf or vllm)",
+                          stacklevel=4)
     return {**out, **_old_log_probs(a, value, given)}
 
 

@@ -59,7 +59,7 @@ GLOBAL_SIZES = {
 # verl's fully asynchronous trainer (verl.experimental.fully_async_policy), translated by fully_async.py when one
 # is set: k = ceil(staleness_threshold); a step's batch = actor.ppo_mini_batch_size x require_batches x
 # trigger_parameter_sync_step prompts (one weight version: verl's local updates between two syncs); partial_rollout:
-# in-flight updates on the hf engine; use_rollout_log_probs / compute_prox_log_prob: bypass or decoupled rollout
+# in-flight updates (hf or vllm); use_rollout_log_probs / compute_prox_log_prob: bypass or decoupled rollout
 # correction; total_rollout_prompts (verl's rollout.total_rollout_steps): the run's prompts
 FULLY_ASYNC = {
     "async_training.staleness_threshold": ("Optional[float]", None),
