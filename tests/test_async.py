@@ -243,6 +243,9 @@ def test_verls_fully_asynchronous_keys_make_a_step_of_one_weight_version():
     c = load_config(None, VERL_FULLY_ASYNC)
     a = c.async_training
     assert (a.enable, a.max_trajectory_age_steps, a.in_flight_weight_updates) == (True, 1, True)
+    assert a.stream_samples  # verl's rollouter hands samples over as they finish
+    c2 = load_config(None, [*VERL_FULLY_ASYNC, "async_training.stream_samples=false"])
+    assert not c2.async_training.stream_samples
     assert (c.data.train_batch_size, c.actor.ppo_mini_batch_size) == (8, 2)
     assert (c.trainer.total_training_steps, c.trainer.test_freq, c.trainer.total_epochs) == (3, 2, 10)
     assert c.algorithm.rollout_correction.bypass_mode
@@ -274,14 +277,14 @@ def test_the_dialect_translates_verls_fully_asynchronous_keys_before_the_merge()
             "async_training.total_rollout_prompts": 100}
     # 3 prompts x 2 mini-batches x 4 syncs (verl's default trigger) = 24 prompts a step; ceil(100 / 24) = 5 steps;
     # k = ceil(1.5) = 2; partial rollouts (verl's default) are in-flight updates on hf; the rollout's log-probs
-    # (verl's default) are the old policy's: bypass mode
+    # (verl's default) are the old policy's: bypass mode; samples streamed, as verl's rollouter hands them over
     assert fully_async.translate(verl, ours.get, {"data.train_batch_size"}) == {
         "async_training.enable": True, "async_training.max_trajectory_age_steps": 2, "data.train_batch_size": 24,
         "trainer.total_training_steps": 5, "async_training.in_flight_weight_updates": True,
-        "algorithm.rollout_correction.bypass_mode": True}
-    # the run's own steps, in-flight switch and bypass mode win; its k must agree
+        "async_training.stream_samples": True, "algorithm.rollout_correction.bypass_mode": True}
+    # the run's own steps, in-flight switch, streaming and bypass mode win; its k must agree
     given = {"trainer.total_training_steps", "async_training.in_flight_weight_updates",
-             "algorithm.rollout_correction.bypass_mode"}
+             "algorithm.rollout_correction.bypass_mode", "async_training.stream_samples"}
     assert fully_async.translate({**verl, "async_training.compute_prox_log_prob": True}, ours.get, given) == {
         "async_training.enable": True, "async_training.max_trajectory_age_steps": 2, "data.train_batch_size": 24}
     with pytest.raises(ConfigError, match=r"max_trajectory_age_steps=1 and verl's async_training.staleness_threshold"

@@ -97,6 +97,16 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_sampled_again():
         pool.close()
 
 
+def test_a_closed_pool_replaces_no_worker():
+    """A call that comes after the pool closed (a conversation's next turn, at a run's end) raises; no worker is
+    started that nothing would close (a left-over process keeps the run from exiting)."""
+    pool = local_pool(1, 3)
+    pool.close()
+    with pytest.raises(RolloutProcessError, match="the rollout workers were closed"):
+        pool.generate([[1]], SamplingParams(max_new_tokens=2))
+    assert pool.failures == 0
+
+
 # ------------------------------------------------------------ streamed pieces
 
 

@@ -229,20 +229,25 @@ def test_in_flight_vllm_aborts_resumes_and_tags_each_token_with_the_weights_that
     assert again.response_ids.tolist() == hf_engine(worker).generate(prompts, GREEDY).response_ids.tolist()
 
 
-def test_in_flight_vllm_resumed_requests_end_as_uninterrupted_ones(worker):
+def test_in_flight_vllm_resumed_requests_end_as_uninterrupted_ones(worker, trained_tiny_model_dir):
     """Greedy, EOS on: an update that loads the same weights after 3 steps aborts and resumes every request;
-    the tokens, masks (EOS kept once) and truncation are those of LLM.generate's path without the update."""
+    the tokens, masks (EOS kept once) and truncation are those of LLM.generate's path without the update. The
+    shipped weights, whatever the tests before did to the policy: their answers run past the update."""
+    from posttrain.models import load_model
     from posttrain.rollout.weights import named_full_weights
 
     engine, prompts = worker.engine, prompts_of(worker)
-    same = [(k, v.detach().clone()) for k, v in named_full_weights(worker.policy)]
-    plain = engine.generate(prompts, GREEDY)
-    in_flight(engine, 4, lambda: engine.load_weights(iter(same)))
+    same = [(k, v.detach().clone()) for k, v in named_full_weights(load_model(trained_tiny_model_dir))]
     try:
+        engine.load_weights(iter(same))
+        plain = engine.generate(prompts, GREEDY)
+        assert (plain.response_mask.sum(-1) > 3).any()  # some answers are still sampled at the update
+        in_flight(engine, 4, lambda: engine.load_weights(iter(same)))
         out = engine.generate(prompts, GREEDY)
     finally:
         engine.weights_hook = engine.weights_pending = None
         engine.weights_version = 0
+        engine.load_weights(named_full_weights(worker.policy))
     assert out.response_ids.tolist() == plain.response_ids.tolist()
     assert out.response_mask.tolist() == plain.response_mask.tolist()
     assert out.truncated.tolist() == plain.truncated.tolist() and not plain.truncated.all()

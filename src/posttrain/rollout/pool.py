@@ -83,6 +83,8 @@ class RolloutPool:
     # ------------------------------------------------------------ the RolloutEngine verbs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        if self._closing:
+            raise RolloutProcessError("the rollout workers were closed")
         if self.piece_size > 0 and params.seed is not None:
             return self._generate_streamed(prompts, params)
         chunks = even_chunks(len(prompts), self.size)

@@ -57,6 +57,8 @@ def translate(read: dict[str, Any], value: Callable[[str], Any], given: set[str]
              f">= 1, got {a['total_rollout_prompts']}")
         if "trainer.total_training_steps" not in given:
             out["trainer.total_training_steps"] = math.ceil(a["total_rollout_prompts"] / batch)
+    if A + "stream_samples" not in given:  # verl's rollouter hands samples to the trainer as they finish
+        out[A + "stream_samples"] = True
     if a["partial_rollout"] is not False and A + "in_flight_weight_updates" not in given and k > 0:
         if value("rollout.name") in ("hf", "vllm"):  # hf continues a sequence, vLLM aborts and resumes it (verl's)
             out[A + "in_flight_weight_updates"] = True
