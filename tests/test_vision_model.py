@@ -334,7 +334,7 @@ def test_vllm_gets_each_run_of_image_tokens_as_one_placeholder(tmp_path):
     vLLM's prompt ids that differ from posttrain's stop the rollout."""
     from types import SimpleNamespace
 
-    from posttrain.rollout.vllm import check_expanded_prompts
+    from posttrain.rollout.vllm_output import check_expanded_prompts
     from posttrain.rollout.vllm_vision import collapse_image_runs
 
     path = build_vlm_dir(tmp_path / "qwen", "qwen2_5_vl", seed=1)  # vLLM takes Qwen2.5-VL's images

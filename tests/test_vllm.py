@@ -11,7 +11,8 @@ import torch
 
 from posttrain.errors import ConfigError
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.vllm import check_vllm_available, sampling_kwargs, to_rollout_output, weight_buckets
+from posttrain.rollout.vllm import check_vllm_available, weight_buckets
+from posttrain.rollout.vllm_output import sampling_kwargs, to_rollout_output
 
 
 def test_sampling_kwargs_map_our_conventions_to_vllms():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 
 from posttrain.rollout.base import RolloutOutput, SamplingParams
-from posttrain.rollout.vllm import _sampled_logprobs, completion_row, rows_to_output, sampling_kwargs
+from posttrain.rollout.vllm_output import completion_row, rows_to_output, sampled_logprobs, sampling_kwargs
 
 _calls = itertools.count()  # request ids unique over the process's generate calls
 
@@ -103,7 +103,7 @@ def generate_partial(engine, prompts: list[list[int]], params: SamplingParams, s
                 s, c = samples[i], out.outputs[0]
                 ids = list(c.token_ids)
                 s.ids += ids
-                s.lps += _sampled_logprobs(c, params.logprobs)
+                s.lps += sampled_logprobs(c, params.logprobs)
                 s.versions += [version] * len(ids)
                 if out.finished:
                     s.finish_reason, s.stop_reason = c.finish_reason, getattr(c, "stop_reason", None)
