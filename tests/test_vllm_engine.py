@@ -339,6 +339,26 @@ def test_asynchronous_training_runs_vllm_in_the_rollout_process(tmp_path, in_fli
     assert [b["step"] for b in ahead["batches"]] == [4]
 
 
+def test_a_trainer_group_on_ray_streams_to_vllm_rollout_actors_in_flight(tmp_path):
+    """At cluster shape with vLLM: 2 FSDP2 trainer workers on a local Ray cluster beside a rollout actor building
+    vLLM's engine in its own bundle; samples streamed a piece at a time, weights in flight (partial rollout): 2
+    steps, the three processes apart, every batch within one update, its tokens tagged."""
+    import re
+
+    lines, proc = train(tmp_path, "ray", "actor_rollout_ref.rollout.name=vllm", "async_training.enable=true",
+                        "algorithm.rollout_correction.rollout_is=token", "trainer.use_ray=true",
+                        "trainer.n_gpus_per_node=2", "async_training.rollout_n_gpus_per_node=1",
+                        "async_training.stream_samples=true", "async_training.in_flight_weight_updates=true",
+                        "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1")
+    trainers = set(re.findall(r"posttrain: worker \d: pid (\d+)", proc.stderr))
+    rollouts = set(re.findall(r"posttrain: rollout worker \d: pid (\d+)", proc.stderr))
+    assert len(trainers) == 2 and len(rollouts) == 1 and not trainers & rollouts, proc.stderr[-3000:]
+    trained = [m for m in lines if "timing_s/step" in m]
+    assert len(trained) == 2 and all(m["async/trajectory_age"] <= 1 for m in trained)
+    assert all(0 <= m["async/token_age_mean"] <= 1 for m in trained)
+    assert all(m["rollout_corr/rollout_is_mean"] > 0 for m in trained)
+
+
 def test_multi_turn_tool_rollouts_through_vllm_are_the_hf_engines(tmp_path):
     """The tool-using tiny model, greedy conversations with the calculator before training: the
     held-out score and tool use equal the hf engine's, then one training step runs."""
