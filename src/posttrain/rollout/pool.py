@@ -177,7 +177,6 @@ class RolloutPool:
             except RolloutProcessError as e:
                 self._replace(i, self.workers[i], e)
 
-
     # ------------------------------------------------------------ streamed
 
     def _generate_streamed(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
@@ -317,6 +316,7 @@ class _Piece:
     index: int  # its place in the call's answers
     prompts: list
     params: SamplingParams  # the call's, with the piece's own seed
+
 
 class PoolGenerator:
     """The workers' sampling streams as one, for checkpoints: one worker's state as it is, several stacked

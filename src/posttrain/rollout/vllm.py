@@ -188,7 +188,9 @@ class VLLMRolloutEngine:
         # vLLM's CPU build cannot rewind a request's own generator (a seeded request cut by chunked prefill fails:
         # "CPU Generator does not use offset"): there the engine's seed, set at start, drives the sampling. A streamed
         # piece names its own seed (params.seed: the same samples on whichever rollout worker takes it)
-        seed = (next(self.seeds) if params.seed is None else params.seed % 2 ** 31) if self.can_seed_requests else None
+        seed = None
+        if self.can_seed_requests:
+            seed = next(self.seeds) if params.seed is None else params.seed % 2 ** 31
         if self.weights_hook is not None:  # in flight: new weights may come mid-batch
             return generate_partial(self, prompts, params, seed)
         sp = VSamplingParams(**sampling_kwargs(params, self.eos_token_ids, seed))
